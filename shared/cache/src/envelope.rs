@@ -1,0 +1,208 @@
+//! What a cache tier stores for one key and part, and how long it lives.
+
+use std::time::Duration;
+
+use rand::Rng;
+use rebate_domain::Timestamp;
+use serde::{Deserialize, Serialize};
+
+/// One cached part: a value or a *not-found* marker, with its version and lifetimes.
+///
+/// `fresh_until` ends the window in which the entry answers without asking the source;
+/// `stale_until` ends the window in which it may still be served when the source fails.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    /// `None` means the source said the item does not exist (negative caching).
+    pub value: Option<T>,
+    /// Data version from the source; an older version must never replace a newer one.
+    pub version: u64,
+    pub fetched_at: Timestamp,
+    pub fresh_until: Timestamp,
+    pub stale_until: Timestamp,
+}
+
+impl<T> Envelope<T> {
+    pub fn is_fresh(&self, now: Timestamp) -> bool {
+        now < self.fresh_until
+    }
+
+    /// Still inside the stale window: may answer when the source cannot.
+    pub fn is_servable(&self, now: Timestamp) -> bool {
+        now < self.stale_until
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        self.value.is_none()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("fresh TTL must be greater than zero")]
+    ZeroFresh,
+    #[error("jitter ratio {0} must be within 0.0 and 0.5")]
+    JitterOutOfRange(f64),
+    #[error("not-found TTL must be greater than zero")]
+    ZeroNotFound,
+}
+
+/// Lifetimes of one part's entries in one tier, with jitter so that mass expiry never lines up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TtlPolicy {
+    /// Mean time an entry is fresh.
+    pub fresh: Duration,
+    /// Every TTL is drawn uniformly from `base × [1 − jitter, 1 + jitter]`.
+    pub jitter_ratio: f64,
+    /// How long past `fresh_until` an entry stays servable as stale.
+    pub stale: Duration,
+    /// Mean time a not-found marker is kept. Short: a new item must appear soon.
+    pub not_found: Duration,
+}
+
+impl TtlPolicy {
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.fresh.is_zero() {
+            return Err(PolicyError::ZeroFresh);
+        }
+        if self.not_found.is_zero() {
+            return Err(PolicyError::ZeroNotFound);
+        }
+        if !(0.0..=0.5).contains(&self.jitter_ratio) {
+            return Err(PolicyError::JitterOutOfRange(self.jitter_ratio));
+        }
+        Ok(())
+    }
+
+    /// A jittered fresh TTL for a found value.
+    pub fn sample_fresh<R: Rng + ?Sized>(&self, rng: &mut R) -> Duration {
+        jitter(self.fresh, self.jitter_ratio, rng)
+    }
+
+    /// A jittered TTL for a not-found marker.
+    pub fn sample_not_found<R: Rng + ?Sized>(&self, rng: &mut R) -> Duration {
+        jitter(self.not_found, self.jitter_ratio, rng)
+    }
+
+    /// Stamps a loaded value: fetched now, fresh for a jittered TTL, stale window after that.
+    /// Not-found markers get no stale window: serving "does not exist" past its TTL helps nobody.
+    pub fn envelope<T, R: Rng + ?Sized>(
+        &self,
+        value: Option<T>,
+        version: u64,
+        now: Timestamp,
+        rng: &mut R,
+    ) -> Envelope<T> {
+        let (fresh_for, stale_for) = match value {
+            Some(_) => (self.sample_fresh(rng), self.stale),
+            None => (self.sample_not_found(rng), Duration::ZERO),
+        };
+        let fresh_until = now.saturating_add_millis(millis(fresh_for));
+        let stale_until = fresh_until.saturating_add_millis(millis(stale_for));
+        Envelope {
+            value,
+            version,
+            fetched_at: now,
+            fresh_until,
+            stale_until,
+        }
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn jitter<R: Rng + ?Sized>(base: Duration, ratio: f64, rng: &mut R) -> Duration {
+    if ratio <= 0.0 {
+        return base;
+    }
+    let factor = rng.random_range((1.0 - ratio)..=(1.0 + ratio));
+    base.mul_f64(factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::SmallRng;
+
+    fn policy() -> TtlPolicy {
+        TtlPolicy {
+            fresh: Duration::from_secs(300),
+            jitter_ratio: 0.1,
+            stale: Duration::from_secs(1800),
+            not_found: Duration::from_secs(120),
+        }
+    }
+
+    /// A large sample covers the whole ±10 % band evenly: no bucket empty or crowded, nothing
+    /// outside the band. This is what keeps entries written together from expiring together.
+    #[test]
+    fn fresh_ttls_spread_across_the_configured_range() {
+        let policy = policy();
+        let mut rng = SmallRng::seed_from_u64(7);
+        let low = 270.0;
+        let high = 330.0;
+        let buckets = 10;
+        let mut counts = vec![0usize; buckets];
+        let samples = 20_000;
+        let mut min = f64::MAX;
+        let mut max = f64::MIN;
+        for _ in 0..samples {
+            let ttl = policy.sample_fresh(&mut rng).as_secs_f64();
+            assert!((low..=high).contains(&ttl), "{ttl} outside [{low}, {high}]");
+            min = min.min(ttl);
+            max = max.max(ttl);
+            let bucket = (((ttl - low) / (high - low)) * buckets as f64) as usize;
+            counts[bucket.min(buckets - 1)] += 1;
+        }
+        // Reaches both ends of the band.
+        assert!(min < low + 1.0 && max > high - 1.0, "min {min} max {max}");
+        // Each tenth of the band holds 10 % ± 2 % of the samples.
+        for count in counts {
+            let share = count as f64 / samples as f64;
+            assert!((0.08..=0.12).contains(&share), "bucket share {share}");
+        }
+    }
+
+    #[test]
+    fn not_found_markers_are_short_and_have_no_stale_window() {
+        let policy = policy();
+        let mut rng = SmallRng::seed_from_u64(1);
+        let now = Timestamp::from_millis(1_000_000);
+        let envelope = policy.envelope::<u8, _>(None, 0, now, &mut rng);
+        assert!(envelope.is_not_found());
+        let ttl = envelope.fresh_until.millis_since(now);
+        assert!((108_000..=132_000).contains(&ttl), "{ttl}");
+        assert_eq!(envelope.stale_until, envelope.fresh_until);
+    }
+
+    #[test]
+    fn found_values_get_a_stale_window() {
+        let policy = policy();
+        let mut rng = SmallRng::seed_from_u64(2);
+        let now = Timestamp::from_millis(0);
+        let envelope = policy.envelope(Some(5u8), 3, now, &mut rng);
+        assert_eq!(envelope.version, 3);
+        assert_eq!(envelope.fetched_at, now);
+        assert_eq!(
+            envelope.stale_until.millis_since(envelope.fresh_until),
+            1_800_000
+        );
+        assert!(envelope.is_fresh(now));
+        assert!(!envelope.is_fresh(envelope.fresh_until));
+        assert!(envelope.is_servable(envelope.fresh_until));
+        assert!(!envelope.is_servable(envelope.stale_until));
+    }
+
+    #[test]
+    fn validation_explains_bad_policies() {
+        let mut bad = policy();
+        bad.jitter_ratio = 0.9;
+        assert_eq!(bad.validate(), Err(PolicyError::JitterOutOfRange(0.9)));
+        bad = policy();
+        bad.fresh = Duration::ZERO;
+        assert_eq!(bad.validate(), Err(PolicyError::ZeroFresh));
+        assert_eq!(policy().validate(), Ok(()));
+    }
+}

@@ -1,0 +1,49 @@
+//! The small error vocabulary shared with clients. Clients branch on these codes (back off, fall
+//! back, give up), so a code is never renamed once published.
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The platform segment is not one of taobao, jd, pdd.
+    InvalidPlatform,
+    /// The item id is not 1–20 ASCII digits.
+    InvalidItemId,
+    /// The request body is not the JSON the endpoint expects.
+    InvalidBody,
+    /// A batch must name 1 to 50 items.
+    InvalidBatchSize,
+    /// The item does not exist or is no longer on sale.
+    ItemNotFound,
+    /// No such route.
+    RouteNotFound,
+    /// The route exists but not for this method.
+    MethodNotAllowed,
+    /// The request body exceeds the configured limit.
+    PayloadTooLarge,
+    /// A dependency needed for a minimal answer is down and nothing stale is cached.
+    Unavailable,
+    /// The request ran past its deadline.
+    Timeout,
+    /// A bug; details are only in the logs.
+    Internal,
+}
+
+impl ErrorCode {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidPlatform => "invalid_platform",
+            ErrorCode::InvalidItemId => "invalid_item_id",
+            ErrorCode::InvalidBody => "invalid_body",
+            ErrorCode::InvalidBatchSize => "invalid_batch_size",
+            ErrorCode::ItemNotFound => "item_not_found",
+            ErrorCode::RouteNotFound => "route_not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::Timeout => "timeout",
+            ErrorCode::Internal => "internal",
+        }
+    }
+}

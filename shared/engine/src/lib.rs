@@ -1,0 +1,25 @@
+//! The rebate query: one item's quote from four parts fetched in parallel.
+//!
+//! Contract: [`QueryEngine::quote`] fans out to product, rate, coupons and extras at once, each
+//! through its [`PartCache`](rebate_cache::PartCache) and under its own timeout tier, every tier
+//! capped by what is left of the request deadline. Each part then walks the degrade ladder
+//! live → stale → template: a failed rate becomes "rate unknown" with a notice, failed coupons an
+//! empty list with a notice, failed extras `null`. Only the product is indispensable: unknown or
+//! delisted → [`QueryError::NotFound`], failing with nothing stale → [`QueryError::Unavailable`].
+//! The engine never fails because of an optional part, and it knows nothing of HTTP.
+//!
+//! # Layout
+//! - [`tier`]: [`Tier`], [`TimeoutTiers`]: how long each part may take.
+//! - [`quote`]: [`Quote`] and its views, the degrade vocabulary, and [`assemble`].
+//! - [`engine`]: [`QueryEngine`], the fan-out.
+
+pub mod engine;
+pub mod quote;
+pub mod tier;
+
+pub use engine::{EngineParts, PartTimeouts, QueryEngine, QueryError};
+pub use quote::{
+    DegradeReason, DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served,
+    assemble,
+};
+pub use tier::{Tier, TimeoutTiers};

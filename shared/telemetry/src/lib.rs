@@ -1,0 +1,201 @@
+//! Telemetry for the rebate services: the tracing subscriber and the trace id every response
+//! carries.
+//!
+//! Contract: [`TraceId`] is a W3C trace id (16 bytes, 32 lowercase hex characters, never all
+//! zeros), taken from an incoming `traceparent` header when one is valid and generated otherwise.
+//! [`init`] installs the process-wide subscriber once. This crate knows nothing of HTTP frameworks,
+//! caches or stores.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Deserialize;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// A W3C trace id.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceId([u8; 16]);
+
+impl TraceId {
+    /// A fresh random trace id.
+    pub fn generate() -> Self {
+        loop {
+            let bytes: [u8; 16] = rand::random();
+            if bytes != [0; 16] {
+                return Self(bytes);
+            }
+        }
+    }
+
+    /// The trace id of a W3C `traceparent` header value, if the header is well formed.
+    ///
+    /// `version-traceid-parentid-flags`: version is two hex digits other than `ff`; version `00`
+    /// has exactly four fields, later versions may append more (the spec asks us to parse the
+    /// first four). An all-zero trace id or parent id is invalid.
+    pub fn from_traceparent(header: &str) -> Option<Self> {
+        let header = header.trim();
+        let mut fields = header.split('-');
+        let version = fields.next()?;
+        let trace_id = fields.next()?;
+        let parent_id = fields.next()?;
+        let flags = fields.next()?;
+        let has_more = fields.next().is_some();
+        if version.len() != 2 || !is_lower_hex(version) || version == "ff" {
+            return None;
+        }
+        if version == "00" && has_more {
+            return None;
+        }
+        if parent_id.len() != 16 || !is_lower_hex(parent_id) || parent_id == "0000000000000000" {
+            return None;
+        }
+        if flags.len() != 2 || !is_lower_hex(flags) {
+            return None;
+        }
+        trace_id.parse().ok()
+    }
+
+    pub fn to_hex(self) -> String {
+        self.to_string()
+    }
+}
+
+fn is_lower_hex(text: &str) -> bool {
+    text.bytes().all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Why a trace id string was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a trace id is 32 lowercase hex characters, not all zero")]
+pub struct InvalidTraceId;
+
+impl FromStr for TraceId {
+    type Err = InvalidTraceId;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.len() != 32 || !is_lower_hex(text) {
+            return Err(InvalidTraceId);
+        }
+        let mut bytes = [0u8; 16];
+        for (index, chunk) in text.as_bytes().chunks_exact(2).enumerate() {
+            let pair = std::str::from_utf8(chunk).map_err(|_| InvalidTraceId)?;
+            bytes[index] = u8::from_str_radix(pair, 16).map_err(|_| InvalidTraceId)?;
+        }
+        if bytes == [0; 16] {
+            return Err(InvalidTraceId);
+        }
+        Ok(Self(bytes))
+    }
+}
+
+impl fmt::Display for TraceId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for byte in self.0 {
+            write!(formatter, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for TraceId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "TraceId({self})")
+    }
+}
+
+impl serde::Serialize for TraceId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines, the default for a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Installs the global subscriber. `RUST_LOG` overrides `default_filter` when set.
+///
+/// Returns an error instead of panicking when a subscriber is already installed (tests start
+/// several applications in one process).
+pub fn init(format: LogFormat, default_filter: &str) -> Result<(), TelemetryError> {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(default_filter))
+        .map_err(|error| TelemetryError::Filter(error.to_string()))?;
+    let registry = tracing_subscriber::registry().with(filter);
+    let result = match format {
+        LogFormat::Text => registry
+            .with(tracing_subscriber::fmt::layer().with_target(false))
+            .try_init(),
+        LogFormat::Json => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true),
+            )
+            .try_init(),
+    };
+    result.map_err(|error| TelemetryError::AlreadyInstalled(error.to_string()))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("invalid log filter: {0}")]
+    Filter(String),
+    #[error("a tracing subscriber is already installed: {0}")]
+    AlreadyInstalled(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn honours_a_valid_traceparent() {
+        let trace_id = TraceId::from_traceparent(SAMPLE).unwrap();
+        assert_eq!(trace_id.to_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+    }
+
+    #[test]
+    fn refuses_malformed_traceparents() {
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(TraceId::from_traceparent(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn future_versions_may_carry_more_fields() {
+        let header = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-later";
+        assert!(TraceId::from_traceparent(header).is_some());
+    }
+
+    #[test]
+    fn generated_ids_are_valid_and_distinct() {
+        let first = TraceId::generate();
+        let second = TraceId::generate();
+        assert_ne!(first, second);
+        assert_eq!(first.to_hex().parse::<TraceId>(), Ok(first));
+        assert_eq!(first.to_hex().len(), 32);
+    }
+}
