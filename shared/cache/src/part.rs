@@ -294,7 +294,9 @@ where
         let load = async move {
             match task.await {
                 Ok(result) => result,
-                Err(join_error) => Err(LoadFailure::error(format!("load task ended: {join_error}"))),
+                Err(join_error) => {
+                    Err(LoadFailure::error(format!("load task ended: {join_error}")))
+                }
             }
         }
         .boxed()

@@ -22,7 +22,9 @@ pub enum MoneyError {
 }
 
 /// An amount of money in integer cents (分). Never negative.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Cents(u64);
 
@@ -165,10 +167,10 @@ mod tests {
     #[test]
     fn skips_expired_and_unreached_coupons() {
         let coupons = [
-            coupon(5000, 0, NOW.as_millis()),  // expires exactly now: unusable
-            coupon(3000, 20_000, 2_000_000),   // threshold not reached
-            coupon(500, 0, 2_000_000),         // usable
-            coupon(500, 100, 2_000_000),       // same discount, later: first wins
+            coupon(5000, 0, NOW.as_millis()), // expires exactly now: unusable
+            coupon(3000, 20_000, 2_000_000),  // threshold not reached
+            coupon(500, 0, 2_000_000),        // usable
+            coupon(500, 100, 2_000_000),      // same discount, later: first wins
         ];
         let best = best_coupon(Cents(10_000), &coupons, NOW).unwrap();
         assert_eq!(best.coupon_id, "c500-0");
@@ -178,7 +180,10 @@ mod tests {
     fn coupon_larger_than_price_gives_zero() {
         let coupons = [coupon(50_000, 0, 2_000_000)];
         let rate = RateBps::try_from(10_000u64).unwrap();
-        assert_eq!(estimate_rebate(Cents(100), &coupons, rate, NOW), Cents::ZERO);
+        assert_eq!(
+            estimate_rebate(Cents(100), &coupons, rate, NOW),
+            Cents::ZERO
+        );
     }
 
     #[test]

@@ -26,7 +26,10 @@ impl Timestamp {
     }
 
     pub fn saturating_add_millis(self, millis: u64) -> Self {
-        Self(self.0.saturating_add(i64::try_from(millis).unwrap_or(i64::MAX)))
+        Self(
+            self.0
+                .saturating_add(i64::try_from(millis).unwrap_or(i64::MAX)),
+        )
     }
 
     /// Milliseconds from `earlier` to `self`, zero when `earlier` is later.

@@ -19,7 +19,6 @@ pub mod tier;
 
 pub use engine::{EngineParts, PartTimeouts, QueryEngine, QueryError};
 pub use quote::{
-    DegradeReason, DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served,
-    assemble,
+    DegradeReason, DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble,
 };
 pub use tier::{Tier, TimeoutTiers};

@@ -4,8 +4,8 @@
 //! without any I/O.
 
 use rebate_domain::{
-    Cents, Coupon, Extras, ItemId, PartKind, Platform, Product, ProductStatus, RateBps,
-    RebateRate, Timestamp, estimate_rebate,
+    Cents, Coupon, Extras, ItemId, PartKind, Platform, Product, ProductStatus, RateBps, RebateRate,
+    Timestamp, estimate_rebate,
 };
 use serde::Serialize;
 

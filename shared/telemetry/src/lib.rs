@@ -63,7 +63,8 @@ impl TraceId {
 }
 
 fn is_lower_hex(text: &str) -> bool {
-    text.bytes().all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
+    text.bytes()
+        .all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Why a trace id string was refused.

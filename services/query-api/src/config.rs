@@ -1,0 +1,376 @@
+//! Typed, validated configuration: the embedded `config/default.toml`, then an optional file,
+//! then `REBATE__SECTION__KEY` environment variables, each overriding the one before.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use rebate_cache::TtlPolicy;
+use rebate_engine::{PartTimeouts, Tier, TimeoutTiers};
+use rebate_telemetry::LogFormat;
+use serde::Deserialize;
+
+/// The defaults every instance starts from; a config file only names what it changes.
+pub const DEFAULT_CONFIG: &str = include_str!("../../../config/default.toml");
+
+/// Prefix of environment overrides: `REBATE__HTTP__LISTEN` sets `http.listen`.
+pub const ENV_PREFIX: &str = "REBATE__";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {0} does not exist")]
+    MissingFile(PathBuf),
+    #[error("invalid configuration: {0}")]
+    Parse(#[from] Box<figment::Error>),
+    #[error("invalid configuration: {field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub http: HttpSettings,
+    pub store: StoreSettings,
+    pub upstreams: UpstreamSettings,
+    pub timeouts: TimeoutSettings,
+    pub parts: PartsSettings,
+    pub log: LogSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    pub listen: SocketAddr,
+    pub request_deadline_ms: u64,
+    pub request_timeout_ms: u64,
+    pub body_limit_bytes: usize,
+    pub max_batch_items: usize,
+    pub shutdown_drain_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreBackend {
+    Sqlite,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSettings {
+    pub backend: StoreBackend,
+    pub seed_demo: bool,
+    pub sqlite: SqliteConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqliteConfig {
+    pub path: PathBuf,
+    pub max_connections: u32,
+    pub acquire_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSettings {
+    pub simulate: bool,
+    pub simulator_listen: SocketAddr,
+    pub coupons_url: String,
+    pub extras_url: String,
+    pub connect_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutSettings {
+    pub core_ms: u64,
+    pub normal_ms: u64,
+    pub edge_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartsSettings {
+    pub product: PartSettings,
+    pub rate: PartSettings,
+    pub coupons: PartSettings,
+    pub extras: PartSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartSettings {
+    pub tier: Tier,
+    /// Overrides the tier's timeout for this part only.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    pub l1_max_entries: u64,
+    pub fresh_secs: u64,
+    pub jitter_ratio: f64,
+    pub stale_secs: u64,
+    pub not_found_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    pub filter: String,
+}
+
+impl Settings {
+    /// Defaults, then `file` if given, then the environment; validated.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Toml::string(DEFAULT_CONFIG));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::MissingFile(path.to_owned()));
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        figment = figment.merge(Env::prefixed(ENV_PREFIX).split("__"));
+        Self::from_figment(figment)
+    }
+
+    /// The embedded defaults alone (tests start from these and change fields).
+    pub fn defaults() -> Result<Self, ConfigError> {
+        Self::from_figment(Figment::from(Toml::string(DEFAULT_CONFIG)))
+    }
+
+    fn from_figment(figment: Figment) -> Result<Self, ConfigError> {
+        let settings: Settings = figment.extract().map_err(Box::new)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Explains the first thing that is wrong, naming the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let http = &self.http;
+        if !(50..=60_000).contains(&http.request_deadline_ms) {
+            return Err(invalid(
+                "http.request_deadline_ms",
+                format!("{} is outside 50..=60000", http.request_deadline_ms),
+            ));
+        }
+        if http.request_timeout_ms < http.request_deadline_ms {
+            return Err(invalid(
+                "http.request_timeout_ms",
+                format!(
+                    "{} is below http.request_deadline_ms ({}); the hard timeout must leave the deadline room",
+                    http.request_timeout_ms, http.request_deadline_ms
+                ),
+            ));
+        }
+        if !(1024..=16 * 1024 * 1024).contains(&http.body_limit_bytes) {
+            return Err(invalid(
+                "http.body_limit_bytes",
+                format!("{} is outside 1024..=16777216", http.body_limit_bytes),
+            ));
+        }
+        if !(1..=200).contains(&http.max_batch_items) {
+            return Err(invalid(
+                "http.max_batch_items",
+                format!("{} is outside 1..=200", http.max_batch_items),
+            ));
+        }
+        if http.shutdown_drain_ms > 300_000 {
+            return Err(invalid(
+                "http.shutdown_drain_ms",
+                format!("{} is above 300000", http.shutdown_drain_ms),
+            ));
+        }
+        let sqlite = &self.store.sqlite;
+        if sqlite.path.as_os_str().is_empty() {
+            return Err(invalid("store.sqlite.path", "must not be empty"));
+        }
+        if !(1..=256).contains(&sqlite.max_connections) {
+            return Err(invalid(
+                "store.sqlite.max_connections",
+                format!("{} is outside 1..=256", sqlite.max_connections),
+            ));
+        }
+        if !(1..=60_000).contains(&sqlite.acquire_timeout_ms) {
+            return Err(invalid(
+                "store.sqlite.acquire_timeout_ms",
+                format!("{} is outside 1..=60000", sqlite.acquire_timeout_ms),
+            ));
+        }
+        if !(1..=60_000).contains(&self.upstreams.connect_timeout_ms) {
+            return Err(invalid(
+                "upstreams.connect_timeout_ms",
+                format!("{} is outside 1..=60000", self.upstreams.connect_timeout_ms),
+            ));
+        }
+        for (field, value) in [
+            ("timeouts.core_ms", self.timeouts.core_ms),
+            ("timeouts.normal_ms", self.timeouts.normal_ms),
+            ("timeouts.edge_ms", self.timeouts.edge_ms),
+        ] {
+            if !(1..=60_000).contains(&value) {
+                return Err(invalid(field, format!("{value} is outside 1..=60000")));
+            }
+        }
+        for (name, part) in self.parts.named() {
+            part.validate(name)?;
+        }
+        Ok(())
+    }
+
+    pub fn request_deadline(&self) -> Duration {
+        Duration::from_millis(self.http.request_deadline_ms)
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.http.request_timeout_ms)
+    }
+
+    pub fn shutdown_drain(&self) -> Duration {
+        Duration::from_millis(self.http.shutdown_drain_ms)
+    }
+
+    pub fn timeout_tiers(&self) -> TimeoutTiers {
+        TimeoutTiers {
+            core: Duration::from_millis(self.timeouts.core_ms),
+            normal: Duration::from_millis(self.timeouts.normal_ms),
+            edge: Duration::from_millis(self.timeouts.edge_ms),
+        }
+    }
+
+    /// Each part's timeout: its own override, else its tier's.
+    pub fn part_timeouts(&self) -> PartTimeouts {
+        let tiers = self.timeout_tiers();
+        let resolve = |part: &PartSettings| {
+            part.timeout_ms
+                .map(Duration::from_millis)
+                .unwrap_or_else(|| tiers.timeout(part.tier))
+        };
+        PartTimeouts {
+            product: resolve(&self.parts.product),
+            rate: resolve(&self.parts.rate),
+            coupons: resolve(&self.parts.coupons),
+            extras: resolve(&self.parts.extras),
+        }
+    }
+}
+
+impl PartsSettings {
+    fn named(&self) -> [(&'static str, &PartSettings); 4] {
+        [
+            ("parts.product", &self.product),
+            ("parts.rate", &self.rate),
+            ("parts.coupons", &self.coupons),
+            ("parts.extras", &self.extras),
+        ]
+    }
+}
+
+impl PartSettings {
+    pub fn ttl_policy(&self) -> TtlPolicy {
+        TtlPolicy {
+            fresh: Duration::from_secs(self.fresh_secs),
+            jitter_ratio: self.jitter_ratio,
+            stale: Duration::from_secs(self.stale_secs),
+            not_found: Duration::from_secs(self.not_found_secs),
+        }
+    }
+
+    fn validate(&self, name: &'static str) -> Result<(), ConfigError> {
+        if let Some(timeout) = self.timeout_ms
+            && !(1..=60_000).contains(&timeout)
+        {
+            return Err(invalid(
+                name,
+                format!("timeout_ms {timeout} is outside 1..=60000"),
+            ));
+        }
+        if self.l1_max_entries == 0 {
+            return Err(invalid(name, "l1_max_entries must be at least 1"));
+        }
+        if self.fresh_secs > 86_400 || self.stale_secs > 7 * 86_400 || self.not_found_secs > 86_400
+        {
+            return Err(invalid(
+                name,
+                "fresh_secs and not_found_secs must be at most 86400, stale_secs at most 604800",
+            ));
+        }
+        self.ttl_policy()
+            .validate()
+            .map_err(|error| invalid(name, error.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn embedded_defaults_are_valid() {
+        let settings = Settings::defaults().unwrap();
+        assert_eq!(settings.http.listen.port(), 8080);
+        let timeouts = settings.part_timeouts();
+        assert_eq!(timeouts.product, Duration::from_millis(1000));
+        assert_eq!(timeouts.coupons, Duration::from_millis(500));
+        assert_eq!(timeouts.extras, Duration::from_millis(250));
+    }
+
+    fn load_file(contents: &str) -> Result<Settings, ConfigError> {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(contents.as_bytes()).unwrap();
+        Settings::load(Some(file.path()))
+    }
+
+    #[test]
+    fn a_file_overrides_only_what_it_names() {
+        let settings =
+            load_file("[timeouts]\nnormal_ms = 300\n[parts.extras]\ntimeout_ms = 100\n").unwrap();
+        assert_eq!(settings.timeouts.normal_ms, 300);
+        assert_eq!(settings.timeouts.core_ms, 1000);
+        assert_eq!(settings.part_timeouts().coupons, Duration::from_millis(300));
+        assert_eq!(settings.part_timeouts().extras, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_their_name() {
+        let error = load_file("[http]\nlisten_port = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("listen_port"), "{error}");
+    }
+
+    #[test]
+    fn bad_values_are_explained() {
+        let error = load_file("[parts.coupons]\njitter_ratio = 0.9\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("parts.coupons") && error.contains("0.9"),
+            "{error}"
+        );
+        let error = load_file("[http]\nrequest_timeout_ms = 100\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("http.request_timeout_ms"), "{error}");
+        let error = load_file("[parts.rate]\ntier = \"fast\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("fast"), "{error}");
+    }
+
+    #[test]
+    fn a_missing_file_is_named() {
+        let error = Settings::load(Some(Path::new("/nonexistent/rebate.toml")))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("/nonexistent/rebate.toml"), "{error}");
+    }
+}

@@ -1,0 +1,116 @@
+//! The one HTTP error type. Every failure a client can see is a variant here, and this is the only
+//! place that turns failures into status codes. Bodies are `{"error":{"code","message"},
+//! "trace_id"}`; the trace id is added by the trace middleware, which renders [`ErrorBody`].
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use rebate_domain::ErrorCode;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: the platform segment is not a known platform.
+    #[error("{0}")]
+    InvalidPlatform(String),
+    /// 400: the item id is not 1–20 digits.
+    #[error("{0}")]
+    InvalidItemId(String),
+    /// 400: the body is not the JSON this endpoint takes.
+    #[error("{0}")]
+    InvalidBody(String),
+    /// 400: a batch names no item or too many.
+    #[error("a batch must name between 1 and {max} items; it named {got}")]
+    InvalidBatchSize { got: usize, max: usize },
+    /// 404: unknown or delisted item.
+    #[error("{0}")]
+    ItemNotFound(&'static str),
+    /// 404: no such route.
+    #[error("no such route; see README for the API")]
+    RouteNotFound,
+    /// 405.
+    #[error("method not allowed on this route")]
+    MethodNotAllowed,
+    /// 413: body over the configured limit.
+    #[error("request body is larger than {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    /// 415.
+    #[error("expected a body with Content-Type: application/json")]
+    UnsupportedMediaType,
+    /// 503: the product source is down and nothing stale is cached.
+    #[error("the catalogue is temporarily unavailable; retry later")]
+    Unavailable,
+    /// 503: the request ran past its hard timeout.
+    #[error("the request took too long; retry later")]
+    Timeout,
+    /// 500: a bug. The cause is logged, never sent.
+    #[error("internal error")]
+    Internal,
+}
+
+/// The client-facing part of an error, handed to the trace middleware in the response's
+/// extensions so that the body can carry the trace id.
+#[derive(Debug, Clone)]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidPlatform(_)
+            | ApiError::InvalidItemId(_)
+            | ApiError::InvalidBody(_)
+            | ApiError::InvalidBatchSize { .. } => StatusCode::BAD_REQUEST,
+            ApiError::ItemNotFound(_) | ApiError::RouteNotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unavailable | ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ApiError::InvalidPlatform(_) => ErrorCode::InvalidPlatform,
+            ApiError::InvalidItemId(_) => ErrorCode::InvalidItemId,
+            ApiError::InvalidBody(_) | ApiError::UnsupportedMediaType => ErrorCode::InvalidBody,
+            ApiError::InvalidBatchSize { .. } => ErrorCode::InvalidBatchSize,
+            ApiError::ItemNotFound(_) => ErrorCode::ItemNotFound,
+            ApiError::RouteNotFound => ErrorCode::RouteNotFound,
+            ApiError::MethodNotAllowed => ErrorCode::MethodNotAllowed,
+            ApiError::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            ApiError::Unavailable => ErrorCode::Unavailable,
+            ApiError::Timeout => ErrorCode::Timeout,
+            ApiError::Internal => ErrorCode::Internal,
+        }
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            code: self.code(),
+            message: self.to_string(),
+        }
+    }
+
+    /// Seconds a client should wait before retrying, for the statuses where retrying helps.
+    fn retry_after_secs(&self) -> Option<u32> {
+        match self {
+            ApiError::Unavailable | ApiError::Timeout => Some(1),
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = self.status().into_response();
+        if let Some(seconds) = self.retry_after_secs() {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response.extensions_mut().insert(self.body());
+        response
+    }
+}

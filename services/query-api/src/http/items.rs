@@ -1,0 +1,178 @@
+//! `GET /api/v1/items/{platform}/{item_id}/rebate` and `POST /api/v1/items:batch`.
+
+use std::collections::HashSet;
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use futures::future::join_all;
+use rebate_domain::{ItemKey, KeyError};
+use rebate_engine::{QueryError, Quote};
+use rebate_telemetry::TraceId;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use super::error::{ApiError, ErrorBody};
+use super::extract::ApiJson;
+use crate::startup::AppState;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/api/v1/items/{platform}/{item_id}/rebate",
+            get(item_rebate),
+        )
+        .route("/api/v1/items:batch", post(batch_rebate))
+}
+
+/// A quote with the request's trace id, the success body of the single-item route.
+#[derive(Serialize)]
+struct QuoteBody<'a> {
+    #[serde(flatten)]
+    quote: &'a Quote,
+    trace_id: TraceId,
+}
+
+async fn item_rebate(
+    State(state): State<AppState>,
+    Extension(trace_id): Extension<TraceId>,
+    Path((platform, item_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let key = parse_key(&platform, &item_id)?;
+    let deadline = Instant::now() + state.limits.request_deadline;
+    let quote = state
+        .engine
+        .quote(key, deadline)
+        .await
+        .map_err(query_error)?;
+    Ok(Json(QuoteBody {
+        quote: &quote,
+        trace_id,
+    })
+    .into_response())
+}
+
+fn parse_key(platform: &str, item_id: &str) -> Result<ItemKey, ApiError> {
+    ItemKey::parse(platform, item_id).map_err(|error| match error {
+        KeyError::UnknownPlatform(_) => ApiError::InvalidPlatform(error.to_string()),
+        KeyError::EmptyItemId | KeyError::ItemIdTooLong(_) | KeyError::ItemIdNotDigits => {
+            ApiError::InvalidItemId(error.to_string())
+        }
+    })
+}
+
+fn query_error(error: QueryError) -> ApiError {
+    match error {
+        QueryError::NotFound { delisted: false } => ApiError::ItemNotFound("no such item"),
+        QueryError::NotFound { delisted: true } => {
+            ApiError::ItemNotFound("the item is no longer on sale")
+        }
+        QueryError::Unavailable { reason } => {
+            tracing::warn!(?reason, "product source unavailable, nothing stale");
+            ApiError::Unavailable
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchRequest {
+    items: Vec<BatchKey>,
+}
+
+/// Kept as raw strings so that one bad key is reported on its own line instead of failing the
+/// whole batch.
+#[derive(Debug, Deserialize, PartialEq, Eq, Hash)]
+#[serde(deny_unknown_fields)]
+struct BatchKey {
+    platform: String,
+    item_id: String,
+}
+
+#[derive(Serialize)]
+struct BatchBody {
+    results: Vec<BatchResult>,
+    trace_id: TraceId,
+}
+
+#[derive(Serialize)]
+struct BatchResult {
+    platform: String,
+    item_id: String,
+    /// The HTTP status this item would have had on its own.
+    status: u16,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quote: Option<Quote>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<BatchError>,
+}
+
+#[derive(Serialize)]
+struct BatchError {
+    code: rebate_domain::ErrorCode,
+    message: String,
+}
+
+impl From<ErrorBody> for BatchError {
+    fn from(body: ErrorBody) -> Self {
+        Self {
+            code: body.code,
+            message: body.message,
+        }
+    }
+}
+
+/// Answers each distinct key once, in the order of first appearance, all in parallel under one
+/// deadline. Per-item failures are per-item statuses; the batch itself is 200.
+async fn batch_rebate(
+    State(state): State<AppState>,
+    Extension(trace_id): Extension<TraceId>,
+    ApiJson(request): ApiJson<BatchRequest>,
+) -> Result<Response, ApiError> {
+    let max = state.limits.max_batch_items;
+    if request.items.is_empty() || request.items.len() > max {
+        return Err(ApiError::InvalidBatchSize {
+            got: request.items.len(),
+            max,
+        });
+    }
+    let mut seen = HashSet::with_capacity(request.items.len());
+    let distinct: Vec<BatchKey> = request
+        .items
+        .into_iter()
+        .filter(|key| seen.insert((key.platform.clone(), key.item_id.clone())))
+        .collect();
+
+    let deadline = Instant::now() + state.limits.request_deadline;
+    let answers = join_all(distinct.iter().map(|raw| {
+        let engine = &state.engine;
+        async move {
+            let key = parse_key(&raw.platform, &raw.item_id)?;
+            engine.quote(key, deadline).await.map_err(query_error)
+        }
+    }))
+    .await;
+
+    let results = distinct
+        .into_iter()
+        .zip(answers)
+        .map(|(raw, answer)| match answer {
+            Ok(quote) => BatchResult {
+                platform: raw.platform,
+                item_id: raw.item_id,
+                status: 200,
+                quote: Some(quote),
+                error: None,
+            },
+            Err(error) => BatchResult {
+                platform: raw.platform,
+                item_id: raw.item_id,
+                status: error.status().as_u16(),
+                quote: None,
+                error: Some(error.body().into()),
+            },
+        })
+        .collect();
+    Ok(Json(BatchBody { results, trace_id }).into_response())
+}

@@ -1,0 +1,34 @@
+//! The REST edge: routes, the one error type, and the middleware every request passes.
+//!
+//! Order of the layers, outermost first: trace id (sets `x-trace-id`, renders error bodies),
+//! panic catcher, request timeout, body limit; then the routes.
+
+mod error;
+mod extract;
+mod items;
+mod middleware;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use tower_http::catch_panic::CatchPanicLayer;
+
+pub use error::{ApiError, ErrorBody};
+pub use middleware::TRACE_ID_HEADER;
+
+use crate::startup::AppState;
+
+pub fn router(state: AppState) -> Router {
+    let limits = std::sync::Arc::clone(&state.limits);
+    Router::new()
+        .merge(items::router())
+        .fallback(|| async { ApiError::RouteNotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(DefaultBodyLimit::max(limits.body_limit_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            limits,
+            middleware::request_timeout,
+        ))
+        .layer(CatchPanicLayer::custom(middleware::panic_response))
+        .layer(axum::middleware::from_fn(middleware::trace_requests))
+        .with_state(state)
+}

@@ -1,0 +1,19 @@
+//! The rebate query service: configuration, wiring and the REST edge.
+//!
+//! Contract: [`Application::build`] turns validated [`Settings`] into a bound, ready-to-serve
+//! service (store opened and migrated, demo data seeded when asked, upstream clients or the
+//! embedded simulator started, caches and engine wired); [`Application::run_until_stopped`] serves
+//! until the shutdown token is cancelled and then drains for a bounded time. All HTTP concerns
+//! live in [`http`]; the query logic lives in `rebate-engine` and knows nothing of HTTP.
+//!
+//! # Layout
+//! - [`config`]: [`Settings`], loaded from the embedded defaults, a file and the environment.
+//! - [`startup`]: [`Application`], [`AppState`].
+//! - [`http`]: the router, the error type and the middleware (trace id, request timeout).
+
+pub mod config;
+pub mod http;
+pub mod startup;
+
+pub use config::Settings;
+pub use startup::{AppState, Application};

@@ -1,0 +1,88 @@
+//! `rebate-query`: serves the rebate query API, or seeds the demo catalogue.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use query_api::{Application, Settings};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rebate-query",
+    version,
+    about = "Rebate query aggregation service"
+)]
+struct Cli {
+    /// Config file merged over the embedded defaults (only the keys it names).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Address to serve the API on; overrides http.listen.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the API (the default).
+    Serve,
+    /// Create the catalogue if needed, load the demo catalogue into it, and exit.
+    Seed,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let mut settings = Settings::load(cli.config.as_deref())?;
+    if let Some(listen) = cli.listen {
+        settings.http.listen = listen;
+    }
+    rebate_telemetry::init(settings.log.format, &settings.log.filter)?;
+
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => serve(settings).await,
+        Command::Seed => query_api::startup::seed(&settings).await,
+    }
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let application = Application::build(settings).await?;
+    let shutdown = application.shutdown_token();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        shutdown.cancel();
+    });
+    application.run_until_stopped().await
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")
+        {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("ctrl-c received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
+}

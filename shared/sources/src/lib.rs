@@ -1,0 +1,20 @@
+//! Where each part of a quote comes from.
+//!
+//! Contract: every type here implements [`rebate_cache::Loader`] for one part and maps its
+//! source's answers onto it: a value with its data version, `None` when the source says the item
+//! does not exist, or a [`LoadFailure`] (timeout or error) that the cache may answer with a stale
+//! copy. Sources never cache and never retry; that is the cache's and (later) the resilience
+//! layer's job. Nothing here knows about HTTP *serving* or the quote's shape.
+//!
+//! # Layout
+//! - [`catalogue`]: [`ProductLoader`], [`RateLoader`] over a [`CatalogRepository`].
+//! - [`upstream`]: [`CouponClient`], [`ExtrasClient`] over the external HTTP/JSON APIs.
+
+pub mod catalogue;
+pub mod upstream;
+
+pub use catalogue::{ProductLoader, RateLoader};
+pub use upstream::{CouponClient, ExtrasClient, UpstreamError, http_client};
+
+pub use rebate_cache::LoadFailure;
+pub use rebate_store::CatalogRepository;

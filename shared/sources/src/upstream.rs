@@ -1,0 +1,187 @@
+//! Clients of the external coupon and extras APIs (HTTP/JSON).
+//!
+//! Wire format (served for real by `upstream-sim`):
+//! - `GET {base}/v1/coupons/{platform}/{item_id}` → `{"version": 1, "coupons": [Coupon, …]}`
+//! - `GET {base}/v1/extras/{platform}/{item_id}` → `{"sales_30d": 1234, "popular_searches": […]}`
+//!
+//! A 404 means the API knows nothing of the item: no coupons, no extras. Any other non-2xx
+//! answer, a transport error or an undecodable body is a failure.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rebate_cache::{LoadFailure, Loaded, Loader};
+use rebate_domain::{Coupon, Extras, ItemKey};
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("invalid upstream base url {url:?}: {reason}")]
+    InvalidBaseUrl { url: String, reason: String },
+    #[error("cannot build the HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+}
+
+/// One HTTP client for all upstreams: connection pooling, keep-alive, no proxies from the
+/// environment (upstream calls must go where the config says), a connect timeout. Per-call
+/// timeouts come from the cache's budgets.
+pub fn http_client(connect_timeout: Duration) -> Result<reqwest::Client, UpstreamError> {
+    Ok(reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(64)
+        .tcp_nodelay(true)
+        .no_proxy()
+        .user_agent(concat!("rebate-query/", env!("CARGO_PKG_VERSION")))
+        .build()?)
+}
+
+fn parse_base_url(base_url: &str) -> Result<reqwest::Url, UpstreamError> {
+    let url = reqwest::Url::parse(base_url).map_err(|error| UpstreamError::InvalidBaseUrl {
+        url: base_url.to_owned(),
+        reason: error.to_string(),
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(UpstreamError::InvalidBaseUrl {
+            url: base_url.to_owned(),
+            reason: "scheme must be http or https".to_owned(),
+        });
+    }
+    Ok(url)
+}
+
+#[derive(Debug, Clone)]
+struct Endpoint {
+    name: &'static str,
+    client: reqwest::Client,
+    /// Base url with the path prefix, without a trailing slash.
+    base: String,
+}
+
+impl Endpoint {
+    fn new(
+        name: &'static str,
+        client: reqwest::Client,
+        base_url: &str,
+        path: &str,
+    ) -> Result<Self, UpstreamError> {
+        let url = parse_base_url(base_url)?;
+        let base = format!("{}/{path}", url.as_str().trim_end_matches('/'));
+        Ok(Self { name, client, base })
+    }
+
+    /// GETs the item's document; `Ok(None)` on 404.
+    async fn fetch<T: for<'de> Deserialize<'de>>(
+        &self,
+        key: ItemKey,
+    ) -> Result<Option<T>, LoadFailure> {
+        let url = format!("{}/{}/{}", self.base, key.platform, key.item_id);
+        let response = self
+            .client
+            .get(&url)
+            .send()
+            .await
+            .map_err(|error| self.failure(error, "request failed"))?;
+        let status = response.status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(LoadFailure::error(format!(
+                "{} api answered {status}",
+                self.name
+            )));
+        }
+        let document = response
+            .json::<T>()
+            .await
+            .map_err(|error| self.failure(error, "undecodable body"))?;
+        Ok(Some(document))
+    }
+
+    fn failure(&self, error: reqwest::Error, what: &str) -> LoadFailure {
+        let detail = format!("{} api {what}: {error}", self.name);
+        if error.is_timeout() {
+            LoadFailure::timeout(detail)
+        } else {
+            LoadFailure::error(detail)
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct CouponDocument {
+    #[serde(default)]
+    version: u64,
+    coupons: Vec<Coupon>,
+}
+
+/// The coupon API. Coupons are a *normal*-tier part: a quote without them is degraded, not failed.
+#[derive(Debug, Clone)]
+pub struct CouponClient {
+    endpoint: Endpoint,
+}
+
+impl CouponClient {
+    pub fn new(client: reqwest::Client, base_url: &str) -> Result<Self, UpstreamError> {
+        Ok(Self {
+            endpoint: Endpoint::new("coupon", client, base_url, "v1/coupons")?,
+        })
+    }
+}
+
+#[async_trait]
+impl Loader<Vec<Coupon>> for CouponClient {
+    async fn load(&self, key: ItemKey) -> Result<Loaded<Vec<Coupon>>, LoadFailure> {
+        let document = self.endpoint.fetch::<CouponDocument>(key).await?;
+        Ok(match document {
+            Some(document) => Loaded {
+                value: Some(document.coupons),
+                version: document.version,
+            },
+            None => Loaded {
+                value: Some(Vec::new()),
+                version: 0,
+            },
+        })
+    }
+}
+
+/// The extras API (30-day sales, popular searches). An *edge*-tier part: optional.
+#[derive(Debug, Clone)]
+pub struct ExtrasClient {
+    endpoint: Endpoint,
+}
+
+impl ExtrasClient {
+    pub fn new(client: reqwest::Client, base_url: &str) -> Result<Self, UpstreamError> {
+        Ok(Self {
+            endpoint: Endpoint::new("extras", client, base_url, "v1/extras")?,
+        })
+    }
+}
+
+#[async_trait]
+impl Loader<Extras> for ExtrasClient {
+    async fn load(&self, key: ItemKey) -> Result<Loaded<Extras>, LoadFailure> {
+        let document = self.endpoint.fetch::<Extras>(key).await?;
+        Ok(Loaded {
+            value: document,
+            version: 0,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls_are_validated() {
+        let client = http_client(Duration::from_secs(1)).unwrap();
+        assert!(CouponClient::new(client.clone(), "not a url").is_err());
+        assert!(CouponClient::new(client.clone(), "ftp://example.com").is_err());
+        let coupons = CouponClient::new(client, "http://127.0.0.1:9/api/").unwrap();
+        assert_eq!(coupons.endpoint.base, "http://127.0.0.1:9/api/v1/coupons");
+    }
+}

@@ -1,0 +1,97 @@
+//! The catalogue repository: products and rebate rates, each carrying its data version.
+//!
+//! Contract: [`CatalogRepository`] is the only way the rest of the service reads the catalogue.
+//! Implementations return `Ok(None)` for an item they do not hold and `Err` only when the store
+//! itself failed, so callers can cache "not found" but must never cache an error. Every call is
+//! counted in [`StoreCounters`] (tests and metrics rely on the counts). This crate knows nothing of
+//! caches, HTTP or the query path.
+//!
+//! # Layout
+//! - [`CatalogRepository`], [`Versioned`], [`StoreError`], [`StoreCounters`]: the contract.
+//! - [`sqlite`]: the embedded store used by the default profile.
+//! - [`demo`]: the deterministic demo catalogue, independent of any database
+//!   ([`SqliteStore::seed_demo`] loads it).
+
+pub mod demo;
+pub mod sqlite;
+
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use rebate_domain::{ItemKey, Product, RebateRate, Timestamp};
+
+pub use demo::SeedReport;
+pub use sqlite::{SqliteSettings, SqliteStore};
+
+/// A value read from the store with the data version it was written at.
+///
+/// Versions only grow; caches compare them so that an older value never replaces a newer one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versioned<T> {
+    pub value: T,
+    pub version: u64,
+    pub updated_at: Timestamp,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migration(#[from] sqlx::migrate::MigrateError),
+    /// A stored row breaks a domain invariant (unknown status, rate above 100 %, …). Reported,
+    /// never papered over: serving a made-up value would be worse than failing the read.
+    #[error("corrupt row for {key}: {reason}")]
+    CorruptRow { key: String, reason: String },
+    /// A value to be written does not fit its column (e.g. a version above `i64::MAX`).
+    #[error("cannot store {key}: {reason}")]
+    ValueOutOfRange { key: String, reason: String },
+    #[error("cannot prepare the database file {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How many reads of each kind reached the store. Cheap relaxed atomics.
+#[derive(Debug, Default)]
+pub struct StoreCounters {
+    product_loads: AtomicU64,
+    rate_loads: AtomicU64,
+}
+
+impl StoreCounters {
+    pub fn record_product_load(&self) {
+        self.product_loads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn record_rate_load(&self) {
+        self.rate_loads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn product_loads(&self) -> u64 {
+        self.product_loads.load(Ordering::Relaxed)
+    }
+
+    pub fn rate_loads(&self) -> u64 {
+        self.rate_loads.load(Ordering::Relaxed)
+    }
+}
+
+/// Read access to the catalogue.
+///
+/// A delisted product is returned with `ProductStatus::Delisted`, not as `None`: whether that means
+/// "not found" to a client is the query path's decision.
+#[async_trait]
+pub trait CatalogRepository: Send + Sync + Debug + 'static {
+    async fn product(&self, key: ItemKey) -> Result<Option<Versioned<Product>>, StoreError>;
+
+    async fn rate(&self, key: ItemKey) -> Result<Option<Versioned<RebateRate>>, StoreError>;
+
+    /// A cheap round trip that proves the store answers (readiness).
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    fn counters(&self) -> &StoreCounters;
+}
