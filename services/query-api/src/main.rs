@@ -3,7 +3,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use query_api::{Application, Settings};
 
@@ -51,38 +50,8 @@ async fn serve(settings: Settings) -> anyhow::Result<()> {
     let application = Application::build(settings).await?;
     let shutdown = application.shutdown_token();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        rebate_telemetry::shutdown_signal().await;
         shutdown.cancel();
     });
     application.run_until_stopped().await
-}
-
-/// Resolves on ctrl-c or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::error!(%error, "cannot listen for ctrl-c");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .context("installing the SIGTERM handler")
-        {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => tracing::info!("ctrl-c received"),
-        () = terminate => tracing::info!("SIGTERM received"),
-    }
 }

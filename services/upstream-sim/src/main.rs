@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 use upstream_sim::RunningSimulator;
 
 /// Simulated coupon and extras APIs with faults and counters controlled under /_sim.
@@ -21,11 +20,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .init();
+    rebate_telemetry::init(rebate_telemetry::LogFormat::Text, "info")?;
 
     let shutdown = CancellationToken::new();
     let simulator = RunningSimulator::start(cli.listen, shutdown.clone())
@@ -33,37 +28,8 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", cli.listen))?;
     tracing::info!(addr = %simulator.addr(), "upstream simulator listening");
 
-    shutdown_signal().await;
-    tracing::info!("shutdown signal received, stopping");
+    rebate_telemetry::shutdown_signal().await;
     shutdown.cancel();
     simulator.stopped().await;
     Ok(())
-}
-
-/// Resolves on ctrl-c or, on Unix, SIGTERM (what container runtimes send).
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(error) = tokio::signal::ctrl_c().await {
-            tracing::error!(%error, "cannot listen for ctrl-c");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::error!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
 }

@@ -118,6 +118,34 @@ pub struct Quote {
     pub notices: Vec<Notice>,
 }
 
+/// The degraded parts and notices collected while walking each part's ladder.
+#[derive(Default)]
+struct Ladder {
+    degraded_parts: Vec<DegradedPart>,
+    notices: Vec<Notice>,
+}
+
+impl Ladder {
+    fn stale(&mut self, part: PartKind, reason: DegradeReason, as_of: Timestamp) {
+        self.degraded_parts.push(DegradedPart {
+            part,
+            reason,
+            served: Served::Stale,
+            as_of: Some(as_of),
+        });
+    }
+
+    fn template(&mut self, part: PartKind, reason: DegradeReason, notice: Option<Notice>) {
+        self.degraded_parts.push(DegradedPart {
+            part,
+            reason,
+            served: Served::Template,
+            as_of: None,
+        });
+        self.notices.extend(notice);
+    }
+}
+
 /// Builds the quote from the four part results, walking each part's degrade ladder.
 pub fn assemble(
     product: PartResult<Product>,
@@ -126,8 +154,7 @@ pub fn assemble(
     extras: PartResult<Extras>,
     now: Timestamp,
 ) -> Result<Quote, QueryError> {
-    let mut degraded_parts = Vec::new();
-    let mut notices = Vec::new();
+    let mut ladder = Ladder::default();
 
     let product = match product {
         PartResult::Live { value, .. } => value,
@@ -136,12 +163,7 @@ pub fn assemble(
             as_of,
             reason,
         } => {
-            degraded_parts.push(DegradedPart {
-                part: PartKind::Product,
-                reason,
-                served: Served::Stale,
-                as_of: Some(as_of),
-            });
+            ladder.stale(PartKind::Product, reason, as_of);
             value
         }
         PartResult::Failed { reason } => return Err(QueryError::Unavailable { reason }),
@@ -159,62 +181,41 @@ pub fn assemble(
             as_of,
             reason,
         } => {
-            degraded_parts.push(DegradedPart {
-                part: PartKind::Coupons,
-                reason,
-                served: Served::Stale,
-                as_of: Some(as_of),
-            });
+            ladder.stale(PartKind::Coupons, reason, as_of);
             value.unwrap_or_default()
         }
         PartResult::Failed { reason } => {
-            degraded_parts.push(DegradedPart {
-                part: PartKind::Coupons,
-                reason,
-                served: Served::Template,
-                as_of: None,
-            });
-            notices.push(Notice::CouponsUnavailable);
+            ladder.template(PartKind::Coupons, reason, Some(Notice::CouponsUnavailable));
             Vec::new()
         }
     };
 
-    let rate_template = |reason, degraded_parts: &mut Vec<DegradedPart>, notices: &mut Vec<_>| {
-        degraded_parts.push(DegradedPart {
-            part: PartKind::Rate,
-            reason,
-            served: Served::Template,
-            as_of: None,
-        });
-        notices.push(Notice::RateUnknown);
-        None
-    };
     let rate = match rate {
         PartResult::Live {
             value: Some(rate),
             as_of,
         } => Some((rate.rate_bps, Served::Live, as_of)),
-        PartResult::Live { value: None, .. } => {
-            rate_template(DegradeReason::Missing, &mut degraded_parts, &mut notices)
-        }
         PartResult::Stale {
             value: Some(rate),
             as_of,
             reason,
         } => {
-            degraded_parts.push(DegradedPart {
-                part: PartKind::Rate,
-                reason,
-                served: Served::Stale,
-                as_of: Some(as_of),
-            });
-            notices.push(Notice::RateMayBeOutdated);
+            ladder.stale(PartKind::Rate, reason, as_of);
+            ladder.notices.push(Notice::RateMayBeOutdated);
             Some((rate.rate_bps, Served::Stale, as_of))
         }
-        PartResult::Stale { value: None, .. } => {
-            rate_template(DegradeReason::Missing, &mut degraded_parts, &mut notices)
+        PartResult::Live { value: None, .. } | PartResult::Stale { value: None, .. } => {
+            ladder.template(
+                PartKind::Rate,
+                DegradeReason::Missing,
+                Some(Notice::RateUnknown),
+            );
+            None
         }
-        PartResult::Failed { reason } => rate_template(reason, &mut degraded_parts, &mut notices),
+        PartResult::Failed { reason } => {
+            ladder.template(PartKind::Rate, reason, Some(Notice::RateUnknown));
+            None
+        }
     };
     let rebate = match rate {
         Some((rate_bps, source, as_of)) => RebateView {
@@ -243,21 +244,11 @@ pub fn assemble(
             as_of,
             reason,
         } => {
-            degraded_parts.push(DegradedPart {
-                part: PartKind::Extras,
-                reason,
-                served: Served::Stale,
-                as_of: Some(as_of),
-            });
+            ladder.stale(PartKind::Extras, reason, as_of);
             value
         }
         PartResult::Failed { reason } => {
-            degraded_parts.push(DegradedPart {
-                part: PartKind::Extras,
-                reason,
-                served: Served::Template,
-                as_of: None,
-            });
+            ladder.template(PartKind::Extras, reason, None);
             None
         }
     };
@@ -274,9 +265,9 @@ pub fn assemble(
         rebate,
         coupons,
         extras,
-        degraded: !degraded_parts.is_empty(),
-        degraded_parts,
-        notices,
+        degraded: !ladder.degraded_parts.is_empty(),
+        degraded_parts: ladder.degraded_parts,
+        notices: ladder.notices,
     })
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rebate_cache::{LoadFailure, Loaded, Loader};
 use rebate_domain::{ItemKey, Product, RebateRate};
-use rebate_store::{CatalogRepository, StoreError};
+use rebate_store::{CatalogRepository, StoreError, Versioned};
 
 /// Loads products. A delisted product is returned as a value: the query path turns it into 404.
 #[derive(Debug, Clone)]
@@ -23,16 +23,7 @@ impl ProductLoader {
 impl Loader<Product> for ProductLoader {
     async fn load(&self, key: ItemKey) -> Result<Loaded<Product>, LoadFailure> {
         let row = self.repository.product(key).await.map_err(store_failure)?;
-        Ok(match row {
-            Some(versioned) => Loaded {
-                value: Some(versioned.value),
-                version: versioned.version,
-            },
-            None => Loaded {
-                value: None,
-                version: 0,
-            },
-        })
+        Ok(loaded(row))
     }
 }
 
@@ -52,16 +43,21 @@ impl RateLoader {
 impl Loader<RebateRate> for RateLoader {
     async fn load(&self, key: ItemKey) -> Result<Loaded<RebateRate>, LoadFailure> {
         let row = self.repository.rate(key).await.map_err(store_failure)?;
-        Ok(match row {
-            Some(versioned) => Loaded {
-                value: Some(versioned.value),
-                version: versioned.version,
-            },
-            None => Loaded {
-                value: None,
-                version: 0,
-            },
-        })
+        Ok(loaded(row))
+    }
+}
+
+/// A row becomes a value at its version; no row is "not found" (version 0, older than any row).
+fn loaded<T>(row: Option<Versioned<T>>) -> Loaded<T> {
+    match row {
+        Some(versioned) => Loaded {
+            value: Some(versioned.value),
+            version: versioned.version,
+        },
+        None => Loaded {
+            value: None,
+            version: 0,
+        },
     }
 }
 

@@ -1,10 +1,10 @@
-//! Telemetry for the rebate services: the tracing subscriber and the trace id every response
-//! carries.
+//! Process-level set-up shared by the rebate binaries: the tracing subscriber, the trace id every
+//! response carries, and the shutdown signal.
 //!
 //! Contract: [`TraceId`] is a W3C trace id (16 bytes, 32 lowercase hex characters, never all
 //! zeros), taken from an incoming `traceparent` header when one is valid and generated otherwise.
-//! [`init`] installs the process-wide subscriber once. This crate knows nothing of HTTP frameworks,
-//! caches or stores.
+//! [`init`] installs the process-wide subscriber once. [`shutdown_signal`] resolves on ctrl-c or
+//! SIGTERM. This crate knows nothing of HTTP frameworks, caches or stores.
 
 use std::fmt;
 use std::str::FromStr;
@@ -132,9 +132,15 @@ pub fn init(format: LogFormat, default_filter: &str) -> Result<(), TelemetryErro
         .or_else(|_| EnvFilter::try_new(default_filter))
         .map_err(|error| TelemetryError::Filter(error.to_string()))?;
     let registry = tracing_subscriber::registry().with(filter);
+    // Colours only for a person at a terminal; log files and shippers get plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let result = match format {
         LogFormat::Text => registry
-            .with(tracing_subscriber::fmt::layer().with_target(false))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_target(false)
+                    .with_ansi(colour),
+            )
             .try_init(),
         LogFormat::Json => registry
             .with(
@@ -146,6 +152,34 @@ pub fn init(format: LogFormat, default_filter: &str) -> Result<(), TelemetryErro
             .try_init(),
     };
     result.map_err(|error| TelemetryError::AlreadyInstalled(error.to_string()))
+}
+
+/// Resolves on ctrl-c or, on Unix, SIGTERM (what container runtimes send), logging which.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("ctrl-c received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
