@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use criterion::{Criterion, criterion_group, criterion_main};
 use rebate_cache::{
-    CacheOutcome, LoadFailure, Loaded, Loader, PartCache, PartCacheSettings, SystemClock, TtlPolicy,
+    CacheOutcome, Envelope, Jitter, LoadFailure, Loaded, Loader, PartCache, PartCacheSettings,
+    SystemClock, TtlPolicy,
 };
 use rebate_domain::{
     Cents, Coupon, Extras, ItemId, ItemKey, Platform, Product, ProductStatus, RateBps, RebateRate,
@@ -28,14 +29,24 @@ impl<T: Clone + Send + Sync + std::fmt::Debug + 'static> Loader<T> for Constant<
     }
 }
 
-fn cache<T: Clone + Send + Sync + std::fmt::Debug + 'static>(value: T) -> PartCache<T> {
+fn cache<T>(value: T) -> PartCache<T>
+where
+    T: Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + std::fmt::Debug
+        + 'static,
+{
     PartCache::new(
         PartCacheSettings {
             name: "bench",
+            part: rebate_domain::PartKind::Product,
             max_entries: 10_000,
             ttl: TtlPolicy {
                 fresh: Duration::from_secs(3600),
-                jitter_ratio: 0.1,
+                jitter: Jitter::Ratio(0.1),
                 stale: Duration::from_secs(3600),
                 not_found: Duration::from_secs(60),
             },
@@ -135,5 +146,45 @@ fn bench_cache(criterion: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench_domain, bench_cache);
+fn bench_envelope(criterion: &mut Criterion) {
+    let now = Timestamp::now();
+    let product = Envelope {
+        value: Some(Product {
+            platform: Platform::Taobao,
+            item_id: ItemId::from_u64(100_001),
+            title: "无线蓝牙耳机 降噪 长续航".into(),
+            price_cents: Cents::new(12_900),
+            image_url: "https://img.example.com/taobao/100001.jpg".into(),
+            shop_name: "数码官方旗舰店".into(),
+            status: ProductStatus::OnSale,
+        }),
+        version: 3,
+        fetched_at: now,
+        fresh_until: now.saturating_add_millis(900_000),
+        stale_until: now.saturating_add_millis(2_700_000),
+    };
+    let coupons = Envelope {
+        value: Some(coupons()),
+        version: 1,
+        fetched_at: now,
+        fresh_until: now.saturating_add_millis(60_000),
+        stale_until: now.saturating_add_millis(660_000),
+    };
+    let product_bytes = product.encode().unwrap();
+    let coupon_bytes = coupons.encode().unwrap();
+    criterion.bench_function("envelope_encode_product", |bench| {
+        bench.iter(|| std::hint::black_box(&product).encode().unwrap())
+    });
+    criterion.bench_function("envelope_decode_product", |bench| {
+        bench.iter(|| Envelope::<Product>::decode(std::hint::black_box(&product_bytes)).unwrap())
+    });
+    criterion.bench_function("envelope_encode_coupons", |bench| {
+        bench.iter(|| std::hint::black_box(&coupons).encode().unwrap())
+    });
+    criterion.bench_function("envelope_decode_coupons", |bench| {
+        bench.iter(|| Envelope::<Vec<Coupon>>::decode(std::hint::black_box(&coupon_bytes)).unwrap())
+    });
+}
+
+criterion_group!(benches, bench_domain, bench_cache, bench_envelope);
 criterion_main!(benches);

@@ -3,4 +3,5 @@
 
 fn main() {
     println!("cargo:rerun-if-changed=../../migrations/sqlite");
+    println!("cargo:rerun-if-changed=../../migrations/mysql");
 }

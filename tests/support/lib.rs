@@ -50,7 +50,7 @@ pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
     let address = application.local_addr();
     let simulator = application
         .simulator()
-        .expect("the embedded simulator runs")
+        .expect("tests run with the embedded simulator")
         .state()
         .clone();
     let state = application.state().clone();
@@ -80,6 +80,126 @@ pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
 
 pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
+}
+
+/// The shared back ends of a production-profile test: a fresh MySQL database seeded with the
+/// demo catalogue, and a Redis key prefix of its own. Instances started with
+/// [`ProductionEnv::spawn_instance`] share both, like a fleet behind a load balancer.
+#[derive(Debug)]
+pub struct ProductionEnv {
+    pub database_url: String,
+    pub redis_url: String,
+    pub prefix: String,
+    database: Option<rebate_store::testing::TestDatabase>,
+}
+
+/// The Redis server integration tests use (`TEST_REDIS_URL`, default the local one).
+pub fn test_redis_url() -> String {
+    std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+impl ProductionEnv {
+    pub async fn new(name: &str) -> Self {
+        Self::with_redis(name, test_redis_url()).await
+    }
+
+    pub async fn with_redis(name: &str, redis_url: String) -> Self {
+        let (database_url, database) = rebate_store::testing::fresh_mysql_database(
+            &rebate_store::testing::test_mysql_url(),
+            name,
+        )
+        .await
+        .expect("a fresh MySQL database");
+        let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
+            database_url.clone(),
+        ))
+        .await
+        .expect("MySQL reachable");
+        store.seed_demo().await.expect("demo catalogue seeded");
+        store.close().await;
+        let prefix = format!("test-{name}-{}-{:08x}", std::process::id(), rand_suffix());
+        Self {
+            database_url,
+            redis_url,
+            prefix,
+            database: Some(database),
+        }
+    }
+
+    /// An instance on these back ends; `customise` may change any setting before the build.
+    pub async fn spawn_instance(&self, customise: impl FnOnce(&mut Settings)) -> TestApp {
+        let database_url = self.database_url.clone();
+        let redis_url = self.redis_url.clone();
+        let prefix = self.prefix.clone();
+        spawn_app_with(move |settings| {
+            settings.store.backend = query_api::config::StoreBackend::Mysql;
+            settings.store.seed_demo = false;
+            settings.store.mysql.url = query_api::config::Secret::new(database_url);
+            settings.redis.enabled = true;
+            settings.redis.url = query_api::config::Secret::new(redis_url);
+            settings.redis.prefix = prefix;
+            // Several instances and tests share two cores in a debug build: Redis answers well
+            // within 100 ms in production, not always here.
+            settings.redis.command_timeout_ms = 1_000;
+            settings.warmup.enabled = false;
+            customise(settings);
+        })
+        .await
+    }
+
+    /// Drops the database and the prefix's Redis keys.
+    pub async fn clean_up(mut self) {
+        if let Some(database) = self.database.take() {
+            database
+                .drop_database()
+                .await
+                .expect("test database dropped");
+        }
+        delete_redis_prefix(&self.redis_url, &self.prefix).await;
+    }
+}
+
+fn rand_suffix() -> u32 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.subsec_nanos())
+        .unwrap_or_default();
+    nanos ^ std::process::id().rotate_left(16)
+}
+
+/// Deletes every key under `prefix` (best effort: a dead server has nothing to clean).
+pub async fn delete_redis_prefix(redis_url: &str, prefix: &str) {
+    let Ok(client) = redis::Client::open(redis_url) else {
+        return;
+    };
+    let Ok(mut connection) = client.get_multiplexed_async_connection().await else {
+        return;
+    };
+    let mut cursor: u64 = 0;
+    loop {
+        let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut connection)
+            .await
+        else {
+            return;
+        };
+        if !keys.is_empty() {
+            let _: redis::RedisResult<u64> = redis::cmd("DEL")
+                .arg(&keys)
+                .query_async(&mut connection)
+                .await;
+        }
+        if next == 0 {
+            return;
+        }
+        cursor = next;
+    }
 }
 
 impl TestApp {

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
-use rebate_cache::TtlPolicy;
+use rebate_cache::{Jitter, TtlPolicy};
+use rebate_domain::ItemKey;
 use rebate_engine::{PartTimeouts, Tier, TimeoutTiers};
 use rebate_telemetry::LogFormat;
 use serde::Deserialize;
@@ -28,10 +29,49 @@ pub enum ConfigError {
     Invalid { field: &'static str, reason: String },
 }
 
+fn non_empty_env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .filter(|value| !value.trim().is_empty())
+}
+
 fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field,
         reason: reason.into(),
+    }
+}
+
+/// Environment variables that carry connection strings, by convention; they win over the files.
+pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
+pub const REDIS_URL_ENV: &str = "REDIS_URL";
+
+/// A value that must never reach a log: connection strings with passwords.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(if self.0.is_empty() {
+            "Secret(<unset>)"
+        } else {
+            "Secret(***)"
+        })
     }
 }
 
@@ -40,6 +80,9 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
 pub struct Settings {
     pub http: HttpSettings,
     pub store: StoreSettings,
+    pub redis: RedisSettings,
+    pub bloom: BloomSettings,
+    pub warmup: WarmupSettings,
     pub upstreams: UpstreamSettings,
     pub timeouts: TimeoutSettings,
     pub parts: PartsSettings,
@@ -61,6 +104,7 @@ pub struct HttpSettings {
 #[serde(rename_all = "snake_case")]
 pub enum StoreBackend {
     Sqlite,
+    Mysql,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -68,7 +112,56 @@ pub enum StoreBackend {
 pub struct StoreSettings {
     pub backend: StoreBackend,
     pub seed_demo: bool,
+    pub max_concurrent_loads: usize,
     pub sqlite: SqliteConfig,
+    pub mysql: MySqlConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MySqlConfig {
+    /// Overridden by `DATABASE_URL`.
+    pub url: Secret,
+    pub max_connections: u32,
+    pub min_connections: u32,
+    pub acquire_timeout_ms: u64,
+    pub statement_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub enabled: bool,
+    /// Overridden by `REDIS_URL`.
+    pub url: Secret,
+    /// Seed nodes of a Redis Cluster; when non-empty, cluster mode is used and `url` ignored.
+    pub cluster_nodes: Vec<Secret>,
+    pub prefix: String,
+    pub command_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub lease_ttl_ms: u64,
+    pub lease_wait_ms: u64,
+    pub lease_poll_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BloomSettings {
+    pub enabled: bool,
+    pub false_positive_rate: f64,
+    pub expected_items: u64,
+    pub rebuild_interval_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupSettings {
+    pub enabled: bool,
+    pub hot_items_limit: u32,
+    /// `platform:item_id` strings, validated at start.
+    pub items: Vec<String>,
+    pub rate_per_sec: u32,
+    pub interval_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -118,6 +211,10 @@ pub struct PartSettings {
     pub jitter_ratio: f64,
     pub stale_secs: u64,
     pub not_found_secs: u64,
+    pub l2_fresh_secs: u64,
+    pub l2_jitter_secs: u64,
+    pub l2_stale_secs: u64,
+    pub l2_not_found_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -138,7 +235,15 @@ impl Settings {
             figment = figment.merge(Toml::file(path));
         }
         figment = figment.merge(Env::prefixed(ENV_PREFIX).split("__"));
-        Self::from_figment(figment)
+        let mut settings: Settings = figment.extract().map_err(Box::new)?;
+        if let Some(url) = non_empty_env(DATABASE_URL_ENV) {
+            settings.store.mysql.url = Secret::new(url);
+        }
+        if let Some(url) = non_empty_env(REDIS_URL_ENV) {
+            settings.redis.url = Secret::new(url);
+        }
+        settings.validate()?;
+        Ok(settings)
     }
 
     /// The embedded defaults alone (tests start from these and change fields).
@@ -150,6 +255,22 @@ impl Settings {
         let settings: Settings = figment.extract().map_err(Box::new)?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// The warm-up keys named in the config, parsed (validated at load, so this cannot fail
+    /// on loaded settings).
+    pub fn warmup_items(&self) -> Result<Vec<ItemKey>, ConfigError> {
+        self.warmup
+            .items
+            .iter()
+            .map(|text| {
+                let (platform, item_id) = text.split_once(':').ok_or_else(|| {
+                    invalid("warmup.items", format!("{text:?} is not platform:item_id"))
+                })?;
+                ItemKey::parse(platform, item_id)
+                    .map_err(|error| invalid("warmup.items", format!("{text:?}: {error}")))
+            })
+            .collect()
     }
 
     /// Explains the first thing that is wrong, naming the key.
@@ -222,7 +343,102 @@ impl Settings {
         for (name, part) in self.parts.named() {
             part.validate(name)?;
         }
-        Ok(())
+        self.validate_store_and_tiers()
+    }
+
+    fn validate_store_and_tiers(&self) -> Result<(), ConfigError> {
+        if !(1..=4096).contains(&self.store.max_concurrent_loads) {
+            return Err(invalid(
+                "store.max_concurrent_loads",
+                format!("{} is outside 1..=4096", self.store.max_concurrent_loads),
+            ));
+        }
+        let mysql = &self.store.mysql;
+        if self.store.backend == StoreBackend::Mysql && mysql.url.is_empty() {
+            return Err(invalid(
+                "store.mysql.url",
+                format!(
+                    "backend is mysql but neither {DATABASE_URL_ENV} nor store.mysql.url is set"
+                ),
+            ));
+        }
+        if !(1..=1024).contains(&mysql.max_connections)
+            || mysql.min_connections > mysql.max_connections
+        {
+            return Err(invalid(
+                "store.mysql.max_connections",
+                format!(
+                    "max {} must be within 1..=1024 and at least min_connections {}",
+                    mysql.max_connections, mysql.min_connections
+                ),
+            ));
+        }
+        for (field, value) in [
+            ("store.mysql.acquire_timeout_ms", mysql.acquire_timeout_ms),
+            (
+                "store.mysql.statement_timeout_ms",
+                mysql.statement_timeout_ms,
+            ),
+            ("redis.command_timeout_ms", self.redis.command_timeout_ms),
+            ("redis.connect_timeout_ms", self.redis.connect_timeout_ms),
+            ("redis.lease_ttl_ms", self.redis.lease_ttl_ms),
+            ("redis.lease_poll_ms", self.redis.lease_poll_ms),
+        ] {
+            if !(1..=60_000).contains(&value) {
+                return Err(invalid(field, format!("{value} is outside 1..=60000")));
+            }
+        }
+        let redis = &self.redis;
+        if redis.enabled && redis.url.is_empty() && redis.cluster_nodes.is_empty() {
+            return Err(invalid(
+                "redis.url",
+                format!(
+                    "redis is enabled but neither {REDIS_URL_ENV}, redis.url nor redis.cluster_nodes is set"
+                ),
+            ));
+        }
+        if redis.prefix.is_empty() || redis.prefix.contains(char::is_whitespace) {
+            return Err(invalid("redis.prefix", "must be non-empty without spaces"));
+        }
+        if redis.lease_wait_ms >= redis.lease_ttl_ms {
+            return Err(invalid(
+                "redis.lease_wait_ms",
+                format!(
+                    "{} must be below redis.lease_ttl_ms ({})",
+                    redis.lease_wait_ms, redis.lease_ttl_ms
+                ),
+            ));
+        }
+        let bloom = &self.bloom;
+        if !(0.000_001..=0.1).contains(&bloom.false_positive_rate) {
+            return Err(invalid(
+                "bloom.false_positive_rate",
+                format!("{} is outside 0.000001..=0.1", bloom.false_positive_rate),
+            ));
+        }
+        if !(1..=1_000_000_000).contains(&bloom.expected_items) {
+            return Err(invalid(
+                "bloom.expected_items",
+                format!("{} is outside 1..=1000000000", bloom.expected_items),
+            ));
+        }
+        if bloom.rebuild_interval_secs < 10 {
+            return Err(invalid(
+                "bloom.rebuild_interval_secs",
+                "must be at least 10",
+            ));
+        }
+        let warmup = &self.warmup;
+        if !(1..=100_000).contains(&warmup.rate_per_sec) {
+            return Err(invalid(
+                "warmup.rate_per_sec",
+                format!("{} is outside 1..=100000", warmup.rate_per_sec),
+            ));
+        }
+        if warmup.interval_secs < 10 {
+            return Err(invalid("warmup.interval_secs", "must be at least 10"));
+        }
+        self.warmup_items().map(|_| ())
     }
 
     pub fn request_deadline(&self) -> Duration {
@@ -274,12 +490,23 @@ impl PartsSettings {
 }
 
 impl PartSettings {
+    /// L1 lifetimes: fresh ± `jitter_ratio`.
     pub fn ttl_policy(&self) -> TtlPolicy {
         TtlPolicy {
             fresh: Duration::from_secs(self.fresh_secs),
-            jitter_ratio: self.jitter_ratio,
+            jitter: Jitter::Ratio(self.jitter_ratio),
             stale: Duration::from_secs(self.stale_secs),
             not_found: Duration::from_secs(self.not_found_secs),
+        }
+    }
+
+    /// L2 lifetimes: fresh + uniform `0..=l2_jitter_secs`.
+    pub fn l2_ttl_policy(&self) -> TtlPolicy {
+        TtlPolicy {
+            fresh: Duration::from_secs(self.l2_fresh_secs),
+            jitter: Jitter::UpTo(Duration::from_secs(self.l2_jitter_secs)),
+            stale: Duration::from_secs(self.l2_stale_secs),
+            not_found: Duration::from_secs(self.l2_not_found_secs),
         }
     }
 
@@ -302,8 +529,18 @@ impl PartSettings {
                 "fresh_secs and not_found_secs must be at most 86400, stale_secs at most 604800",
             ));
         }
+        if self.l2_fresh_secs > 86_400
+            || self.l2_stale_secs > 7 * 86_400
+            || self.l2_not_found_secs > 86_400
+        {
+            return Err(invalid(
+                name,
+                "l2_fresh_secs and l2_not_found_secs must be at most 86400, l2_stale_secs at most 604800",
+            ));
+        }
         self.ttl_policy()
             .validate()
+            .and_then(|()| self.l2_ttl_policy().validate())
             .map_err(|error| invalid(name, error.to_string()))
     }
 }
@@ -364,6 +601,52 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("fast"), "{error}");
+    }
+
+    #[test]
+    fn warmup_items_and_tier_settings_are_validated() {
+        let settings = load_file("[warmup]\nitems = [\"jd:100001\", \"pdd:7\"]\n").unwrap();
+        assert_eq!(settings.warmup_items().unwrap().len(), 2);
+        let error = load_file("[warmup]\nitems = [\"jd-100001\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("warmup.items") && error.contains("jd-100001"),
+            "{error}"
+        );
+        let error = load_file("[warmup]\nitems = [\"ebay:1\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("ebay"), "{error}");
+        let error = load_file("[redis]\nlease_wait_ms = 5000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("redis.lease_wait_ms"), "{error}");
+        let error = load_file("[bloom]\nfalse_positive_rate = 0.5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("bloom.false_positive_rate"), "{error}");
+        let error = load_file("[parts.rate]\nl2_jitter_secs = 100000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("parts.rate"), "{error}");
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let secret = Secret::new("mysql://root:hunter2@db/rebate");
+        assert!(!format!("{secret:?}").contains("hunter2"));
+        let mut settings = Settings::defaults().unwrap();
+        settings.store.mysql.url = secret;
+        assert!(!format!("{settings:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn the_production_profile_needs_its_connection_strings() {
+        let production = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config/production.toml");
+        let figment = Figment::from(Toml::string(DEFAULT_CONFIG)).merge(Toml::file(production));
+        let error = Settings::from_figment(figment).unwrap_err().to_string();
+        assert!(error.contains("DATABASE_URL"), "{error}");
     }
 
     #[test]

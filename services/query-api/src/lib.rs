@@ -9,8 +9,10 @@
 //! # Layout
 //! - [`config`]: [`Settings`], loaded from the embedded defaults, a file and the environment.
 //! - [`startup`]: [`Application`], [`AppState`].
+//! - [`background`]: Bloom filter builds and warm-up, under the same shutdown token.
 //! - [`http`]: the router, the error type and the middleware (trace id, request timeout).
 
+pub mod background;
 pub mod config;
 pub mod http;
 pub mod startup;

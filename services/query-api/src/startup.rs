@@ -5,14 +5,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use rebate_cache::{Clock, Loader, PartCache, PartCacheSettings, SystemClock};
+use rebate_cache::{
+    Clock, ItemFilter, L2Settings, Loader, PartCache, PartCacheSettings, SharedTier, SystemClock,
+};
+use rebate_domain::PartKind;
 use rebate_engine::{EngineParts, QueryEngine};
-use rebate_sources::{CouponClient, ExtrasClient, ProductLoader, RateLoader, http_client};
-use rebate_store::{CatalogRepository, SqliteSettings, SqliteStore};
+use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierSettings};
+use rebate_sources::{
+    CouponClient, ExtrasClient, LoadLimiter, ProductLoader, RateLoader, http_client,
+};
+use rebate_store::{CatalogRepository, MySqlSettings, MySqlStore, SqliteSettings, SqliteStore};
+use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use upstream_sim::RunningSimulator;
 
+use crate::background;
 use crate::config::{PartSettings, Settings, StoreBackend};
 
 /// What every handler shares. Cheap to clone.
@@ -20,6 +29,9 @@ use crate::config::{PartSettings, Settings, StoreBackend};
 pub struct AppState {
     pub engine: QueryEngine,
     pub store: Arc<dyn CatalogRepository>,
+    /// The shared L2 tier, when Redis is enabled.
+    pub tier: Option<Arc<RedisTier>>,
+    pub load_limiter: Arc<LoadLimiter>,
     pub limits: Arc<HttpLimits>,
 }
 
@@ -39,6 +51,8 @@ pub struct Application {
     state: AppState,
     simulator: Option<RunningSimulator>,
     shutdown: CancellationToken,
+    /// Bloom rebuilds and warm-up; stopped with the same token as the server.
+    tasks: TaskTracker,
     drain: Duration,
 }
 
@@ -55,6 +69,7 @@ impl Application {
     ) -> anyhow::Result<Self> {
         let shutdown = CancellationToken::new();
         let store = open_store(&settings).await?;
+        let tier = connect_tier(&settings).await?;
 
         let simulator = if settings.upstreams.simulate {
             let simulator = RunningSimulator::start(
@@ -78,39 +93,83 @@ impl Application {
         let client = http_client(Duration::from_millis(settings.upstreams.connect_timeout_ms))?;
         let coupons = CouponClient::new(client.clone(), &coupons_url)?;
         let extras = ExtrasClient::new(client, &extras_url)?;
+        let load_limiter = LoadLimiter::new(settings.store.max_concurrent_loads);
 
         let timeouts = settings.part_timeouts();
+        let shared_tier: Option<Arc<dyn SharedTier>> = tier
+            .as_ref()
+            .map(|tier| Arc::clone(tier) as Arc<dyn SharedTier>);
+        let builder = PartBuilder {
+            settings: &settings,
+            tier: shared_tier,
+            clock: &clock,
+        };
         let parts = EngineParts {
-            product: part_cache(
-                "product",
+            product: builder.build(
+                PartKind::Product,
                 &settings.parts.product,
                 timeouts.product,
-                Arc::new(ProductLoader::new(Arc::clone(&store))),
-                &clock,
+                Arc::new(ProductLoader::new(
+                    Arc::clone(&store),
+                    Arc::clone(&load_limiter),
+                )),
             ),
-            rate: part_cache(
-                "rate",
+            rate: builder.build(
+                PartKind::Rate,
                 &settings.parts.rate,
                 timeouts.rate,
-                Arc::new(RateLoader::new(Arc::clone(&store))),
-                &clock,
+                Arc::new(RateLoader::new(
+                    Arc::clone(&store),
+                    Arc::clone(&load_limiter),
+                )),
             ),
-            coupons: part_cache(
-                "coupons",
+            coupons: builder.build(
+                PartKind::Coupons,
                 &settings.parts.coupons,
                 timeouts.coupons,
                 Arc::new(coupons),
-                &clock,
             ),
-            extras: part_cache(
-                "extras",
+            extras: builder.build(
+                PartKind::Extras,
                 &settings.parts.extras,
                 timeouts.extras,
                 Arc::new(extras),
-                &clock,
             ),
         };
-        let engine = QueryEngine::new(parts, timeouts, clock);
+        let engine = if settings.bloom.enabled {
+            let filter = ItemFilter::new(
+                settings.bloom.false_positive_rate,
+                settings.bloom.expected_items,
+            )
+            .context("bloom settings")?;
+            QueryEngine::with_item_filter(parts, timeouts, clock, Arc::new(filter))
+        } else {
+            QueryEngine::new(parts, timeouts, clock)
+        };
+
+        let tasks = TaskTracker::new();
+        if let Some(filter) = engine.item_filter() {
+            tasks.spawn(background::maintain_item_filter(
+                Arc::clone(filter),
+                Arc::clone(&store),
+                Duration::from_secs(settings.bloom.rebuild_interval_secs),
+                shutdown.clone(),
+            ));
+        }
+        if settings.warmup.enabled {
+            tasks.spawn(background::warm_up(
+                engine.clone(),
+                Arc::clone(&store),
+                background::WarmupPlan {
+                    items: settings.warmup_items()?,
+                    hot_items_limit: settings.warmup.hot_items_limit,
+                    rate_per_sec: settings.warmup.rate_per_sec,
+                    interval: Duration::from_secs(settings.warmup.interval_secs),
+                    deadline: settings.request_deadline(),
+                },
+                shutdown.clone(),
+            ));
+        }
 
         let listener = TcpListener::bind(settings.http.listen)
             .await
@@ -118,6 +177,8 @@ impl Application {
         let state = AppState {
             engine,
             store,
+            tier,
+            load_limiter,
             limits: Arc::new(HttpLimits {
                 request_deadline: settings.request_deadline(),
                 request_timeout: settings.request_timeout(),
@@ -130,6 +191,7 @@ impl Application {
             state,
             simulator,
             shutdown,
+            tasks,
             drain: settings.shutdown_drain(),
         })
     }
@@ -188,6 +250,13 @@ impl Application {
                 tracing::warn!("drain time over; remaining connections closed");
             }
         }
+        self.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(5), self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("background tasks did not stop within 5 s");
+        }
         if let Some(simulator) = self.simulator {
             simulator.stopped().await;
         }
@@ -197,23 +266,20 @@ impl Application {
 }
 
 /// `rebate-query seed`: opens (creating and migrating) the configured catalogue and loads the demo
-/// catalogue into it. Idempotent.
+/// catalogue into it. Idempotent: rows already present are left alone.
 pub async fn seed(settings: &Settings) -> anyhow::Result<()> {
-    match settings.store.backend {
-        StoreBackend::Sqlite => {
-            let store = open_sqlite(settings).await?;
-            let report = store
-                .seed_demo()
-                .await
-                .context("seeding the demo catalogue")?;
-            tracing::info!(
-                products = report.products,
-                rates = report.rates,
-                elapsed_ms = report.elapsed.as_millis() as u64,
-                "demo catalogue loaded"
-            );
-        }
+    let report = match settings.store.backend {
+        StoreBackend::Sqlite => open_sqlite(settings).await?.seed_demo().await,
+        StoreBackend::Mysql => connect_mysql(settings).await?.seed_demo().await,
     }
+    .context("seeding the demo catalogue")?;
+    tracing::info!(
+        products = report.products,
+        rates = report.rates,
+        hot_items = report.hot_items,
+        elapsed_ms = report.elapsed.as_millis() as u64,
+        "demo catalogue loaded"
+    );
     Ok(())
 }
 
@@ -228,44 +294,120 @@ async fn open_sqlite(settings: &Settings) -> anyhow::Result<SqliteStore> {
     .with_context(|| format!("opening the SQLite store {}", sqlite.path.display()))
 }
 
-async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn CatalogRepository>> {
-    match settings.store.backend {
-        StoreBackend::Sqlite => {
-            let store = open_sqlite(settings).await?;
-            if settings.store.seed_demo {
-                let report = store
-                    .seed_demo_if_empty()
-                    .await
-                    .context("seeding the demo catalogue")?;
-                if let Some(report) = report {
-                    tracing::info!(
-                        products = report.products,
-                        rates = report.rates,
-                        elapsed_ms = report.elapsed.as_millis() as u64,
-                        "demo catalogue seeded"
-                    );
-                }
-            }
-            Ok(Arc::new(store))
-        }
-    }
+async fn connect_mysql(settings: &Settings) -> anyhow::Result<MySqlStore> {
+    let mysql = &settings.store.mysql;
+    let mut options = MySqlSettings::new(mysql.url.expose());
+    options.max_connections = mysql.max_connections;
+    options.min_connections = mysql.min_connections;
+    options.acquire_timeout = Duration::from_millis(mysql.acquire_timeout_ms);
+    options.statement_timeout = Duration::from_millis(mysql.statement_timeout_ms);
+    // The store's error never contains the URL; `options`' Debug redacts it.
+    MySqlStore::connect(&options)
+        .await
+        .with_context(|| format!("connecting to MySQL ({options:?})"))
 }
 
-fn part_cache<T: Send + Sync + 'static>(
-    name: &'static str,
-    settings: &PartSettings,
-    load_timeout: Duration,
-    loader: Arc<dyn Loader<T>>,
-    clock: &Arc<dyn Clock>,
-) -> PartCache<T> {
-    PartCache::new(
-        PartCacheSettings {
-            name,
+async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn CatalogRepository>> {
+    let seed = settings.store.seed_demo;
+    let (store, report): (Arc<dyn CatalogRepository>, _) = match settings.store.backend {
+        StoreBackend::Sqlite => {
+            let store = open_sqlite(settings).await?;
+            let report = if seed {
+                store.seed_demo_if_empty().await?
+            } else {
+                None
+            };
+            (Arc::new(store), report)
+        }
+        StoreBackend::Mysql => {
+            let store = connect_mysql(settings).await?;
+            let report = if seed {
+                store.seed_demo_if_empty().await?
+            } else {
+                None
+            };
+            (Arc::new(store), report)
+        }
+    };
+    if let Some(report) = report {
+        tracing::info!(
+            products = report.products,
+            rates = report.rates,
+            elapsed_ms = report.elapsed.as_millis() as u64,
+            "demo catalogue seeded"
+        );
+    }
+    Ok(store)
+}
+
+/// Connects the Redis L2 tier when enabled. An unreachable Redis at start is an error: an
+/// instance that silently ran without L2 would multiply the load on MySQL unnoticed.
+async fn connect_tier(settings: &Settings) -> anyhow::Result<Option<Arc<RedisTier>>> {
+    let redis = &settings.redis;
+    if !redis.enabled {
+        return Ok(None);
+    }
+    let target = if redis.cluster_nodes.is_empty() {
+        RedisTarget::Single(redis.url.expose().to_owned())
+    } else {
+        RedisTarget::Cluster(
+            redis
+                .cluster_nodes
+                .iter()
+                .map(|node| node.expose().to_owned())
+                .collect(),
+        )
+    };
+    let mut options = RedisTierSettings::new(target);
+    options.prefix = redis.prefix.clone();
+    options.command_timeout = Duration::from_millis(redis.command_timeout_ms);
+    options.connect_timeout = Duration::from_millis(redis.connect_timeout_ms);
+    let tier = RedisTier::connect(options.clone())
+        .await
+        .with_context(|| format!("connecting to Redis ({options:?})"))?;
+    tracing::info!(prefix = %redis.prefix, "redis L2 tier connected");
+    Ok(Some(Arc::new(tier)))
+}
+
+/// Builds each part's cache the same way: L1 always, L2 when a tier is configured.
+struct PartBuilder<'a> {
+    settings: &'a Settings,
+    tier: Option<Arc<dyn SharedTier>>,
+    clock: &'a Arc<dyn Clock>,
+}
+
+impl PartBuilder<'_> {
+    fn build<T>(
+        &self,
+        part: PartKind,
+        settings: &PartSettings,
+        load_timeout: Duration,
+        loader: Arc<dyn Loader<T>>,
+    ) -> PartCache<T>
+    where
+        T: serde::Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        let cache_settings = PartCacheSettings {
+            name: part.as_str(),
+            part,
             max_entries: settings.l1_max_entries,
             ttl: settings.ttl_policy(),
             load_timeout,
-        },
-        loader,
-        Arc::clone(clock),
-    )
+        };
+        let clock = Arc::clone(self.clock);
+        match &self.tier {
+            None => PartCache::new(cache_settings, loader, clock),
+            Some(tier) => {
+                let redis = &self.settings.redis;
+                let l2 = L2Settings {
+                    tier: Arc::clone(tier),
+                    ttl: settings.l2_ttl_policy(),
+                    lease_ttl: Duration::from_millis(redis.lease_ttl_ms),
+                    lease_wait: Duration::from_millis(redis.lease_wait_ms),
+                    lease_poll: Duration::from_millis(redis.lease_poll_ms),
+                };
+                PartCache::with_shared_tier(cache_settings, l2, loader, clock)
+            }
+        }
+    }
 }

@@ -10,15 +10,47 @@ use serde::{Deserialize, Serialize};
 ///
 /// `fresh_until` ends the window in which the entry answers without asking the source;
 /// `stale_until` ends the window in which it may still be served when the source fails.
+///
+/// Encoded for the shared tier with [`Envelope::encode`]: JSON, timestamps as epoch milliseconds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope<T> {
     /// `None` means the source said the item does not exist (negative caching).
     pub value: Option<T>,
     /// Data version from the source; an older version must never replace a newer one.
     pub version: u64,
+    #[serde(with = "epoch_millis")]
     pub fetched_at: Timestamp,
+    #[serde(with = "epoch_millis")]
     pub fresh_until: Timestamp,
+    #[serde(with = "epoch_millis")]
     pub stale_until: Timestamp,
+}
+
+/// Envelope timestamps travel as integers: exact to the millisecond and cheap to parse.
+mod epoch_millis {
+    use rebate_domain::Timestamp;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(stamp: &Timestamp, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_i64(stamp.as_millis())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Timestamp, D::Error> {
+        i64::deserialize(deserializer).map(Timestamp::from_millis)
+    }
+}
+
+impl<T: Serialize> Envelope<T> {
+    /// The bytes stored in the shared tier.
+    pub fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec(self)
+    }
+}
+
+impl<T: serde::de::DeserializeOwned> Envelope<T> {
+    pub fn decode(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
 }
 
 impl<T> Envelope<T> {
@@ -42,17 +74,28 @@ pub enum PolicyError {
     ZeroFresh,
     #[error("jitter ratio {0} must be within 0.0 and 0.5")]
     JitterOutOfRange(f64),
+    #[error("additive jitter {0:?} must not exceed the fresh TTL")]
+    JitterTooLong(Duration),
     #[error("not-found TTL must be greater than zero")]
     ZeroNotFound,
+}
+
+/// How a TTL is spread so that entries written together do not expire together.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Jitter {
+    /// Uniform in `base × [1 − ratio, 1 + ratio]` (L1: 5 min ± 10 %).
+    Ratio(f64),
+    /// Uniform in `[base, base + up_to]` (L2: 15 min + 0–300 s).
+    UpTo(Duration),
 }
 
 /// Lifetimes of one part's entries in one tier, with jitter so that mass expiry never lines up.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TtlPolicy {
-    /// Mean time an entry is fresh.
+    /// Base time an entry is fresh.
     pub fresh: Duration,
-    /// Every TTL is drawn uniformly from `base × [1 − jitter, 1 + jitter]`.
-    pub jitter_ratio: f64,
+    /// Applied to every fresh and not-found TTL drawn.
+    pub jitter: Jitter,
     /// How long past `fresh_until` an entry stays servable as stale.
     pub stale: Duration,
     /// Mean time a not-found marker is kept. Short: a new item must appear soon.
@@ -67,20 +110,23 @@ impl TtlPolicy {
         if self.not_found.is_zero() {
             return Err(PolicyError::ZeroNotFound);
         }
-        if !(0.0..=0.5).contains(&self.jitter_ratio) {
-            return Err(PolicyError::JitterOutOfRange(self.jitter_ratio));
+        match self.jitter {
+            Jitter::Ratio(ratio) if !(0.0..=0.5).contains(&ratio) => {
+                Err(PolicyError::JitterOutOfRange(ratio))
+            }
+            Jitter::UpTo(up_to) if up_to > self.fresh => Err(PolicyError::JitterTooLong(up_to)),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     /// A jittered fresh TTL for a found value.
     pub fn sample_fresh<R: Rng + ?Sized>(&self, rng: &mut R) -> Duration {
-        jitter(self.fresh, self.jitter_ratio, rng)
+        jitter(self.fresh, self.jitter, rng)
     }
 
     /// A jittered TTL for a not-found marker.
     pub fn sample_not_found<R: Rng + ?Sized>(&self, rng: &mut R) -> Duration {
-        jitter(self.not_found, self.jitter_ratio, rng)
+        jitter(self.not_found, self.jitter, rng)
     }
 
     /// Stamps a loaded value: fetched now, fresh for a jittered TTL, stale window after that.
@@ -112,12 +158,16 @@ fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn jitter<R: Rng + ?Sized>(base: Duration, ratio: f64, rng: &mut R) -> Duration {
-    if ratio <= 0.0 {
-        return base;
+fn jitter<R: Rng + ?Sized>(base: Duration, jitter: Jitter, rng: &mut R) -> Duration {
+    match jitter {
+        Jitter::Ratio(ratio) if ratio > 0.0 => {
+            base.mul_f64(rng.random_range((1.0 - ratio)..=(1.0 + ratio)))
+        }
+        Jitter::UpTo(up_to) if !up_to.is_zero() => {
+            base + Duration::from_millis(rng.random_range(0..=millis(up_to)))
+        }
+        _ => base,
     }
-    let factor = rng.random_range((1.0 - ratio)..=(1.0 + ratio));
-    base.mul_f64(factor)
 }
 
 #[cfg(test)]
@@ -129,7 +179,7 @@ mod tests {
     fn policy() -> TtlPolicy {
         TtlPolicy {
             fresh: Duration::from_secs(300),
-            jitter_ratio: 0.1,
+            jitter: Jitter::Ratio(0.1),
             stale: Duration::from_secs(1800),
             not_found: Duration::from_secs(120),
         }
@@ -165,6 +215,27 @@ mod tests {
         }
     }
 
+    /// L2: 15 min + uniform 0–300 s, the whole range used, nothing outside it.
+    #[test]
+    fn additive_jitter_spreads_over_base_plus_up_to() {
+        let policy = TtlPolicy {
+            fresh: Duration::from_secs(900),
+            jitter: Jitter::UpTo(Duration::from_secs(300)),
+            stale: Duration::from_secs(1800),
+            not_found: Duration::from_secs(120),
+        };
+        let mut rng = SmallRng::seed_from_u64(11);
+        let mut buckets = [0usize; 10];
+        for _ in 0..20_000 {
+            let ttl = policy.sample_fresh(&mut rng).as_secs_f64();
+            assert!((900.0..=1200.0).contains(&ttl), "{ttl}");
+            buckets[(((ttl - 900.0) / 30.0) as usize).min(9)] += 1;
+        }
+        for count in buckets {
+            assert!((1_600..=2_400).contains(&count), "{buckets:?}");
+        }
+    }
+
     #[test]
     fn not_found_markers_are_short_and_have_no_stale_window() {
         let policy = policy();
@@ -196,9 +267,32 @@ mod tests {
     }
 
     #[test]
+    fn envelopes_round_trip_through_bytes_exactly() {
+        let envelope = Envelope {
+            value: Some(vec!["a".to_owned()]),
+            version: 7,
+            fetched_at: Timestamp::from_millis(1_764_504_000_123),
+            fresh_until: Timestamp::from_millis(1_764_504_300_456),
+            stale_until: Timestamp::from_millis(1_764_506_100_789),
+        };
+        let bytes = envelope.encode().unwrap();
+        assert_eq!(Envelope::<Vec<String>>::decode(&bytes).unwrap(), envelope);
+        let missing = Envelope::<u8> {
+            value: None,
+            version: 0,
+            fetched_at: envelope.fetched_at,
+            fresh_until: envelope.fresh_until,
+            stale_until: envelope.fresh_until,
+        };
+        let bytes = missing.encode().unwrap();
+        assert_eq!(Envelope::<u8>::decode(&bytes).unwrap(), missing);
+        assert!(Envelope::<u8>::decode(b"garbage").is_err());
+    }
+
+    #[test]
     fn validation_explains_bad_policies() {
         let mut bad = policy();
-        bad.jitter_ratio = 0.9;
+        bad.jitter = Jitter::Ratio(0.9);
         assert_eq!(bad.validate(), Err(PolicyError::JitterOutOfRange(0.9)));
         bad = policy();
         bad.fresh = Duration::ZERO;

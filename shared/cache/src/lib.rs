@@ -14,19 +14,29 @@
 //! [`ItemKey`].
 //!
 //! # Layout
+//! - [`bloom`]: [`ItemFilter`], the Bloom filter gate against unknown ids.
 //! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].
 //! - [`envelope`]: [`Envelope`] and [`TtlPolicy`] (jitter).
 //! - [`part`]: [`PartCache`], [`Loader`], [`CacheOutcome`], [`LoadFailure`].
+//! - [`shared`]: [`SharedTier`], the contract of the L2 tier (version-fenced writes, leases).
+//! - [`memory`]: [`MemoryTier`], an in-process L2 for unit tests and benchmarks.
 
+pub mod bloom;
 pub mod clock;
 pub mod envelope;
+pub mod memory;
 pub mod part;
+pub mod shared;
 
+pub use bloom::{BuildReport, FilterError, FilterStats, ItemFilter};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use envelope::{Envelope, PolicyError, TtlPolicy};
+pub use envelope::{Envelope, Jitter, PolicyError, TtlPolicy};
+pub use memory::MemoryTier;
 pub use part::{
-    CacheOutcome, CacheStats, CacheStatsSnapshot, FailureKind, LoadFailure, Loaded, Loader,
-    PartCache, PartCacheSettings,
+    CacheOutcome, CacheStats, CacheStatsSnapshot, FailureKind, L2Settings, LoadFailure, Loaded,
+    Loader, PartCache, PartCacheSettings,
 };
+
+pub use shared::{FenceOutcome, SharedTier, TierEntry, TierError, TierKey};
 
 pub use rebate_domain::ItemKey;

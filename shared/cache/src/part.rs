@@ -1,4 +1,5 @@
-//! [`PartCache`]: L1 (moka) read-through for one part, with single-flight loads.
+//! [`PartCache`]: L1 (moka) read-through for one part, with single-flight loads, over an
+//! optional shared L2 tier with per-key rebuild leases.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -9,12 +10,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
+use moka::ops::compute::{CompResult, Op};
 use moka::sync::Cache;
-use rebate_domain::ItemKey;
+use rebate_domain::{ItemKey, PartKind};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use crate::clock::Clock;
 use crate::envelope::{Envelope, TtlPolicy};
+use crate::shared::{FenceOutcome, SharedTier, TierEntry, TierKey};
 
 /// What a source returns: the value (or `None` for "does not exist") and its data version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +77,7 @@ pub trait Loader<T>: Send + Sync + fmt::Debug + 'static {
 pub enum CacheOutcome<T> {
     /// A fresh L1 entry answered without touching the source.
     Hit(Arc<Envelope<T>>),
-    /// The source answered within the budget (this caller's load or one it joined).
+    /// L2 or the source answered within the budget (this caller's load or one it joined).
     Loaded(Arc<Envelope<T>>),
     /// The source failed or was too slow; this copy is past fresh but inside its stale window.
     Stale(Arc<Envelope<T>>, LoadFailure),
@@ -85,11 +89,28 @@ pub enum CacheOutcome<T> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PartCacheSettings {
     pub name: &'static str,
+    pub part: PartKind,
     pub max_entries: u64,
+    /// L1 lifetimes. With an L2 tier, an L1 copy is never fresh longer than the L2 entry.
     pub ttl: TtlPolicy,
     /// Upper bound for one load, whatever the callers' budgets: loads run on after their callers
     /// give up, and must not pile up behind a hung source.
     pub load_timeout: Duration,
+}
+
+/// The shared tier under one part's L1, and how this part uses it.
+#[derive(Debug, Clone)]
+pub struct L2Settings {
+    pub tier: Arc<dyn SharedTier>,
+    /// L2 lifetimes (15 min + 0–300 s by default): longer than L1's, so instances refill from L2.
+    pub ttl: TtlPolicy,
+    /// How long a rebuild lease lives: longer than a load may take, short enough that a crashed
+    /// winner does not block the key for long.
+    pub lease_ttl: Duration,
+    /// How long a loser waits for the winner's value before serving stale or loading itself.
+    pub lease_wait: Duration,
+    /// How often a loser looks for the winner's value.
+    pub lease_poll: Duration,
 }
 
 /// Counters of one part cache. Relaxed atomics: they are statistics, not synchronisation.
@@ -102,6 +123,14 @@ pub struct CacheStats {
     load_failures: AtomicU64,
     stale_served: AtomicU64,
     not_found_cached: AtomicU64,
+    l2_hits: AtomicU64,
+    l2_misses: AtomicU64,
+    l2_errors: AtomicU64,
+    source_loads: AtomicU64,
+    leases_won: AtomicU64,
+    leases_lost: AtomicU64,
+    lease_waits_served: AtomicU64,
+    fenced_writes_refused: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -113,19 +142,28 @@ pub struct CacheStatsSnapshot {
     pub load_failures: u64,
     pub stale_served: u64,
     pub not_found_cached: u64,
+    pub l2_hits: u64,
+    pub l2_misses: u64,
+    pub l2_errors: u64,
+    pub source_loads: u64,
+    pub leases_won: u64,
+    pub leases_lost: u64,
+    pub lease_waits_served: u64,
+    pub fenced_writes_refused: u64,
     pub entries: u64,
 }
 
 type LoadResult<T> = Result<Arc<Envelope<T>>, LoadFailure>;
 type SharedLoad<T> = Shared<BoxFuture<'static, LoadResult<T>>>;
 
-/// The L1 tier of one part: a bounded moka cache plus the loads in flight.
+/// One part's cache: a bounded moka L1, the loads in flight, and optionally the shared L2.
 pub struct PartCache<T> {
     inner: Arc<Inner<T>>,
 }
 
 struct Inner<T> {
     settings: PartCacheSettings,
+    l2: Option<L2Settings>,
     entries: Cache<ItemKey, Arc<Envelope<T>>>,
     /// Loads in flight, one per key. Only touched on a miss and never held across `.await`.
     in_flight: Mutex<HashMap<ItemKey, SharedLoad<T>>>,
@@ -148,6 +186,7 @@ impl<T> fmt::Debug for PartCache<T> {
             .debug_struct("PartCache")
             .field("name", &self.inner.settings.name)
             .field("entries", &self.inner.entries.entry_count())
+            .field("l2", &self.inner.l2.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -180,12 +219,36 @@ impl<T> moka::Expiry<ItemKey, Arc<Envelope<T>>> for UntilStale {
     }
 }
 
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
 impl<T> PartCache<T>
 where
-    T: Send + Sync + 'static,
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
+    /// An L1-only cache: misses go straight to the source (the embedded profile).
     pub fn new(
         settings: PartCacheSettings,
+        loader: Arc<dyn Loader<T>>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self::build(settings, None, loader, clock)
+    }
+
+    /// L1 over a shared L2 tier with cross-instance rebuild leases (the production profile).
+    pub fn with_shared_tier(
+        settings: PartCacheSettings,
+        l2: L2Settings,
+        loader: Arc<dyn Loader<T>>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self::build(settings, Some(l2), loader, clock)
+    }
+
+    fn build(
+        settings: PartCacheSettings,
+        l2: Option<L2Settings>,
         loader: Arc<dyn Loader<T>>,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -199,6 +262,7 @@ where
         Self {
             inner: Arc::new(Inner {
                 settings,
+                l2,
                 entries,
                 in_flight: Mutex::new(HashMap::new()),
                 loader,
@@ -212,17 +276,25 @@ where
         self.inner.settings.name
     }
 
+    pub fn part(&self) -> PartKind {
+        self.inner.settings.part
+    }
+
+    /// The shared tier, when this cache has one.
+    pub fn shared_tier(&self) -> Option<&Arc<dyn SharedTier>> {
+        self.inner.l2.as_ref().map(|l2| &l2.tier)
+    }
+
     /// Reads through the cache, waiting at most `budget` for a load.
     pub async fn get(&self, key: ItemKey, budget: Duration) -> CacheOutcome<T> {
         let inner = &self.inner;
-        let cached = inner.entries.get(&key);
-        if let Some(envelope) = &cached
+        if let Some(envelope) = inner.entries.get(&key)
             && envelope.is_fresh(inner.clock.now())
         {
-            inner.stats.hits.fetch_add(1, Ordering::Relaxed);
-            return CacheOutcome::Hit(Arc::clone(envelope));
+            bump(&inner.stats.hits);
+            return CacheOutcome::Hit(envelope);
         }
-        inner.stats.misses.fetch_add(1, Ordering::Relaxed);
+        bump(&inner.stats.misses);
 
         let load = match self.join_or_start_load(key) {
             Ok(fresh) => return CacheOutcome::Loaded(fresh),
@@ -237,13 +309,41 @@ where
                 budget.as_millis()
             )),
         };
-        match cached {
+        // Read L1 again: a failed load may have left a stale copy it found in L2.
+        match inner.entries.get(&key) {
             Some(envelope) if envelope.is_servable(inner.clock.now()) => {
-                inner.stats.stale_served.fetch_add(1, Ordering::Relaxed);
+                bump(&inner.stats.stale_served);
                 CacheOutcome::Stale(envelope, failure)
             }
             _ => CacheOutcome::Failed(failure),
         }
+    }
+
+    /// True when L1 has no fresh entry for `key`: a batch prefetches those from L2.
+    pub fn needs_load(&self, key: &ItemKey) -> bool {
+        self.inner
+            .entries
+            .get(key)
+            .is_none_or(|envelope| !envelope.is_fresh(self.inner.clock.now()))
+    }
+
+    /// Takes an entry read from L2 by someone else (a batch prefetch) into L1 if it is still
+    /// servable. Returns whether it was fresh.
+    pub fn absorb(&self, key: ItemKey, entry: &TierEntry) -> bool {
+        let inner = &self.inner;
+        let Ok(envelope) = Envelope::<T>::decode(&entry.bytes) else {
+            return false;
+        };
+        let now = inner.clock.now();
+        if !envelope.is_servable(now) {
+            return false;
+        }
+        let fresh = envelope.is_fresh(now);
+        if fresh {
+            bump(&inner.stats.l2_hits);
+        }
+        inner.adopt_from_l2(key, envelope);
+        fresh
     }
 
     /// The cached entry, fresh or not, without loading. For inspection and cache-only serving.
@@ -258,14 +358,23 @@ where
 
     pub fn stats(&self) -> CacheStatsSnapshot {
         let stats = &self.inner.stats;
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         CacheStatsSnapshot {
-            hits: stats.hits.load(Ordering::Relaxed),
-            misses: stats.misses.load(Ordering::Relaxed),
-            loads_started: stats.loads_started.load(Ordering::Relaxed),
-            loads_joined: stats.loads_joined.load(Ordering::Relaxed),
-            load_failures: stats.load_failures.load(Ordering::Relaxed),
-            stale_served: stats.stale_served.load(Ordering::Relaxed),
-            not_found_cached: stats.not_found_cached.load(Ordering::Relaxed),
+            hits: read(&stats.hits),
+            misses: read(&stats.misses),
+            loads_started: read(&stats.loads_started),
+            loads_joined: read(&stats.loads_joined),
+            load_failures: read(&stats.load_failures),
+            stale_served: read(&stats.stale_served),
+            not_found_cached: read(&stats.not_found_cached),
+            l2_hits: read(&stats.l2_hits),
+            l2_misses: read(&stats.l2_misses),
+            l2_errors: read(&stats.l2_errors),
+            source_loads: read(&stats.source_loads),
+            leases_won: read(&stats.leases_won),
+            leases_lost: read(&stats.leases_lost),
+            lease_waits_served: read(&stats.lease_waits_served),
+            fenced_writes_refused: read(&stats.fenced_writes_refused),
             entries: self.inner.entries.entry_count(),
         }
     }
@@ -279,7 +388,7 @@ where
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(load) = in_flight.get(&key) {
-            inner.stats.loads_joined.fetch_add(1, Ordering::Relaxed);
+            bump(&inner.stats.loads_joined);
             return Err(load.clone());
         }
         // A load finishes by caching its value and *then* leaving `in_flight`, so a caller that
@@ -289,8 +398,8 @@ where
         {
             return Ok(envelope);
         }
-        inner.stats.loads_started.fetch_add(1, Ordering::Relaxed);
-        let task = tokio::spawn(Self::run_load(Arc::clone(inner), key));
+        bump(&inner.stats.loads_started);
+        let task = tokio::spawn(Inner::run_load(Arc::clone(inner), key));
         let load = async move {
             match task.await {
                 Ok(result) => result,
@@ -304,41 +413,242 @@ where
         in_flight.insert(key, load.clone());
         Err(load)
     }
+}
 
-    async fn run_load(inner: Arc<Inner<T>>, key: ItemKey) -> LoadResult<T> {
-        let timeout = inner.settings.load_timeout;
-        let result = match tokio::time::timeout(timeout, inner.loader.load(key)).await {
-            Ok(Ok(loaded)) => {
-                let envelope = inner.settings.ttl.envelope(
-                    loaded.value,
-                    loaded.version,
-                    inner.clock.now(),
-                    &mut rand::rng(),
-                );
-                if envelope.is_not_found() {
-                    inner.stats.not_found_cached.fetch_add(1, Ordering::Relaxed);
+impl<T> Inner<T>
+where
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    async fn run_load(self: Arc<Self>, key: ItemKey) -> LoadResult<T> {
+        let result = match &self.l2 {
+            Some(l2) => self.load_through_l2(l2, key).await,
+            None => match self.load_from_source(key).await {
+                Ok(loaded) => {
+                    let envelope = self.stamp(&self.settings.ttl, loaded);
+                    Ok(self.insert_fenced(key, envelope))
                 }
-                let envelope = Arc::new(envelope);
-                inner.entries.insert(key, Arc::clone(&envelope));
-                Ok(envelope)
-            }
-            Ok(Err(failure)) => Err(failure),
-            Err(_elapsed) => Err(LoadFailure::timeout(format!(
-                "{} source gave no answer within {} ms",
-                inner.settings.name,
-                timeout.as_millis()
-            ))),
+                Err(failure) => Err(failure),
+            },
         };
-        if let Err(failure) = &result {
-            inner.stats.load_failures.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(part = inner.settings.name, %key, %failure, "load failed");
+        match &result {
+            Ok(envelope) if envelope.is_not_found() => bump(&self.stats.not_found_cached),
+            Ok(_) => {}
+            Err(failure) => {
+                bump(&self.stats.load_failures);
+                tracing::debug!(part = self.settings.name, %key, %failure, "load failed");
+            }
         }
-        inner
-            .in_flight
+        self.in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&key);
         result
+    }
+
+    /// L2, then (holding the key's lease, or after waiting for its holder) the source.
+    async fn load_through_l2(self: &Arc<Self>, l2: &L2Settings, key: ItemKey) -> LoadResult<T> {
+        let tier_key = TierKey {
+            item: key,
+            part: self.settings.part,
+        };
+        let mut stale = None;
+        let tier_up = match self.read_l2(l2, tier_key).await {
+            Ok(Some(envelope)) if envelope.is_fresh(self.clock.now()) => {
+                bump(&self.stats.l2_hits);
+                return Ok(self.adopt_from_l2(key, envelope));
+            }
+            Ok(found) => {
+                bump(&self.stats.l2_misses);
+                stale = found.filter(|envelope| envelope.is_servable(self.clock.now()));
+                true
+            }
+            Err(()) => false,
+        };
+
+        let token: u64 = rand::random();
+        let mut leased = false;
+        if tier_up {
+            match l2.tier.try_lease(tier_key, token, l2.lease_ttl).await {
+                Ok(true) => {
+                    bump(&self.stats.leases_won);
+                    leased = true;
+                }
+                Ok(false) => {
+                    bump(&self.stats.leases_lost);
+                    if let Some(envelope) = self.wait_for_winner(l2, tier_key).await {
+                        bump(&self.stats.lease_waits_served);
+                        return Ok(self.adopt_from_l2(key, envelope));
+                    }
+                    if let Some(envelope) = stale {
+                        self.adopt_from_l2(key, envelope);
+                        return Err(LoadFailure::timeout(
+                            "another instance is rebuilding this key; serving stale meanwhile",
+                        ));
+                    }
+                }
+                Err(error) => {
+                    bump(&self.stats.l2_errors);
+                    tracing::debug!(part = self.settings.name, %key, %error, "lease failed");
+                }
+            }
+        }
+
+        match self.load_from_source(key).await {
+            Ok(loaded) => {
+                let envelope = self.stamp(&l2.ttl, loaded);
+                if tier_up {
+                    self.write_l2_in_background(l2, tier_key, &envelope, leased.then_some(token));
+                }
+                Ok(self.adopt_from_l2(key, envelope))
+            }
+            Err(failure) => {
+                if leased {
+                    let tier = Arc::clone(&l2.tier);
+                    tokio::spawn(async move { tier.release_lease(tier_key, token).await });
+                }
+                if let Some(envelope) = stale {
+                    self.adopt_from_l2(key, envelope);
+                }
+                Err(failure)
+            }
+        }
+    }
+
+    /// The decoded L2 entry, `Ok(None)` when absent or undecodable, `Err` when the tier failed.
+    async fn read_l2(&self, l2: &L2Settings, tier_key: TierKey) -> Result<Option<Envelope<T>>, ()> {
+        match l2.tier.get_many(&[tier_key]).await {
+            Ok(mut entries) => Ok(entries
+                .pop()
+                .flatten()
+                .and_then(|entry| match Envelope::decode(&entry.bytes) {
+                    Ok(envelope) => Some(envelope),
+                    Err(error) => {
+                        tracing::warn!(part = self.settings.name, key = %tier_key.item, %error, "undecodable L2 entry ignored");
+                        None
+                    }
+                })),
+            Err(error) => {
+                bump(&self.stats.l2_errors);
+                tracing::debug!(part = self.settings.name, key = %tier_key.item, %error, "L2 read failed; skipping the tier");
+                Err(())
+            }
+        }
+    }
+
+    /// Polls L2 for the lease winner's value for at most `lease_wait`.
+    async fn wait_for_winner(&self, l2: &L2Settings, tier_key: TierKey) -> Option<Envelope<T>> {
+        let give_up = tokio::time::Instant::now() + l2.lease_wait;
+        while tokio::time::Instant::now() < give_up {
+            tokio::time::sleep(l2.lease_poll).await;
+            match self.read_l2(l2, tier_key).await {
+                Ok(Some(envelope)) if envelope.is_fresh(self.clock.now()) => return Some(envelope),
+                Ok(_) => {}
+                Err(()) => return None,
+            }
+        }
+        None
+    }
+
+    async fn load_from_source(&self, key: ItemKey) -> Result<Loaded<T>, LoadFailure> {
+        bump(&self.stats.source_loads);
+        let timeout = self.settings.load_timeout;
+        match tokio::time::timeout(timeout, self.loader.load(key)).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(LoadFailure::timeout(format!(
+                "{} source gave no answer within {} ms",
+                self.settings.name,
+                timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Writes the rebuilt value to L2 (version-fenced) and then releases the lease, off the
+    /// caller's path: callers already have the value, Redis latency is not theirs to pay.
+    fn write_l2_in_background(
+        self: &Arc<Self>,
+        l2: &L2Settings,
+        tier_key: TierKey,
+        envelope: &Envelope<T>,
+        lease_token: Option<u64>,
+    ) {
+        let bytes = match envelope.encode() {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::error!(part = self.settings.name, %error, "cannot encode an envelope");
+                return;
+            }
+        };
+        let entry = TierEntry {
+            version: envelope.version,
+            bytes,
+        };
+        let ttl = Duration::from_millis(envelope.stale_until.millis_since(self.clock.now()).max(1));
+        let tier = Arc::clone(&l2.tier);
+        let name = self.settings.name;
+        let refused = Arc::clone(self);
+        tokio::spawn(async move {
+            match tier.put_fenced(tier_key, &entry, ttl).await {
+                Ok(FenceOutcome::Written) => {}
+                Ok(FenceOutcome::Stale { current }) => {
+                    bump(&refused.stats.fenced_writes_refused);
+                    tracing::debug!(part = name, key = %tier_key.item, version = entry.version, current, "L2 holds a newer version; write refused");
+                }
+                Err(error) => {
+                    bump(&refused.stats.l2_errors);
+                    tracing::debug!(part = name, key = %tier_key.item, %error, "L2 write failed");
+                }
+            }
+            if let Some(token) = lease_token
+                && let Err(error) = tier.release_lease(tier_key, token).await
+            {
+                tracing::debug!(part = name, key = %tier_key.item, %error, "lease release failed; it expires on its own");
+            }
+        });
+    }
+
+    /// A fresh envelope for a loaded value under `policy`.
+    fn stamp(&self, policy: &TtlPolicy, loaded: Loaded<T>) -> Envelope<T> {
+        policy.envelope(
+            loaded.value,
+            loaded.version,
+            self.clock.now(),
+            &mut rand::rng(),
+        )
+    }
+
+    /// Puts an L2 envelope into L1, never fresh for longer than L1's own (jittered) TTL.
+    fn adopt_from_l2(&self, key: ItemKey, mut envelope: Envelope<T>) -> Arc<Envelope<T>> {
+        let now = self.clock.now();
+        let policy = &self.settings.ttl;
+        let l1_ttl = if envelope.is_not_found() {
+            policy.sample_not_found(&mut rand::rng())
+        } else {
+            policy.sample_fresh(&mut rand::rng())
+        };
+        let l1_fresh_until =
+            now.saturating_add_millis(u64::try_from(l1_ttl.as_millis()).unwrap_or(u64::MAX));
+        envelope.fresh_until = envelope.fresh_until.min(l1_fresh_until);
+        self.insert_fenced(key, envelope)
+    }
+
+    /// Inserts unless L1 holds a newer version; returns what L1 holds afterwards.
+    fn insert_fenced(&self, key: ItemKey, envelope: Envelope<T>) -> Arc<Envelope<T>> {
+        let candidate = Arc::new(envelope);
+        let offered = Arc::clone(&candidate);
+        let result = self
+            .entries
+            .entry(key)
+            .and_compute_with(|existing| match existing {
+                Some(current) if current.value().version > offered.version => Op::Nop,
+                _ => Op::Put(offered),
+            });
+        match result {
+            CompResult::Unchanged(current) => {
+                bump(&self.stats.fenced_writes_refused);
+                current.into_value()
+            }
+            _ => candidate,
+        }
     }
 }
 
@@ -346,6 +656,9 @@ where
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+    use crate::envelope::Jitter;
+    use crate::memory::MemoryTier;
+    use crate::shared::{SharedTier, TierEntry, TierKey};
     use rebate_domain::{ItemId, Platform, Timestamp};
     use std::sync::atomic::AtomicBool;
 
@@ -388,19 +701,184 @@ mod tests {
     }
 
     fn cache(source: &Arc<FakeSource>, clock: &ManualClock) -> PartCache<String> {
-        let settings = PartCacheSettings {
+        let loader: Arc<dyn Loader<String>> = source.clone();
+        PartCache::new(settings(), loader, Arc::new(clock.clone()))
+    }
+
+    fn settings() -> PartCacheSettings {
+        PartCacheSettings {
             name: "test",
+            part: PartKind::Rate,
             max_entries: 1_000,
             ttl: TtlPolicy {
                 fresh: Duration::from_secs(60),
-                jitter_ratio: 0.1,
+                jitter: Jitter::Ratio(0.1),
                 stale: Duration::from_secs(600),
                 not_found: Duration::from_secs(30),
             },
             load_timeout: Duration::from_secs(2),
-        };
+        }
+    }
+
+    /// One "instance": its own L1 and its own view of the source, sharing `tier`.
+    fn instance(
+        source: &Arc<FakeSource>,
+        tier: &Arc<MemoryTier>,
+        clock: &ManualClock,
+    ) -> PartCache<String> {
         let loader: Arc<dyn Loader<String>> = source.clone();
-        PartCache::new(settings, loader, Arc::new(clock.clone()))
+        let shared: Arc<dyn SharedTier> = tier.clone();
+        PartCache::with_shared_tier(
+            settings(),
+            L2Settings {
+                tier: shared,
+                ttl: TtlPolicy {
+                    fresh: Duration::from_secs(900),
+                    jitter: Jitter::UpTo(Duration::from_secs(300)),
+                    stale: Duration::from_secs(1800),
+                    not_found: Duration::from_secs(120),
+                },
+                lease_ttl: Duration::from_secs(3),
+                lease_wait: Duration::from_millis(300),
+                lease_poll: Duration::from_millis(10),
+            },
+            loader,
+            Arc::new(clock.clone()),
+        )
+    }
+
+    fn tier_key() -> TierKey {
+        TierKey {
+            item: key(),
+            part: PartKind::Rate,
+        }
+    }
+
+    /// Two instances, 100 concurrent callers each, one cold key: the lease lets exactly one
+    /// instance ask the source; the other takes the winner's value from L2.
+    #[tokio::test]
+    async fn one_rebuild_per_key_across_instances() {
+        let source = Arc::new(FakeSource::default());
+        source.delay_ms.store(30, Ordering::SeqCst);
+        let tier = Arc::new(MemoryTier::new());
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        let first = instance(&source, &tier, &clock);
+        let second = instance(&source, &tier, &clock);
+        let callers: Vec<_> = (0..200)
+            .map(|index| {
+                let cache = if index % 2 == 0 {
+                    first.clone()
+                } else {
+                    second.clone()
+                };
+                tokio::spawn(async move { cache.get(key(), BUDGET).await })
+            })
+            .collect();
+        let mut values = Vec::new();
+        for caller in callers {
+            match caller.await.unwrap() {
+                CacheOutcome::Loaded(envelope) | CacheOutcome::Hit(envelope) => {
+                    values.push(envelope.value.clone().unwrap());
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+        assert!(values.iter().all(|value| value == &values[0]));
+        let (a, b) = (first.stats(), second.stats());
+        assert_eq!(a.leases_won + b.leases_won, 1);
+        assert_eq!(a.lease_waits_served + b.lease_waits_served, 1);
+        assert_eq!(tier.version_of(tier_key()), Some(0));
+    }
+
+    #[tokio::test]
+    async fn a_cold_instance_fills_from_l2_without_the_source() {
+        let source = Arc::new(FakeSource::default());
+        let tier = Arc::new(MemoryTier::new());
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        let warm = instance(&source, &tier, &clock);
+        warm.get(key(), BUDGET).await;
+        // Let the background L2 write land.
+        while tier.version_of(tier_key()).is_none() {
+            tokio::task::yield_now().await;
+        }
+        let cold = instance(&source, &tier, &clock);
+        assert!(matches!(
+            cold.get(key(), BUDGET).await,
+            CacheOutcome::Loaded(_)
+        ));
+        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(cold.stats().l2_hits, 1);
+        // The L1 copy is fresh for at most L1's TTL (66 s), though L2's lasts 15 min or more.
+        let copy = cold.peek(&key()).unwrap();
+        assert!(copy.fresh_until.millis_since(clock.now()) <= 66_000);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_l2_is_skipped() {
+        let source = Arc::new(FakeSource::default());
+        let tier = Arc::new(MemoryTier::new());
+        tier.set_failing(true);
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        let cache = instance(&source, &tier, &clock);
+        assert!(matches!(
+            cache.get(key(), BUDGET).await,
+            CacheOutcome::Loaded(_)
+        ));
+        assert!(matches!(
+            cache.get(key(), BUDGET).await,
+            CacheOutcome::Hit(_)
+        ));
+        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+        assert!(cache.stats().l2_errors >= 1);
+    }
+
+    #[tokio::test]
+    async fn a_stale_l2_copy_stands_in_when_the_source_fails() {
+        let source = Arc::new(FakeSource::default());
+        let tier = Arc::new(MemoryTier::new());
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        instance(&source, &tier, &clock).get(key(), BUDGET).await;
+        while tier.version_of(tier_key()).is_none() {
+            tokio::task::yield_now().await;
+        }
+        source.failing.store(true, Ordering::SeqCst);
+        // Past L2's fresh window (≤ 20 min), inside its stale window (+30 min).
+        clock.advance(Duration::from_secs(1_300));
+        let fresh_instance = instance(&source, &tier, &clock);
+        match fresh_instance.get(key(), BUDGET).await {
+            CacheOutcome::Stale(envelope, failure) => {
+                assert_eq!(failure.kind, FailureKind::Error);
+                assert_eq!(envelope.fetched_at, Timestamp::from_millis(0));
+            }
+            other => panic!("expected stale, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_older_version_never_replaces_a_newer_one_in_l1() {
+        let source = Arc::new(FakeSource::default());
+        source.version.store(5, Ordering::SeqCst);
+        let tier = Arc::new(MemoryTier::new());
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        let cache = instance(&source, &tier, &clock);
+        cache.get(key(), BUDGET).await;
+        let older = Envelope {
+            value: Some("old".to_owned()),
+            version: 4,
+            fetched_at: clock.now(),
+            fresh_until: clock.now().saturating_add_millis(60_000),
+            stale_until: clock.now().saturating_add_millis(600_000),
+        };
+        let entry = TierEntry {
+            version: 4,
+            bytes: older.encode().unwrap(),
+        };
+        cache.absorb(key(), &entry);
+        let held = cache.peek(&key()).unwrap();
+        assert_eq!(held.version, 5);
+        assert_ne!(held.value.as_deref(), Some("old"));
+        assert_eq!(cache.stats().fenced_writes_refused, 1);
     }
 
     const BUDGET: Duration = Duration::from_millis(500);

@@ -3,8 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rebate_cache::{CacheOutcome, Clock, FailureKind, LoadFailure, PartCache};
+use futures::future::join_all;
+use rebate_cache::{CacheOutcome, Clock, FailureKind, ItemFilter, LoadFailure, PartCache, TierKey};
 use rebate_domain::{Coupon, Extras, ItemKey, PartKind, Product, RebateRate};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use crate::quote::{DegradeReason, PartResult, Quote, assemble};
@@ -39,6 +42,8 @@ struct Inner {
     parts: EngineParts,
     timeouts: PartTimeouts,
     clock: Arc<dyn Clock>,
+    /// The Bloom gate; `None` lets every key through (tests, tiny catalogues).
+    filter: Option<Arc<ItemFilter>>,
 }
 
 /// Each part's timeout, resolved from its tier (or its own override) at start.
@@ -73,13 +78,44 @@ impl PartTimeouts {
 
 impl QueryEngine {
     pub fn new(parts: EngineParts, timeouts: PartTimeouts, clock: Arc<dyn Clock>) -> Self {
+        Self::build(parts, timeouts, clock, None)
+    }
+
+    /// An engine that answers "not found" for keys the filter rejects, before any cache tier.
+    pub fn with_item_filter(
+        parts: EngineParts,
+        timeouts: PartTimeouts,
+        clock: Arc<dyn Clock>,
+        filter: Arc<ItemFilter>,
+    ) -> Self {
+        Self::build(parts, timeouts, clock, Some(filter))
+    }
+
+    fn build(
+        parts: EngineParts,
+        timeouts: PartTimeouts,
+        clock: Arc<dyn Clock>,
+        filter: Option<Arc<ItemFilter>>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 parts,
                 timeouts,
                 clock,
+                filter,
             }),
         }
+    }
+
+    pub fn item_filter(&self) -> Option<&Arc<ItemFilter>> {
+        self.inner.filter.as_ref()
+    }
+
+    fn passes_filter(&self, key: &ItemKey) -> bool {
+        self.inner
+            .filter
+            .as_ref()
+            .is_none_or(|filter| filter.might_contain(key))
     }
 
     pub fn parts(&self) -> &EngineParts {
@@ -93,6 +129,14 @@ impl QueryEngine {
     /// The quote for one item, answered by `deadline` at the latest (plus scheduling noise).
     #[tracing::instrument(name = "quote", skip(self), fields(%key))]
     pub async fn quote(&self, key: ItemKey, deadline: Instant) -> Result<Quote, QueryError> {
+        if !self.passes_filter(&key) {
+            return Err(QueryError::NotFound { delisted: false });
+        }
+        self.quote_admitted(key, deadline).await
+    }
+
+    /// The fan-out for a key that passed the filter.
+    async fn quote_admitted(&self, key: ItemKey, deadline: Instant) -> Result<Quote, QueryError> {
         let parts = &self.inner.parts;
         let (product, rate, coupons, extras) = tokio::join!(
             self.fetch(&parts.product, PartKind::Product, key, deadline),
@@ -109,7 +153,72 @@ impl QueryEngine {
         result
     }
 
-    async fn fetch<T: Clone + Send + Sync + 'static>(
+    /// Quotes for several items under one deadline, in order. Whatever L1 lacks is read from L2
+    /// first in a single round trip, so a batch never pays one L2 trip per key and part.
+    pub async fn quote_many(
+        &self,
+        keys: &[ItemKey],
+        deadline: Instant,
+    ) -> Vec<Result<Quote, QueryError>> {
+        let admitted: Vec<bool> = keys.iter().map(|key| self.passes_filter(key)).collect();
+        let to_prefetch: Vec<ItemKey> = keys
+            .iter()
+            .zip(&admitted)
+            .filter(|(_, admitted)| **admitted)
+            .map(|(key, _)| *key)
+            .collect();
+        self.prefetch_shared_tier(&to_prefetch).await;
+        join_all(keys.iter().zip(admitted).map(|(key, admitted)| async move {
+            if admitted {
+                self.quote_admitted(*key, deadline).await
+            } else {
+                Err(QueryError::NotFound { delisted: false })
+            }
+        }))
+        .await
+    }
+
+    async fn prefetch_shared_tier(&self, keys: &[ItemKey]) {
+        let parts = &self.inner.parts;
+        let Some(tier) = parts.product.shared_tier() else {
+            return;
+        };
+        let wanted: Vec<TierKey> = keys
+            .iter()
+            .flat_map(|key| {
+                [
+                    (parts.product.needs_load(key), PartKind::Product),
+                    (parts.rate.needs_load(key), PartKind::Rate),
+                    (parts.coupons.needs_load(key), PartKind::Coupons),
+                    (parts.extras.needs_load(key), PartKind::Extras),
+                ]
+                .into_iter()
+                .filter(|(needed, _)| *needed)
+                .map(|(_, part)| TierKey { item: *key, part })
+            })
+            .collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let entries = match tier.get_many(&wanted).await {
+            Ok(entries) => entries,
+            Err(error) => {
+                tracing::debug!(%error, "batch L2 prefetch failed; parts load one by one");
+                return;
+            }
+        };
+        for (tier_key, entry) in wanted.iter().zip(entries) {
+            let Some(entry) = entry else { continue };
+            match tier_key.part {
+                PartKind::Product => parts.product.absorb(tier_key.item, &entry),
+                PartKind::Rate => parts.rate.absorb(tier_key.item, &entry),
+                PartKind::Coupons => parts.coupons.absorb(tier_key.item, &entry),
+                PartKind::Extras => parts.extras.absorb(tier_key.item, &entry),
+            };
+        }
+    }
+
+    async fn fetch<T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static>(
         &self,
         cache: &PartCache<T>,
         part: PartKind,
@@ -152,7 +261,7 @@ fn reason_of(failure: &LoadFailure) -> DegradeReason {
 mod tests {
     use super::*;
     use async_trait::async_trait;
-    use rebate_cache::{Loaded, Loader, ManualClock, PartCacheSettings, TtlPolicy};
+    use rebate_cache::{Jitter, Loaded, Loader, ManualClock, PartCacheSettings, TtlPolicy};
     use rebate_domain::{Cents, ItemId, Platform, ProductStatus, RateBps};
 
     #[derive(Debug)]
@@ -176,7 +285,7 @@ mod tests {
         }
     }
 
-    fn part<T: Clone + Send + Sync + std::fmt::Debug + 'static>(
+    fn part<T: Clone + Serialize + DeserializeOwned + Send + Sync + std::fmt::Debug + 'static>(
         name: &'static str,
         loader: Fixed<T>,
         clock: &ManualClock,
@@ -184,10 +293,11 @@ mod tests {
         PartCache::new(
             PartCacheSettings {
                 name,
+                part: PartKind::Product,
                 max_entries: 100,
                 ttl: TtlPolicy {
                     fresh: Duration::from_secs(60),
-                    jitter_ratio: 0.1,
+                    jitter: Jitter::Ratio(0.1),
                     stale: Duration::from_secs(600),
                     not_found: Duration::from_secs(30),
                 },
@@ -301,6 +411,29 @@ mod tests {
             .unwrap();
         assert_eq!(started.elapsed(), Duration::from_millis(200));
         assert!(quote.degraded);
+    }
+
+    #[tokio::test]
+    async fn the_bloom_gate_answers_unknown_ids_without_any_load() {
+        let clock = ManualClock::starting_now();
+        let filter = Arc::new(rebate_cache::ItemFilter::new(0.001, 1_000).unwrap());
+        let known = futures::stream::iter([Ok::<_, std::convert::Infallible>(key())]);
+        filter.rebuild(known).await.unwrap();
+        let plain = engine(Duration::from_millis(5), false);
+        let gated = QueryEngine::with_item_filter(
+            plain.parts().clone(),
+            plain.timeouts(),
+            Arc::new(clock),
+            filter,
+        );
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let unknown = ItemKey::new(Platform::Jd, ItemId::from_u64(999_999_999));
+        assert_eq!(
+            gated.quote(unknown, deadline).await,
+            Err(QueryError::NotFound { delisted: false })
+        );
+        assert_eq!(gated.parts().product.stats().misses, 0);
+        assert!(gated.quote(key(), deadline).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,28 +1,75 @@
-//! Product and rate loaders backed by the catalogue store.
+//! Product and rate loaders backed by the catalogue store, behind one shared bound on
+//! concurrent store loads.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use rebate_cache::{LoadFailure, Loaded, Loader};
 use rebate_domain::{ItemKey, Product, RebateRate};
 use rebate_store::{CatalogRepository, StoreError, Versioned};
 
+/// At most `limit` store loads at once, across product and rate: when many keys miss together
+/// (cold start, mass expiry, Redis down) the store sees a bounded queue, not a stampede.
+#[derive(Debug)]
+pub struct LoadLimiter {
+    permits: tokio::sync::Semaphore,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+}
+
+impl LoadLimiter {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            permits: tokio::sync::Semaphore::new(limit),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+        })
+    }
+
+    /// The most loads that ever ran at once: tests and metrics check the bound held.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::Relaxed)
+    }
+
+    async fn run<T>(&self, load: impl Future<Output = T>) -> T {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .expect("the load limiter's semaphore is never closed");
+        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::Relaxed);
+        let result = load.await;
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        result
+    }
+}
+
 /// Loads products. A delisted product is returned as a value: the query path turns it into 404.
 #[derive(Debug, Clone)]
 pub struct ProductLoader {
     repository: Arc<dyn CatalogRepository>,
+    limiter: Arc<LoadLimiter>,
 }
 
 impl ProductLoader {
-    pub fn new(repository: Arc<dyn CatalogRepository>) -> Self {
-        Self { repository }
+    pub fn new(repository: Arc<dyn CatalogRepository>, limiter: Arc<LoadLimiter>) -> Self {
+        Self {
+            repository,
+            limiter,
+        }
     }
 }
 
 #[async_trait]
 impl Loader<Product> for ProductLoader {
     async fn load(&self, key: ItemKey) -> Result<Loaded<Product>, LoadFailure> {
-        let row = self.repository.product(key).await.map_err(store_failure)?;
+        let row = self
+            .limiter
+            .run(self.repository.product(key))
+            .await
+            .map_err(store_failure)?;
         Ok(loaded(row))
     }
 }
@@ -31,18 +78,26 @@ impl Loader<Product> for ProductLoader {
 #[derive(Debug, Clone)]
 pub struct RateLoader {
     repository: Arc<dyn CatalogRepository>,
+    limiter: Arc<LoadLimiter>,
 }
 
 impl RateLoader {
-    pub fn new(repository: Arc<dyn CatalogRepository>) -> Self {
-        Self { repository }
+    pub fn new(repository: Arc<dyn CatalogRepository>, limiter: Arc<LoadLimiter>) -> Self {
+        Self {
+            repository,
+            limiter,
+        }
     }
 }
 
 #[async_trait]
 impl Loader<RebateRate> for RateLoader {
     async fn load(&self, key: ItemKey) -> Result<Loaded<RebateRate>, LoadFailure> {
-        let row = self.repository.rate(key).await.map_err(store_failure)?;
+        let row = self
+            .limiter
+            .run(self.repository.rate(key))
+            .await
+            .map_err(store_failure)?;
         Ok(loaded(row))
     }
 }

@@ -7,13 +7,14 @@
 //! layer's job. Nothing here knows about HTTP *serving* or the quote's shape.
 //!
 //! # Layout
-//! - [`catalogue`]: [`ProductLoader`], [`RateLoader`] over a [`CatalogRepository`].
+//! - [`catalogue`]: [`ProductLoader`], [`RateLoader`] over a [`CatalogRepository`], sharing a
+//!   [`LoadLimiter`].
 //! - [`upstream`]: [`CouponClient`], [`ExtrasClient`] over the external HTTP/JSON APIs.
 
 pub mod catalogue;
 pub mod upstream;
 
-pub use catalogue::{ProductLoader, RateLoader};
+pub use catalogue::{LoadLimiter, ProductLoader, RateLoader};
 pub use upstream::{CouponClient, ExtrasClient, UpstreamError, http_client};
 
 pub use rebate_cache::LoadFailure;

@@ -9,19 +9,27 @@
 //! # Layout
 //! - [`CatalogRepository`], [`Versioned`], [`StoreError`], [`StoreCounters`]: the contract.
 //! - [`sqlite`]: the embedded store used by the default profile.
+//! - [`mysql`]: the production store on MySQL 8 / MariaDB 10.11, with the same schema and the
+//!   same row validation (shared through the private `rows` module).
 //! - [`demo`]: the deterministic demo catalogue, independent of any database
-//!   ([`SqliteStore::seed_demo`] loads it).
+//!   ([`SqliteStore::seed_demo`] and [`MySqlStore::seed_demo`] load it).
+//! - [`testing`]: a throw-away MySQL database per test, for this and other crates' tests.
 
 pub mod demo;
+pub mod mysql;
+mod rows;
 pub mod sqlite;
+pub mod testing;
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use futures::stream::BoxStream;
 use rebate_domain::{ItemKey, Product, RebateRate, Timestamp};
 
 pub use demo::SeedReport;
+pub use mysql::{MySqlSettings, MySqlStore};
 pub use sqlite::{SqliteSettings, SqliteStore};
 
 /// A value read from the store with the data version it was written at.
@@ -92,6 +100,13 @@ pub trait CatalogRepository: Send + Sync + Debug + 'static {
 
     /// A cheap round trip that proves the store answers (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Every item key in the catalogue (delisted ones included), streamed in key order without
+    /// holding them all in memory: what the Bloom filter is built from.
+    fn keys(&self) -> BoxStream<'_, Result<ItemKey, StoreError>>;
+
+    /// The hottest items, hottest first, at most `limit`: what warm-up loads.
+    async fn hot_keys(&self, limit: u32) -> Result<Vec<ItemKey>, StoreError>;
 
     fn counters(&self) -> &StoreCounters;
 }

@@ -10,9 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rebate_domain::{
-    Cents, ItemId, ItemKey, Platform, Product, ProductStatus, RateBps, RebateRate, Timestamp,
-};
+use futures::stream::{BoxStream, StreamExt};
+use rebate_domain::{ItemKey, Product, RebateRate};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -21,6 +20,10 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Sqlite};
 
 use crate::demo::{SeedReport, demo_hot_items, demo_items};
+use crate::rows::{
+    DemoBatch, KeyRow, ProductParams, ProductRow, RateParams, RateRow, insert_hot_items,
+    insert_products, insert_rates, key_from_row,
+};
 use crate::{CatalogRepository, StoreCounters, StoreError, Versioned};
 
 /// The schema, embedded at compile time (`build.rs` rebuilds the crate when it changes).
@@ -40,13 +43,13 @@ const SELECT_PRODUCT: &str = "SELECT platform, item_id, title, price_cents, imag
 const SELECT_RATE: &str = "SELECT platform, item_id, rate_bps, version, updated_at_ms \
      FROM rebate_rates WHERE platform = ?1 AND item_id = ?2";
 
-const INSERT_PRODUCTS: &str = "INSERT INTO products (platform, item_id, title, price_cents, \
-     image_url, shop_name, status, version, updated_at_ms) ";
+/// The primary key's order: platform, then item id, both compared as bytes.
+const SELECT_KEYS: &str = "SELECT platform, item_id FROM products ORDER BY platform, item_id";
 
-const INSERT_RATES: &str =
-    "INSERT INTO rebate_rates (platform, item_id, rate_bps, version, updated_at_ms) ";
+const SELECT_HOT_KEYS: &str =
+    "SELECT platform, item_id FROM hot_items ORDER BY hot_rank, platform, item_id LIMIT ?1";
 
-/// Keeps what is already there: reseeding must not roll back a row an operator changed since.
+/// Keeps what is already there; see [`insert_keeping_existing`].
 const ON_KEY_CONFLICT_KEEP: &str = " ON CONFLICT (platform, item_id) DO NOTHING";
 
 /// Where the catalogue lives and how many connections read it. Filled in by the service's config.
@@ -144,25 +147,6 @@ impl SqliteStore {
         Ok(u64::try_from(count).unwrap_or_default())
     }
 
-    /// The warm-up list, hottest first (rank 1 of every platform, then rank 2, …), at most `limit`.
-    pub async fn hot_keys(&self, limit: u32) -> Result<Vec<ItemKey>, StoreError> {
-        let rows: Vec<(String, String)> = sqlx::query_as(
-            "SELECT platform, item_id FROM hot_items \
-             ORDER BY hot_rank, platform, item_id LIMIT ?1",
-        )
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|(platform, item_id)| {
-                ItemKey::parse(&platform, &item_id).map_err(|error| StoreError::CorruptRow {
-                    key: raw_key(&platform, &item_id),
-                    reason: format!("hot_items key: {error}"),
-                })
-            })
-            .collect()
-    }
-
     /// Writes `product` as given, version included, replacing any existing row. No version fence:
     /// this is the operator's (and the tests') write path, not a cache.
     pub async fn upsert_product(&self, product: &Versioned<Product>) -> Result<(), StoreError> {
@@ -225,20 +209,20 @@ impl SqliteStore {
         let mut products = 0;
         let mut rates = 0;
         for chunk in items.chunks(SEED_ROWS_PER_STATEMENT) {
-            let product_rows = chunk
-                .iter()
-                .map(|item| ProductParams::try_from(&item.product))
-                .collect::<Result<Vec<_>, _>>()?;
-            products += insert_products(&mut transaction, &product_rows).await?;
-            let rate_rows = chunk
-                .iter()
-                .map(|item| RateParams::new(item.key(), &item.rate))
-                .collect::<Result<Vec<_>, _>>()?;
-            rates += insert_rates(&mut transaction, &rate_rows).await?;
+            let batch = DemoBatch::new(chunk)?;
+            products += insert_keeping_existing(
+                &mut transaction,
+                insert_products("INSERT", &batch.products),
+            )
+            .await?;
+            rates +=
+                insert_keeping_existing(&mut transaction, insert_rates("INSERT", &batch.rates))
+                    .await?;
         }
         let mut hot = 0;
         for chunk in hot_items.chunks(SEED_ROWS_PER_STATEMENT) {
-            hot += insert_hot_items(&mut transaction, chunk).await?;
+            hot += insert_keeping_existing(&mut transaction, insert_hot_items("INSERT", chunk))
+                .await?;
         }
         transaction.commit().await?;
 
@@ -295,6 +279,26 @@ impl CatalogRepository for SqliteStore {
         Ok(())
     }
 
+    /// One `SELECT` over the primary key, read row by row: the stream holds one pooled connection
+    /// (and SQLite's read snapshot) until it ends or is dropped.
+    fn keys(&self) -> BoxStream<'_, Result<ItemKey, StoreError>> {
+        sqlx::query_as::<_, KeyRow>(SELECT_KEYS)
+            .fetch(&self.pool)
+            .map(|row| key_from_row("products", row?))
+            .boxed()
+    }
+
+    /// Rank 1 of every platform, then rank 2, …
+    async fn hot_keys(&self, limit: u32) -> Result<Vec<ItemKey>, StoreError> {
+        let rows: Vec<KeyRow> = sqlx::query_as(SELECT_HOT_KEYS)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.into_iter()
+            .map(|row| key_from_row("hot_items", row))
+            .collect()
+    }
+
     fn counters(&self) -> &StoreCounters {
         &self.counters
     }
@@ -315,242 +319,15 @@ async fn create_parent_dir(path: &Path) -> Result<(), StoreError> {
         })
 }
 
-async fn insert_products(
+/// Runs a multi-row `INSERT` built by [`crate::rows`], keeping rows whose key already exists
+/// (reseeding must not roll back a row an operator changed since); returns the rows inserted.
+async fn insert_keeping_existing(
     connection: &mut SqliteConnection,
-    rows: &[ProductParams<'_>],
+    mut insert: QueryBuilder<'_, Sqlite>,
 ) -> Result<u64, StoreError> {
-    if rows.is_empty() {
-        return Ok(0);
-    }
-    let mut builder = QueryBuilder::<Sqlite>::new(INSERT_PRODUCTS);
-    builder.push_values(rows, |mut values, row| {
-        values
-            .push_bind(row.platform)
-            .push_bind(row.item_id)
-            .push_bind(row.title)
-            .push_bind(row.price_cents)
-            .push_bind(row.image_url)
-            .push_bind(row.shop_name)
-            .push_bind(row.status)
-            .push_bind(row.version)
-            .push_bind(row.updated_at_ms);
-    });
-    builder.push(ON_KEY_CONFLICT_KEEP);
-    let result = builder.build().execute(&mut *connection).await?;
+    insert.push(ON_KEY_CONFLICT_KEEP);
+    let result = insert.build().execute(&mut *connection).await?;
     Ok(result.rows_affected())
-}
-
-async fn insert_rates(
-    connection: &mut SqliteConnection,
-    rows: &[RateParams],
-) -> Result<u64, StoreError> {
-    if rows.is_empty() {
-        return Ok(0);
-    }
-    let mut builder = QueryBuilder::<Sqlite>::new(INSERT_RATES);
-    builder.push_values(rows, |mut values, row| {
-        values
-            .push_bind(row.key.platform.as_str())
-            .push_bind(row.key.item_id.as_str())
-            .push_bind(row.rate_bps)
-            .push_bind(row.version)
-            .push_bind(row.updated_at_ms);
-    });
-    builder.push(ON_KEY_CONFLICT_KEEP);
-    let result = builder.build().execute(&mut *connection).await?;
-    Ok(result.rows_affected())
-}
-
-async fn insert_hot_items(
-    connection: &mut SqliteConnection,
-    rows: &[(ItemKey, u32)],
-) -> Result<u64, StoreError> {
-    if rows.is_empty() {
-        return Ok(0);
-    }
-    let mut builder =
-        QueryBuilder::<Sqlite>::new("INSERT INTO hot_items (platform, item_id, hot_rank) ");
-    builder.push_values(rows, |mut values, (key, rank)| {
-        values
-            .push_bind(key.platform.as_str())
-            .push_bind(key.item_id.as_str())
-            .push_bind(i64::from(*rank));
-    });
-    builder.push(ON_KEY_CONFLICT_KEEP);
-    let result = builder.build().execute(&mut *connection).await?;
-    Ok(result.rows_affected())
-}
-
-/// A product as bound to SQL: integers already narrowed to `i64`, so a value that does not fit is
-/// refused before any statement runs.
-struct ProductParams<'a> {
-    platform: &'static str,
-    item_id: &'a str,
-    title: &'a str,
-    price_cents: i64,
-    image_url: &'a str,
-    shop_name: &'a str,
-    status: &'static str,
-    version: i64,
-    updated_at_ms: i64,
-}
-
-impl<'a> TryFrom<&'a Versioned<Product>> for ProductParams<'a> {
-    type Error = StoreError;
-
-    fn try_from(versioned: &'a Versioned<Product>) -> Result<Self, Self::Error> {
-        let product = &versioned.value;
-        let key = ItemKey::new(product.platform, product.item_id);
-        Ok(Self {
-            platform: product.platform.as_str(),
-            item_id: product.item_id.as_str(),
-            title: &product.title,
-            price_cents: to_column(key, "products.price_cents", product.price_cents.get())?,
-            image_url: &product.image_url,
-            shop_name: &product.shop_name,
-            status: status_to_column(product.status),
-            version: to_column(key, "products.version", versioned.version)?,
-            updated_at_ms: versioned.updated_at.as_millis(),
-        })
-    }
-}
-
-/// A rate as bound to SQL; see [`ProductParams`].
-struct RateParams {
-    key: ItemKey,
-    rate_bps: i64,
-    version: i64,
-    updated_at_ms: i64,
-}
-
-impl RateParams {
-    fn new(key: ItemKey, rate: &Versioned<RebateRate>) -> Result<Self, StoreError> {
-        Ok(Self {
-            key,
-            rate_bps: i64::from(rate.value.rate_bps.get()),
-            version: to_column(key, "rebate_rates.version", rate.version)?,
-            updated_at_ms: rate.updated_at.as_millis(),
-        })
-    }
-}
-
-/// Narrows an unsigned domain value to the signed `INTEGER` column holding it.
-fn to_column(key: ItemKey, column: &str, value: u64) -> Result<i64, StoreError> {
-    i64::try_from(value).map_err(|_| StoreError::ValueOutOfRange {
-        key: key.to_string(),
-        reason: format!(
-            "{column} {value} is above the column's maximum {}",
-            i64::MAX
-        ),
-    })
-}
-
-fn status_to_column(status: ProductStatus) -> &'static str {
-    match status {
-        ProductStatus::OnSale => "on_sale",
-        ProductStatus::Delisted => "delisted",
-    }
-}
-
-fn status_from_column(text: &str) -> Option<ProductStatus> {
-    match text {
-        "on_sale" => Some(ProductStatus::OnSale),
-        "delisted" => Some(ProductStatus::Delisted),
-        _ => None,
-    }
-}
-
-/// The key as the row spells it, for error messages about rows whose key may itself be corrupt.
-fn raw_key(platform: &str, item_id: &str) -> String {
-    format!("{platform}:{item_id}")
-}
-
-/// A `products` row exactly as stored; [`ProductRow::into_versioned`] is the only way out.
-#[derive(sqlx::FromRow)]
-struct ProductRow {
-    platform: String,
-    item_id: String,
-    title: String,
-    price_cents: i64,
-    image_url: String,
-    shop_name: String,
-    status: String,
-    version: i64,
-    updated_at_ms: i64,
-}
-
-impl ProductRow {
-    fn into_versioned(self) -> Result<Versioned<Product>, StoreError> {
-        let corrupt = |reason: String| StoreError::CorruptRow {
-            key: raw_key(&self.platform, &self.item_id),
-            reason,
-        };
-        let (platform, item_id) = parse_key(&self.platform, &self.item_id)
-            .map_err(|reason| corrupt(format!("products key: {reason}")))?;
-        let price_cents = Cents::try_from(self.price_cents)
-            .map_err(|error| corrupt(format!("products.price_cents: {error}")))?;
-        let status = status_from_column(&self.status).ok_or_else(|| {
-            corrupt(format!(
-                "products.status is {:?}; expected on_sale or delisted",
-                self.status
-            ))
-        })?;
-        let version = parse_version(self.version)
-            .map_err(|reason| corrupt(format!("products.version: {reason}")))?;
-        Ok(Versioned {
-            value: Product {
-                platform,
-                item_id,
-                title: self.title,
-                price_cents,
-                image_url: self.image_url,
-                shop_name: self.shop_name,
-                status,
-            },
-            version,
-            updated_at: Timestamp::from_millis(self.updated_at_ms),
-        })
-    }
-}
-
-/// A `rebate_rates` row exactly as stored; [`RateRow::into_versioned`] is the only way out.
-#[derive(sqlx::FromRow)]
-struct RateRow {
-    platform: String,
-    item_id: String,
-    rate_bps: i64,
-    version: i64,
-    updated_at_ms: i64,
-}
-
-impl RateRow {
-    fn into_versioned(self) -> Result<Versioned<RebateRate>, StoreError> {
-        let corrupt = |reason: String| StoreError::CorruptRow {
-            key: raw_key(&self.platform, &self.item_id),
-            reason,
-        };
-        parse_key(&self.platform, &self.item_id)
-            .map_err(|reason| corrupt(format!("rebate_rates key: {reason}")))?;
-        let rate_bps = RateBps::try_from(self.rate_bps)
-            .map_err(|error| corrupt(format!("rebate_rates.rate_bps: {error}")))?;
-        let version = parse_version(self.version)
-            .map_err(|reason| corrupt(format!("rebate_rates.version: {reason}")))?;
-        Ok(Versioned {
-            value: RebateRate { rate_bps },
-            version,
-            updated_at: Timestamp::from_millis(self.updated_at_ms),
-        })
-    }
-}
-
-fn parse_key(platform: &str, item_id: &str) -> Result<(Platform, ItemId), String> {
-    ItemKey::parse(platform, item_id)
-        .map(|key| (key.platform, key.item_id))
-        .map_err(|error| error.to_string())
-}
-
-fn parse_version(version: i64) -> Result<u64, String> {
-    u64::try_from(version).map_err(|_| format!("{version} is negative; versions only grow from 0"))
 }
 
 #[cfg(test)]

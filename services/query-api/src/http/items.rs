@@ -6,7 +6,6 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use futures::future::join_all;
 use rebate_domain::{ItemKey, KeyError};
 use rebate_engine::{QueryError, Quote};
 use rebate_telemetry::TraceId;
@@ -144,15 +143,25 @@ async fn batch_rebate(
         .filter(|key| seen.insert((key.platform.clone(), key.item_id.clone())))
         .collect();
 
+    // Bad keys are answered on their own line; the valid ones are quoted together, so that what
+    // L1 lacks is read from L2 in one round trip.
+    let parsed: Vec<Result<ItemKey, ApiError>> = distinct
+        .iter()
+        .map(|raw| parse_key(&raw.platform, &raw.item_id))
+        .collect();
+    let valid: Vec<ItemKey> = parsed
+        .iter()
+        .filter_map(|key| key.as_ref().ok().copied())
+        .collect();
     let deadline = Instant::now() + state.limits.request_deadline;
-    let answers = join_all(distinct.iter().map(|raw| {
-        let engine = &state.engine;
-        async move {
-            let key = parse_key(&raw.platform, &raw.item_id)?;
-            engine.quote(key, deadline).await.map_err(query_error)
-        }
-    }))
-    .await;
+    let mut quotes = state.engine.quote_many(&valid, deadline).await.into_iter();
+    let answers = parsed.into_iter().map(|key| {
+        key?;
+        quotes
+            .next()
+            .expect("quote_many answers every key it is given, in order")
+            .map_err(query_error)
+    });
 
     let results = distinct
         .into_iter()

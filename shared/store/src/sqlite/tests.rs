@@ -1,5 +1,7 @@
 use std::collections::HashMap;
 
+use futures::TryStreamExt;
+use rebate_domain::{Cents, ItemId, Platform, ProductStatus, RateBps, Timestamp};
 use sqlx::Connection;
 use tempfile::TempDir;
 
@@ -153,7 +155,9 @@ async fn every_seeded_row_reads_back_as_generated() {
     .unwrap();
     let mut stored_rates: HashMap<ItemKey, Versioned<RebateRate>> = HashMap::new();
     for row in rates {
-        let key = key(&row.platform, &row.item_id);
+        let key =
+            crate::rows::key_from_row("rebate_rates", (row.platform.clone(), row.item_id.clone()))
+                .unwrap();
         stored_rates.insert(key, row.into_versioned().unwrap());
     }
     let mut stored: HashMap<ItemKey, DemoItem> = HashMap::new();
@@ -478,4 +482,50 @@ async fn a_closed_store_fails_instead_of_hanging() {
         store.ping().await,
         Err(StoreError::Database(sqlx::Error::PoolClosed))
     ));
+}
+
+#[tokio::test]
+async fn keys_stream_every_product_in_key_order() {
+    let (_directory, store) = seeded_temp().await;
+    // Key order is the primary key's: platform, then item id, both compared as bytes.
+    let mut expected: Vec<ItemKey> = demo_items().map(|item| item.key()).collect();
+    expected.sort_by(|left, right| {
+        (left.platform.as_str(), left.item_id.as_str())
+            .cmp(&(right.platform.as_str(), right.item_id.as_str()))
+    });
+
+    let streamed: Vec<ItemKey> = store.keys().try_collect().await.unwrap();
+
+    assert_eq!(streamed.len(), 30_000);
+    assert_eq!(streamed, expected);
+    let hot = store.hot_keys(10).await.unwrap();
+    assert_eq!(hot.len(), 10);
+    assert_eq!(
+        hot[..3],
+        [
+            key("jd", "100001"),
+            key("pdd", "100001"),
+            key("taobao", "100001")
+        ]
+    );
+    assert_eq!(hot[9], key("jd", "100004"));
+}
+
+#[tokio::test]
+async fn a_corrupt_key_is_an_error_in_the_key_stream_not_a_panic() {
+    let (directory, store) = open_temp().await;
+    let item = demo_item(Platform::Jd, 100_001).unwrap();
+    store.upsert_product(&item.product).await.unwrap();
+    let mut connection = unchecked_connection(&directory).await;
+    sqlx::query("INSERT INTO products VALUES ('amazon', '7', 't', 1, 'u', 's', 'on_sale', 1, 0)")
+        .execute(&mut connection)
+        .await
+        .unwrap();
+
+    let streamed: Vec<Result<ItemKey, StoreError>> = store.keys().collect().await;
+
+    assert_eq!(streamed.len(), 2);
+    let mut streamed = streamed.into_iter();
+    assert_corrupt(streamed.next().unwrap(), "amazon:7", "products key");
+    assert_eq!(streamed.next().unwrap().unwrap(), item.key());
 }

@@ -1,0 +1,103 @@
+//! Background work that shares the service's shutdown token: Bloom filter builds and warm-up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rebate_cache::ItemFilter;
+use rebate_domain::ItemKey;
+use rebate_engine::QueryEngine;
+use rebate_store::CatalogRepository;
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+/// Builds the filter from the store now, then again every `interval`, until shutdown. A failed
+/// build keeps the previous filter (or fail-open) and is retried at the next interval.
+pub async fn maintain_item_filter(
+    filter: Arc<ItemFilter>,
+    store: Arc<dyn CatalogRepository>,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let build = filter.rebuild(store.keys());
+        let result = tokio::select! {
+            result = build => result,
+            () = shutdown.cancelled() => return,
+        };
+        match result {
+            Ok(report) => tracing::info!(
+                keys = report.keys,
+                capacity = report.capacity,
+                elapsed_ms = report.elapsed.as_millis() as u64,
+                "bloom filter built"
+            ),
+            Err(error) => tracing::warn!(%error, "bloom filter build failed; keeping the old one"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// What warm-up loads and how gently.
+#[derive(Debug, Clone)]
+pub struct WarmupPlan {
+    /// Keys named in the config, warmed first.
+    pub items: Vec<ItemKey>,
+    /// How many of the store's hottest items follow them.
+    pub hot_items_limit: u32,
+    /// Upper bound on quotes per second, so warm-up never crowds out live traffic.
+    pub rate_per_sec: u32,
+    pub interval: Duration,
+    /// Deadline of each warm-up quote, as for a client request.
+    pub deadline: Duration,
+}
+
+/// Loads the plan's keys through the normal query path (so L1 and L2 both fill) at a bounded
+/// rate, at start and then every `interval`, until shutdown.
+pub async fn warm_up(
+    engine: QueryEngine,
+    store: Arc<dyn CatalogRepository>,
+    plan: WarmupPlan,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let started = Instant::now();
+        let mut keys = plan.items.clone();
+        if plan.hot_items_limit > 0 {
+            match store.hot_keys(plan.hot_items_limit).await {
+                Ok(hot) => keys.extend(hot.into_iter().filter(|key| !plan.items.contains(key))),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the hot items; warming the configured ones only")
+                }
+            }
+        }
+        let mut ticks = tokio::time::interval(Duration::from_secs(1) / plan.rate_per_sec.max(1));
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut warmed = 0u64;
+        for key in &keys {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                () = shutdown.cancelled() => return,
+            }
+            if engine
+                .quote(*key, Instant::now() + plan.deadline)
+                .await
+                .is_ok()
+            {
+                warmed += 1;
+            }
+        }
+        tracing::info!(
+            keys = keys.len(),
+            warmed,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "warm-up done"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(plan.interval) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}

@@ -1,0 +1,69 @@
+//! The contract of the shared (L2) tier that sits between every instance's L1 and the sources.
+//!
+//! The tier stores opaque bytes at a data version. Writes are *version-fenced* on the server: a
+//! write carrying an older version than the stored one is refused, so a slow rebuild can never
+//! put back a value that an invalidation or a newer rebuild already replaced. Per-key *leases*
+//! let one instance in the whole fleet rebuild a key while the others wait for its value.
+//!
+//! Failure of the tier is never fatal to a request: callers treat every [`TierError`] as a miss.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rebate_domain::{ItemKey, PartKind};
+
+/// One part of one item in the shared tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TierKey {
+    pub item: ItemKey,
+    pub part: PartKind,
+}
+
+/// A stored value: its data version and the encoded envelope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierEntry {
+    pub version: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// What a fenced write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceOutcome {
+    /// Stored (the key was absent, or held the same or an older version).
+    Written,
+    /// Refused: the key holds a newer version, which is kept.
+    Stale { current: u64 },
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TierError {
+    #[error("shared tier timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("shared tier failed: {0}")]
+    Backend(String),
+}
+
+#[async_trait]
+pub trait SharedTier: Send + Sync + Debug + 'static {
+    /// The entries of `keys`, in order, `None` where absent, in one round trip.
+    async fn get_many(&self, keys: &[TierKey]) -> Result<Vec<Option<TierEntry>>, TierError>;
+
+    /// Stores `entry` for `ttl` unless the key holds a newer version.
+    async fn put_fenced(
+        &self,
+        key: TierKey,
+        entry: &TierEntry,
+        ttl: Duration,
+    ) -> Result<FenceOutcome, TierError>;
+
+    /// Takes the rebuild lease of `key` for `ttl` if nobody holds it. `token` identifies the
+    /// holder so that only it can release the lease; an expired lease frees itself.
+    async fn try_lease(&self, key: TierKey, token: u64, ttl: Duration) -> Result<bool, TierError>;
+
+    /// Releases the lease if `token` still holds it (compare-and-delete).
+    async fn release_lease(&self, key: TierKey, token: u64) -> Result<(), TierError>;
+
+    /// A cheap round trip that proves the tier answers (readiness).
+    async fn ping(&self) -> Result<(), TierError>;
+}

@@ -1,0 +1,375 @@
+//! The production data path against the real MariaDB and Redis on this machine: two instances
+//! sharing one database and one Redis prefix, with a Bloom filter, leases and version fences.
+//! Every test has its own database and key prefix, so tests run in parallel.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use futures::future::join_all;
+use rebate_cache::{Envelope, SharedTier, TierEntry, TierKey};
+use rebate_domain::{ItemKey, PartKind, Product, Timestamp};
+use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierSettings};
+use rebate_tests::{ProductionEnv, TestApp};
+use serde_json::{Value, json};
+use upstream_sim::Endpoint;
+
+/// The properties under test here are single flight and round trips, not speed: a burst on two
+/// cores in a debug build may outlast the edge tier, so every tier gets room.
+fn patient(settings: &mut query_api::Settings) {
+    settings.http.request_deadline_ms = 5_000;
+    settings.http.request_timeout_ms = 6_000;
+    settings.timeouts.core_ms = 5_000;
+    settings.timeouts.normal_ms = 5_000;
+    settings.timeouts.edge_ms = 5_000;
+}
+
+fn product_loads(apps: &[&TestApp]) -> u64 {
+    apps.iter().map(|app| app.product_loads()).sum()
+}
+
+fn rate_loads(apps: &[&TestApp]) -> u64 {
+    apps.iter().map(|app| app.rate_loads()).sum()
+}
+
+fn upstream_calls(apps: &[&TestApp], endpoint: Endpoint) -> u64 {
+    apps.iter().map(|app| app.upstream_calls(endpoint)).sum()
+}
+
+fn redis_round_trips(app: &TestApp) -> u64 {
+    app.state
+        .tier
+        .as_ref()
+        .expect("production instances have a Redis tier")
+        .stats()
+        .round_trips
+}
+
+async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if condition() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+/// 1,000 concurrent requests for one cold item, spread over two instances: exactly one MySQL
+/// query per part and one upstream call per API across the fleet, every answer identical.
+#[tokio::test]
+async fn one_cold_item_is_rebuilt_once_across_two_instances() {
+    let env = ProductionEnv::new("single_flight").await;
+    let first = env.spawn_instance(patient).await;
+    let second = env.spawn_instance(patient).await;
+    let requests = (0..1_000).map(|index| {
+        let app = if index % 2 == 0 { &first } else { &second };
+        app.get_item("taobao", "100777")
+    });
+    let responses = join_all(requests).await;
+    let mut bodies = Vec::new();
+    for response in responses {
+        assert_eq!(response.status(), 200);
+        let mut body: Value = response.json().await.unwrap();
+        body.as_object_mut().unwrap().remove("trace_id");
+        bodies.push(body);
+    }
+    let first_body = &bodies[0];
+    if let Some(other) = bodies.iter().find(|body| *body != first_body) {
+        panic!("answers differ:\n{first_body}\n{other}");
+    }
+    assert_eq!(first_body["degraded"], false, "{first_body}");
+    let apps = [&first, &second];
+    assert_eq!(product_loads(&apps), 1);
+    assert_eq!(rate_loads(&apps), 1);
+    assert_eq!(upstream_calls(&apps, Endpoint::Coupons), 1);
+    assert_eq!(upstream_calls(&apps, Endpoint::Extras), 1);
+    first.stop().await;
+    second.stop().await;
+    env.clean_up().await;
+}
+
+/// 10,000 random unknown ids: only the filter's false positives reach MySQL, and each is then
+/// cached as not-found, so a second pass costs no query at all.
+#[tokio::test]
+async fn unknown_ids_stop_at_the_bloom_filter() {
+    let env = ProductionEnv::new("bloom").await;
+    let app = env.spawn_instance(|_| {}).await;
+    let filter = app
+        .state
+        .engine
+        .item_filter()
+        .expect("bloom enabled")
+        .clone();
+    wait_until("the bloom filter is built", || filter.is_ready()).await;
+    let ids: Vec<String> = (0..10_000u64)
+        .map(|index| (900_000_000_000 + index * 7_919).to_string())
+        .collect();
+
+    let first_pass = query_all(&app, &ids).await;
+    assert!(first_pass.iter().all(|status| *status == 404));
+    let passed = 10_000 - filter.stats().rejections;
+    // Only false positives reach the store: about 0.1 %, i.e. ~10 of 10,000.
+    assert!(passed < 60, "{passed} ids passed the filter");
+    assert_eq!(app.product_loads(), passed);
+
+    let loads_before = (app.product_loads(), app.rate_loads());
+    let second_pass = query_all(&app, &ids).await;
+    assert!(second_pass.iter().all(|status| *status == 404));
+    assert_eq!((app.product_loads(), app.rate_loads()), loads_before);
+    app.stop().await;
+    env.clean_up().await;
+}
+
+/// Queries every id on jd in 50-key batches, 8 batches at a time; returns per-item statuses.
+async fn query_all(app: &TestApp, ids: &[String]) -> Vec<u64> {
+    let mut statuses = Vec::with_capacity(ids.len());
+    for group in ids.chunks(400) {
+        let batches = group.chunks(50).map(|chunk| {
+            let items: Vec<Value> = chunk
+                .iter()
+                .map(|id| json!({"platform": "jd", "item_id": id}))
+                .collect();
+            async move { app.post_batch(&json!({ "items": items })).await }
+        });
+        for response in join_all(batches).await {
+            assert_eq!(response.status(), 200);
+            let body: Value = response.json().await.unwrap();
+            statuses.extend(
+                body["results"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|result| result["status"].as_u64().unwrap()),
+            );
+        }
+    }
+    statuses
+}
+
+/// A 50-key batch on an instance whose L1 is cold but whose L2 is warm costs one Redis round
+/// trip and no MySQL query.
+#[tokio::test]
+async fn a_batch_reads_l2_in_one_round_trip() {
+    let env = ProductionEnv::new("batch_l2").await;
+    let warm = env.spawn_instance(patient).await;
+    let items: Vec<Value> = (100_101..100_151u64)
+        .map(|id| json!({"platform": "pdd", "item_id": id.to_string()}))
+        .collect();
+    let batch = json!({ "items": items });
+    assert_eq!(warm.post_batch(&batch).await.status(), 200);
+    // The L2 writes happen off the request path; wait until all 200 have landed.
+    let tier = connect_tier(&env).await;
+    let keys: Vec<TierKey> = (100_101..100_151u64)
+        .flat_map(|id| {
+            PartKind::ALL.map(|part| TierKey {
+                item: ItemKey::parse("pdd", &id.to_string()).unwrap(),
+                part,
+            })
+        })
+        .collect();
+    let mut all_written = false;
+    for _ in 0..500 {
+        let entries = tier.get_many(&keys).await.unwrap();
+        if entries.iter().all(Option::is_some) {
+            all_written = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        all_written,
+        "the warm instance did not write all 200 entries to L2"
+    );
+
+    let cold = env.spawn_instance(patient).await;
+    let before = redis_round_trips(&cold);
+    let response = cold.post_batch(&batch).await;
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.unwrap();
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 50);
+    assert!(results.iter().all(|result| result["status"] == 200));
+    assert!(
+        results
+            .iter()
+            .all(|result| result["quote"]["degraded"] == false)
+    );
+    assert_eq!(redis_round_trips(&cold) - before, 1);
+    assert_eq!(cold.product_loads() + cold.rate_loads(), 0);
+    assert_eq!(cold.upstream_calls(Endpoint::Coupons), 0);
+    warm.stop().await;
+    cold.stop().await;
+    env.clean_up().await;
+}
+
+async fn connect_tier(env: &ProductionEnv) -> RedisTier {
+    let mut settings = RedisTierSettings::new(RedisTarget::Single(env.redis_url.clone()));
+    settings.prefix = env.prefix.clone();
+    settings.command_timeout = Duration::from_secs(2);
+    RedisTier::connect(settings).await.unwrap()
+}
+
+/// A rebuild carrying an older data version never replaces a newer one in L2: the fence holds
+/// although the rebuild itself succeeds and its caller is answered.
+#[tokio::test]
+async fn an_older_rebuild_cannot_overwrite_a_newer_l2_entry() {
+    let env = ProductionEnv::new("fence").await;
+    let tier = connect_tier(&env).await;
+    let key = ItemKey::parse("taobao", "100321").unwrap();
+    let tier_key = TierKey {
+        item: key,
+        part: PartKind::Product,
+    };
+    // An entry at version 1000, past its fresh window but inside its stale window.
+    let now = Timestamp::now();
+    let newer: Envelope<Product> = Envelope {
+        value: None,
+        version: 1_000,
+        fetched_at: Timestamp::from_millis(now.as_millis() - 60_000),
+        fresh_until: Timestamp::from_millis(now.as_millis() - 1_000),
+        stale_until: now.saturating_add_millis(600_000),
+    };
+    let entry = TierEntry {
+        version: 1_000,
+        bytes: newer.encode().unwrap(),
+    };
+    tier.put_fenced(tier_key, &entry, Duration::from_secs(600))
+        .await
+        .unwrap();
+
+    let app = env.spawn_instance(|_| {}).await;
+    // The instance rebuilds from MySQL (versions 1–3) and answers with that row...
+    assert_eq!(app.get_item("taobao", "100321").await.status(), 200);
+    assert_eq!(app.product_loads(), 1);
+    // ...but its write-back is refused: L2 still holds version 1000.
+    let cache = &app.state.engine.parts().product;
+    wait_until("the fenced write was refused", || {
+        cache.stats().fenced_writes_refused == 1
+    })
+    .await;
+    let stored = tier.get_many(&[tier_key]).await.unwrap();
+    assert_eq!(stored[0].as_ref().map(|entry| entry.version), Some(1_000));
+    app.stop().await;
+    env.clean_up().await;
+}
+
+/// Warm-up loads the hottest items into L1 at start: asking for one then costs no MySQL query.
+#[tokio::test]
+async fn warm_up_loads_the_hot_items() {
+    let env = ProductionEnv::new("warmup").await;
+    let app = env
+        .spawn_instance(|settings| {
+            settings.warmup.enabled = true;
+            settings.warmup.hot_items_limit = 30;
+            settings.warmup.items = vec!["jd:105555".to_owned()];
+            settings.warmup.rate_per_sec = 1_000;
+        })
+        .await;
+    let product = &app.state.engine.parts().product;
+    let hot = ItemKey::parse("taobao", "100001").unwrap();
+    let configured = ItemKey::parse("jd", "105555").unwrap();
+    wait_until("warm-up reached the hot items", || {
+        product.peek(&hot).is_some() && product.peek(&configured).is_some()
+    })
+    .await;
+    wait_until("warm-up finished", || app.product_loads() == 31).await;
+    let loads = app.product_loads();
+    assert_eq!(app.get_item("taobao", "100001").await.status(), 200);
+    assert_eq!(app.get_item("jd", "105555").await.status(), 200);
+    assert_eq!(app.product_loads(), loads);
+    app.stop().await;
+    env.clean_up().await;
+}
+
+/// A Redis of the test's own, killed mid-test and restarted: warm items keep answering from L1,
+/// cold ones load from MySQL under the concurrency bound, and L2 is used again once Redis is back.
+#[tokio::test]
+async fn redis_outage_never_fails_a_request() {
+    let port = free_port();
+    let mut redis = start_redis(port);
+    let env = ProductionEnv::with_redis("redis_outage", format!("redis://127.0.0.1:{port}")).await;
+    let app = env
+        .spawn_instance(|settings| {
+            settings.store.max_concurrent_loads = 4;
+            settings.redis.command_timeout_ms = 50;
+        })
+        .await;
+    for id in 100_201..100_221u64 {
+        assert_eq!(app.get_item("jd", &id.to_string()).await.status(), 200);
+    }
+
+    redis.kill().unwrap();
+    redis.wait().unwrap();
+    // Warm items: L1 hits. Cold items: Redis errors are skipped, MySQL answers.
+    let statuses: Vec<u16> = join_all((100_201..100_221u64).chain(100_301..100_401).map(|id| {
+        let app = &app;
+        async move { app.get_item("jd", &id.to_string()).await.status().as_u16() }
+    }))
+    .await;
+    assert!(statuses.iter().all(|status| *status == 200), "{statuses:?}");
+    assert!(app.state.load_limiter.max_in_flight() <= 4);
+    let cache = &app.state.engine.parts().product;
+    assert!(cache.stats().l2_errors > 0);
+
+    // Redis returns (empty, as after a restart): the tier reconnects and is written again.
+    let mut redis = start_redis(port);
+    let tier = connect_tier(&env).await;
+    let key = ItemKey::parse("jd", "100500").unwrap();
+    let tier_key = TierKey {
+        item: key,
+        part: PartKind::Product,
+    };
+    let mut recovered = false;
+    for _ in 0..100 {
+        assert_eq!(app.get_item("jd", "100500").await.status(), 200);
+        if tier.get_many(&[tier_key]).await.unwrap()[0].is_some() {
+            recovered = true;
+            break;
+        }
+        // Make the next request miss L1 again so that it goes through L2.
+        cache.invalidate(&key);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        recovered,
+        "the L2 tier was not written after Redis came back"
+    );
+    app.stop().await;
+    env.clean_up().await;
+    redis.kill().unwrap();
+    redis.wait().unwrap();
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A throw-away redis-server on `port`, keeping nothing on disk; waits until it answers.
+fn start_redis(port: u16) -> Child {
+    let child = Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server is installed");
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("redis-server did not start on port {port}");
+}
