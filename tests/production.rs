@@ -286,7 +286,7 @@ async fn warm_up_loads_the_hot_items() {
 #[tokio::test]
 async fn redis_outage_never_fails_a_request() {
     let port = free_port();
-    let mut redis = start_redis(port);
+    let redis = RedisServer::start(port);
     let env = ProductionEnv::with_redis("redis_outage", format!("redis://127.0.0.1:{port}")).await;
     let app = env
         .spawn_instance(|settings| {
@@ -298,8 +298,7 @@ async fn redis_outage_never_fails_a_request() {
         assert_eq!(app.get_item("jd", &id.to_string()).await.status(), 200);
     }
 
-    redis.kill().unwrap();
-    redis.wait().unwrap();
+    drop(redis);
     // Warm items: L1 hits. Cold items: Redis errors are skipped, MySQL answers.
     let statuses: Vec<u16> = join_all((100_201..100_221u64).chain(100_301..100_401).map(|id| {
         let app = &app;
@@ -312,7 +311,7 @@ async fn redis_outage_never_fails_a_request() {
     assert!(cache.stats().l2_errors > 0);
 
     // Redis returns (empty, as after a restart): the tier reconnects and is written again.
-    let mut redis = start_redis(port);
+    let redis = RedisServer::start(port);
     let tier = connect_tier(&env).await;
     let key = ItemKey::parse("jd", "100500").unwrap();
     let tier_key = TierKey {
@@ -336,8 +335,7 @@ async fn redis_outage_never_fails_a_request() {
     );
     app.stop().await;
     env.clean_up().await;
-    redis.kill().unwrap();
-    redis.wait().unwrap();
+    drop(redis);
 }
 
 fn free_port() -> u16 {
@@ -348,28 +346,43 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A throw-away redis-server on `port`, keeping nothing on disk; waits until it answers.
-fn start_redis(port: u16) -> Child {
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server is installed");
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return child;
+/// A throw-away redis-server on a port of the test's own, keeping nothing on disk, killed when
+/// dropped (so a failing test leaks no server).
+struct RedisServer {
+    child: Child,
+}
+
+impl RedisServer {
+    fn start(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        let server = Self { child };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(10));
+        panic!("redis-server did not start on port {port}");
     }
-    panic!("redis-server did not start on port {port}");
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

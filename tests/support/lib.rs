@@ -41,6 +41,10 @@ pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
     settings.http.shutdown_drain_ms = 2_000;
     settings.store.sqlite.path = database_path.clone();
     settings.upstreams.simulate = true;
+    // Background loads would make store and upstream counts depend on timing; tests that are
+    // about them switch them on.
+    settings.warmup.enabled = false;
+    settings.bloom.enabled = false;
     customise(&mut settings);
 
     let clock = ManualClock::starting_now();
@@ -141,7 +145,7 @@ impl ProductionEnv {
             // Several instances and tests share two cores in a debug build: Redis answers well
             // within 100 ms in production, not always here.
             settings.redis.command_timeout_ms = 1_000;
-            settings.warmup.enabled = false;
+            settings.bloom.enabled = true;
             customise(settings);
         })
         .await

@@ -1,10 +1,11 @@
 //! The catalogue repository: products and rebate rates, each carrying its data version.
 //!
-//! Contract: [`CatalogRepository`] is the only way the rest of the service reads the catalogue.
-//! Implementations return `Ok(None)` for an item they do not hold and `Err` only when the store
-//! itself failed, so callers can cache "not found" but must never cache an error. Every call is
-//! counted in [`StoreCounters`] (tests and metrics rely on the counts). This crate knows nothing of
-//! caches, HTTP or the query path.
+//! Contract: [`CatalogRepository`] is the only way the rest of the service reads the catalogue,
+//! whether it lives in embedded SQLite or in MySQL/MariaDB; both validate every row into domain
+//! types the same way. Implementations return `Ok(None)` for an item they do not hold and `Err`
+//! only when the store itself failed, so callers can cache "not found" but must never cache an
+//! error. Every call is counted in [`StoreCounters`] (tests and metrics rely on the counts). This
+//! crate knows nothing of caches, HTTP or the query path.
 //!
 //! # Layout
 //! - [`CatalogRepository`], [`Versioned`], [`StoreError`], [`StoreCounters`]: the contract.

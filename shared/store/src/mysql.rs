@@ -3,20 +3,23 @@
 //! Same tables, invariants and row validation as [`crate::sqlite`] (the row mapping is shared);
 //! what differs is the pool. It is tuned for a hot path of point selects by primary key:
 //!
-//! - **Per query**, with the settings chosen in [`MySqlStore::connect`], the pool costs one extra
-//!   round trip, not two. sqlx's default `test_before_acquire(true)` sends a `COM_PING` before
-//!   handing out an idle connection; we turn it off, so an acquire takes an idle connection (or
-//!   opens one) without touching the network. On release, sqlx 0.8 *always* pings
-//!   (`Floating::return_to_pool` in `sqlx-core/src/pool/connection.rs`, not configurable): the
-//!   dropped `PoolConnection` spawns a task that pings and only then puts the connection back in
-//!   the idle queue. That ping is off the caller's path (its query has already returned), but it
-//!   is a server round trip and keeps the connection out of the pool for it; it is also what
-//!   drains a result set left half-read by a dropped stream, so it is not worth working around.
-//!   A dead connection is therefore found on release, or by the next query on it failing.
+//! - **Per query** the pool makes one extra round trip, where sqlx's defaults make two (pinned
+//!   by the test `the_pool_pings_once_per_query_on_release_only`). The default
+//!   `test_before_acquire(true)` sends a `COM_PING` before handing out an idle connection; we turn
+//!   it off, so an acquire takes an idle connection (or opens one) without touching the network.
+//!   On release, sqlx 0.8 *always* pings (`Floating::return_to_pool` in
+//!   `sqlx-core/src/pool/connection.rs`; no option disables it, and `after_release` runs before
+//!   it, not instead): the dropped `PoolConnection` spawns a task that pings and only then puts
+//!   the connection back in the idle queue. That ping is off the caller's path (its query has
+//!   already returned) but costs the server a round trip and keeps the connection out of the pool
+//!   meanwhile. It also drains a result set left half-read by a dropped stream, so we keep it
+//!   rather than bypass the pool. A connection that died while idle is therefore found by the
+//!   query that gets it failing, not by a ping; `max_lifetime` stays at sqlx's 30 minutes.
 //! - **Statements** are prepared once per connection and cached by sqlx, so a point select is one
 //!   `COM_STMT_EXECUTE` round trip.
 //! - **Statement timeout**: every pooled connection gets a per-session limit in `after_connect`,
 //!   once per connection, not per query (see [`MySqlSettings::statement_timeout`]).
+//! - **Key scans** ([`CatalogRepository::keys`]) are paged, so no statement outlives the timeout.
 //! - **Migrations** run on a connection of their own before the pool opens, so a long schema
 //!   change is not cut short by the statement timeout meant for reads.
 //!
@@ -37,6 +40,7 @@ use sqlx::mysql::{
     MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
 };
 use sqlx::{ConnectOptions, Connection, Executor, MySql, QueryBuilder};
+use tokio::task::JoinHandle;
 
 use crate::demo::{SeedReport, demo_hot_items, demo_items};
 use crate::rows::{
@@ -65,12 +69,6 @@ const INSERT_KEEPING_EXISTING: &str = "INSERT IGNORE";
 /// stream in about a second), far inside any sensible statement timeout, and at most a few
 /// hundred kilobytes held at once.
 const KEYS_PER_PAGE: usize = 10_000;
-
-/// Where the next page of keys starts.
-enum KeyCursor {
-    Start,
-    After { platform: String, item_id: String },
-}
 
 /// MySQL and MariaDB's "Unknown system variable" error number.
 const ER_UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
@@ -148,15 +146,19 @@ impl fmt::Debug for MySqlSettings {
 }
 
 /// `scheme://host:port/database` without user, password or query parameters. Everything before
-/// the last `@` is dropped, so a password holding an unescaped `@` or `/` is still never shown.
+/// the last `@` is dropped, so a password holding an unescaped `@`, `/` or `?` is never shown.
 fn redacted_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return String::from("<redacted>");
     };
-    let without_query = rest.split(['?', '#']).next().unwrap_or_default();
-    let host_and_path = without_query
+    // Credentials first: a password may hold an unescaped `?` or `#` as well.
+    let after_credentials = rest
         .rsplit_once('@')
-        .map_or(without_query, |(_credentials, after)| after);
+        .map_or(rest, |(_credentials, after)| after);
+    let host_and_path = after_credentials
+        .split(['?', '#'])
+        .next()
+        .unwrap_or_default();
     format!("{scheme}://{host_and_path}")
 }
 
@@ -326,28 +328,6 @@ impl MySqlStore {
         Ok(report)
     }
 
-    /// One page of [`CatalogRepository::keys`], in primary-key order.
-    async fn key_page(&self, cursor: &KeyCursor) -> Result<Vec<KeyRow>, StoreError> {
-        let page = match cursor {
-            KeyCursor::Start => {
-                sqlx::query_as(SELECT_FIRST_KEYS)
-                    .bind(KEYS_PER_PAGE as u64)
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-            KeyCursor::After { platform, item_id } => {
-                sqlx::query_as(SELECT_KEYS_AFTER)
-                    .bind(platform.as_str())
-                    .bind(platform.as_str())
-                    .bind(item_id.as_str())
-                    .bind(KEYS_PER_PAGE as u64)
-                    .fetch_all(&self.pool)
-                    .await?
-            }
-        };
-        Ok(page)
-    }
-
     /// Seeds the demo catalogue only into an empty store, so a restart never touches data that is
     /// already there. `None` when the store already held products.
     pub async fn seed_demo_if_empty(&self) -> Result<Option<SeedReport>, StoreError> {
@@ -389,33 +369,35 @@ impl CatalogRepository for MySqlStore {
         Ok(())
     }
 
-    /// Pages of [`KEYS_PER_PAGE`] keys, each its own short `SELECT` resuming after the last key
-    /// of the page before (a range scan of the clustered primary key).
+    /// Pages of 10,000 keys (`KEYS_PER_PAGE`), each its own short `SELECT` resuming after the
+    /// last key of the page before (a range scan of the clustered primary key). The next page is
+    /// fetched while the consumer works through the current one, so the server and the consumer
+    /// overlap as they would on one streamed `SELECT`; at most two pages are held at once.
     ///
     /// Not one `SELECT` streamed to the end: the statement timeout covers the time the server
     /// spends *sending* rows, so a single scan of a large catalogue (or one read by a slow
     /// consumer) is killed part-way — measured: a 300 ms limit cut a 1,000,000-key scan at about
-    /// 400,000 keys. Pages also give the connection back between pages. The price is that the
-    /// keys are not one snapshot: a product added or removed during the scan may or may not be
-    /// seen, which a Bloom filter kept up to date by change events tolerates.
+    /// 400,000 keys. Here no statement ever waits for the consumer, and the connection goes back
+    /// to the pool between pages. The price is that the keys are not one snapshot: a product
+    /// added or removed during the scan may or may not be seen, which a Bloom filter kept up to
+    /// date by change events tolerates.
     fn keys(&self) -> BoxStream<'_, Result<ItemKey, StoreError>> {
-        futures::stream::try_unfold(Some(KeyCursor::Start), move |cursor| async move {
-            let Some(cursor) = cursor else {
-                return Ok(None);
-            };
-            let page = self.key_page(&cursor).await?;
-            let next = match page.last() {
-                Some((platform, item_id)) if page.len() == KEYS_PER_PAGE => {
-                    Some(KeyCursor::After {
-                        // ASCII columns: always valid UTF-8.
-                        platform: String::from_utf8_lossy(platform).into_owned(),
-                        item_id: String::from_utf8_lossy(item_id).into_owned(),
-                    })
-                }
-                _ => None,
-            };
-            let keys = page.into_iter().map(|row| key_from_row("products", row));
-            Ok::<_, StoreError>(Some((futures::stream::iter(keys), next)))
+        let pool = self.pool.clone();
+        futures::stream::try_unfold(KeyPages::First, move |pages| {
+            let pool = pool.clone();
+            async move {
+                let page = match pages {
+                    KeyPages::First => key_page(&pool, &KeyCursor::Start).await?,
+                    KeyPages::Next(mut prefetched) => prefetched.wait().await?,
+                    KeyPages::Done => return Ok::<_, StoreError>(None),
+                };
+                let next = match KeyCursor::after(&page) {
+                    Some(cursor) => KeyPages::Next(PrefetchedPage::spawn(pool, cursor)),
+                    None => KeyPages::Done,
+                };
+                let keys = page.into_iter().map(|row| key_from_row("products", row));
+                Ok(Some((futures::stream::iter(keys), next)))
+            }
         })
         .try_flatten()
         .boxed()
@@ -444,6 +426,84 @@ async fn execute_insert(
 ) -> Result<u64, StoreError> {
     let result = insert.build().execute(&mut *connection).await?;
     Ok(result.rows_affected())
+}
+
+/// Where [`CatalogRepository::keys`] stands: before its first page, waiting for a page fetched
+/// ahead, or past the last page.
+enum KeyPages {
+    First,
+    Next(PrefetchedPage),
+    Done,
+}
+
+/// Where a page of keys starts.
+enum KeyCursor {
+    Start,
+    After { platform: String, item_id: String },
+}
+
+impl KeyCursor {
+    /// The cursor after `page`, or `None` when `page` was the last one (not full).
+    fn after(page: &[KeyRow]) -> Option<Self> {
+        if page.len() < KEYS_PER_PAGE {
+            return None;
+        }
+        let (platform, item_id) = page.last()?;
+        Some(Self::After {
+            // ASCII columns: always valid UTF-8.
+            platform: String::from_utf8_lossy(platform).into_owned(),
+            item_id: String::from_utf8_lossy(item_id).into_owned(),
+        })
+    }
+}
+
+/// One page of [`CatalogRepository::keys`], in primary-key order.
+async fn key_page(pool: &MySqlPool, cursor: &KeyCursor) -> Result<Vec<KeyRow>, StoreError> {
+    let page = match cursor {
+        KeyCursor::Start => {
+            sqlx::query_as(SELECT_FIRST_KEYS)
+                .bind(KEYS_PER_PAGE as u64)
+                .fetch_all(pool)
+                .await?
+        }
+        KeyCursor::After { platform, item_id } => {
+            sqlx::query_as(SELECT_KEYS_AFTER)
+                .bind(platform.as_str())
+                .bind(platform.as_str())
+                .bind(item_id.as_str())
+                .bind(KEYS_PER_PAGE as u64)
+                .fetch_all(pool)
+                .await?
+        }
+    };
+    Ok(page)
+}
+
+/// A page being fetched by a task of its own. Aborted when dropped, so a key stream dropped
+/// part-way stops fetching (the pool then drains and reuses the connection).
+struct PrefetchedPage(JoinHandle<Result<Vec<KeyRow>, StoreError>>);
+
+impl PrefetchedPage {
+    fn spawn(pool: MySqlPool, cursor: KeyCursor) -> Self {
+        Self(tokio::spawn(async move { key_page(&pool, &cursor).await }))
+    }
+
+    async fn wait(&mut self) -> Result<Vec<KeyRow>, StoreError> {
+        match (&mut self.0).await {
+            Ok(page) => page,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            // Only the runtime shutting down cancels it: `Drop` is the one other abort.
+            Err(_cancelled) => Err(StoreError::Database(sqlx::Error::Io(
+                std::io::Error::other("key page fetch cancelled: the runtime is shutting down"),
+            ))),
+        }
+    }
+}
+
+impl Drop for PrefetchedPage {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Sets the session's statement timeout on each new pooled connection, in whichever dialect the

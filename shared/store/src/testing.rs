@@ -185,6 +185,38 @@ mod tests {
         );
     }
 
+    async fn database_exists(name: &str) -> bool {
+        let mut connection = connect_to_server(&test_mysql_url()).await.unwrap();
+        let found: Option<String> = sqlx::query_scalar(
+            "SELECT CAST(schema_name AS CHAR) FROM information_schema.schemata \
+             WHERE schema_name = ?",
+        )
+        .bind(name)
+        .fetch_optional(&mut connection)
+        .await
+        .unwrap();
+        found.is_some()
+    }
+
+    #[tokio::test]
+    async fn a_fresh_database_is_dropped_explicitly_or_by_the_guard() {
+        let (url, database) = fresh_mysql_database(&test_mysql_url(), "testing_explicit")
+            .await
+            .unwrap();
+        let name = database.name().to_owned();
+        assert!(url.ends_with(&format!("/{name}")), "{url}");
+        assert!(database_exists(&name).await);
+        database.drop_database().await.unwrap();
+        assert!(!database_exists(&name).await);
+
+        let (_url, forgotten) = fresh_mysql_database(&test_mysql_url(), "testing_guard")
+            .await
+            .unwrap();
+        let name = forgotten.name().to_owned();
+        drop(forgotten);
+        assert!(!database_exists(&name).await, "the guard drops it too");
+    }
+
     #[test]
     fn names_are_unique_and_safe() {
         let first = unique_name("Store-Tests!");

@@ -506,4 +506,43 @@ fn settings_debug_never_shows_credentials() {
         MySqlSettings::DEFAULT_ACQUIRE_TIMEOUT
     );
     assert_eq!(redacted_url("not a url"), "<redacted>");
+    assert_eq!(
+        redacted_url("mysql://u:pa?ss#word@db/catalogue"),
+        "mysql://db/catalogue"
+    );
+    assert_eq!(redacted_url("mysql://db:3306"), "mysql://db:3306");
+}
+
+/// Pins what the module docs say the pool does per query, so a sqlx upgrade that changes it is
+/// noticed: no ping on acquire, one on release.
+#[tokio::test]
+async fn the_pool_pings_once_per_query_on_release_only() {
+    let (url, database) = fresh_mysql_database(&test_mysql_url(), "store_pings")
+        .await
+        .unwrap();
+    // One connection, so every query and the status reads below share one server session.
+    let store = MySqlStore::connect(&MySqlSettings {
+        max_connections: 1,
+        ..settings(&url)
+    })
+    .await
+    .unwrap();
+    async fn admin_commands(store: &MySqlStore) -> i64 {
+        let (_name, value): (String, String) =
+            sqlx::query_as("SHOW SESSION STATUS LIKE 'Com_admin_commands'")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        value.parse().unwrap()
+    }
+
+    let before = admin_commands(&store).await;
+    for _ in 0..50 {
+        store.product(key("jd", "100001")).await.unwrap();
+    }
+    let after = admin_commands(&store).await;
+
+    // 50 queries plus the first status read, each released once.
+    assert_eq!(after - before, 51);
+    finish(database, store).await;
 }
