@@ -1,0 +1,332 @@
+//! The supervisor: connect, declare, consume, and reconnect with backoff until shutdown.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use chrono::Utc;
+use futures::StreamExt;
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::types::{FieldTable, LongString};
+use lapin::{Channel, Connection, ConnectionProperties, Consumer, Event};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::consumer::{ConsumeContext, consume};
+use crate::publisher::{AmqpPublisher, PublishError};
+use crate::settings::SettingsError;
+use crate::status::{BusStats, BusStatus, Counters};
+use crate::{AmqpSettings, DeliveryHandler, QueueRole, topology};
+
+/// State shared by the supervisor, the consumers and the publishers.
+pub(crate) struct Shared {
+    pub(crate) settings: AmqpSettings,
+    pub(crate) counters: Counters,
+    status: Mutex<BusStatus>,
+    /// The confirm-mode channel of the live connection; `None` while disconnected.
+    publish_channel: Mutex<Option<Channel>>,
+}
+
+impl Shared {
+    pub(crate) fn publish_channel(&self) -> Option<Channel> {
+        self.publish_channel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn status(&self) -> BusStatus {
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn mark_connected(&self, channel: Channel, is_reconnect: bool) {
+        *self
+            .publish_channel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(channel);
+        let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        status.connected = true;
+        status.since = Some(Utc::now());
+        if is_reconnect {
+            status.reconnects += 1;
+        }
+    }
+
+    fn mark_disconnected(&self, error: Option<String>) {
+        *self
+            .publish_channel
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        if status.connected || status.since.is_none() {
+            status.since = Some(Utc::now());
+        }
+        status.connected = false;
+        if error.is_some() {
+            status.last_error = error;
+        }
+    }
+}
+
+/// A running connection to the broker: consumes the broadcast and the shared queue, publishes with
+/// confirms, and reconnects on its own. Dropping it (or cancelling the shutdown token) stops it.
+pub struct AmqpBus {
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    supervisor: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for AmqpBus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpBus")
+            .field("settings", &self.shared.settings)
+            .field("status", &self.shared.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl AmqpBus {
+    /// Validates the settings and spawns the supervisor on the current tokio runtime. Returns at
+    /// once: the first connection is made in the background, and `status()` reports when it is up.
+    ///
+    /// # Errors
+    /// The settings are invalid.
+    pub fn start(
+        settings: AmqpSettings,
+        handler: Arc<dyn DeliveryHandler>,
+        shutdown: CancellationToken,
+    ) -> Result<Self, SettingsError> {
+        settings.validate()?;
+        let shared = Arc::new(Shared {
+            settings,
+            counters: Counters::default(),
+            status: Mutex::new(BusStatus {
+                connected: false,
+                since: None,
+                reconnects: 0,
+                last_error: None,
+            }),
+            publish_channel: Mutex::new(None),
+        });
+        let stop = shutdown.child_token();
+        let supervisor = tokio::spawn(supervise(Arc::clone(&shared), handler, stop.clone()));
+        Ok(Self {
+            shared,
+            stop,
+            supervisor: Some(supervisor),
+        })
+    }
+
+    /// A cloneable publisher bound to this bus's connection.
+    #[must_use]
+    pub fn publisher(&self) -> AmqpPublisher {
+        AmqpPublisher {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Shorthand for `self.publisher().publish_bytes(..)`.
+    ///
+    /// # Errors
+    /// See [`AmqpPublisher::publish_bytes`].
+    pub async fn publish_bytes(
+        &self,
+        routing_key: &str,
+        body: &[u8],
+        signature: Option<&str>,
+    ) -> Result<(), PublishError> {
+        self.publisher()
+            .publish_bytes(routing_key, body, signature)
+            .await
+    }
+
+    /// Connection state for readiness checks.
+    #[must_use]
+    pub fn status(&self) -> BusStatus {
+        self.shared.status()
+    }
+
+    /// Whether invalidations are currently flowing (connected and consuming).
+    #[must_use]
+    pub fn is_ready(&self) -> bool {
+        self.shared.status().connected
+    }
+
+    /// Counters since start, for metrics and the admin API.
+    #[must_use]
+    pub fn stats(&self) -> BusStats {
+        self.shared.counters.snapshot()
+    }
+
+    /// The settings the bus runs with (names of its exchanges and queues).
+    #[must_use]
+    pub fn settings(&self) -> &AmqpSettings {
+        &self.shared.settings
+    }
+
+    /// Stops consuming, closes the connection and waits for the supervisor to finish.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        if let Some(supervisor) = self.supervisor.take()
+            && let Err(error) = supervisor.await
+        {
+            tracing::warn!(%error, "amqp supervisor task failed");
+        }
+    }
+}
+
+impl Drop for AmqpBus {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn supervise(
+    shared: Arc<Shared>,
+    handler: Arc<dyn DeliveryHandler>,
+    stop: CancellationToken,
+) {
+    let settings = &shared.settings;
+    let backoff = Backoff::new(
+        std::time::Duration::from_millis(settings.reconnect_min_ms),
+        std::time::Duration::from_millis(settings.reconnect_max_ms),
+    );
+    let mut failures: u32 = 0;
+    let mut ever_connected = false;
+    loop {
+        let opened = tokio::select! {
+            () = stop.cancelled() => break,
+            opened = Session::open(settings) => opened,
+        };
+        match opened {
+            Ok(session) => {
+                failures = 0;
+                shared.mark_connected(session.publish_channel.clone(), ever_connected);
+                tracing::info!(instance = %settings.instance_id, reconnect = ever_connected, "amqp bus connected");
+                ever_connected = true;
+                let lost = session.run(&shared, &handler, &stop).await;
+                let Some(reason) = lost else {
+                    shared.mark_disconnected(None);
+                    break;
+                };
+                tracing::warn!(%reason, "amqp connection lost; reconnecting");
+                shared.mark_disconnected(Some(reason));
+            }
+            Err(error) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(%error, failures, "amqp connect failed; backing off");
+                shared.mark_disconnected(Some(error));
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => break,
+            () = tokio::time::sleep(backoff.delay(failures)) => {}
+        }
+    }
+    shared.mark_disconnected(None);
+}
+
+/// One connection with its topology declared and both consumers started.
+struct Session {
+    connection: Connection,
+    publish_channel: Channel,
+    broadcast: Consumer,
+    shared_consumer: Consumer,
+}
+
+impl Session {
+    async fn open(settings: &AmqpSettings) -> Result<Self, String> {
+        let properties = ConnectionProperties::default()
+            .with_connection_name(LongString::from(settings.connection_name()));
+        let connection = tokio::time::timeout(
+            settings.connect_timeout(),
+            Connection::connect(&settings.url, properties),
+        )
+        .await
+        .map_err(|_elapsed| format!("connect timed out after {:?}", settings.connect_timeout()))?
+        .map_err(|error| format!("connect failed: {error}"))?;
+        match Self::prepare(&connection, settings).await {
+            Ok((publish_channel, broadcast, shared_consumer)) => Ok(Self {
+                connection,
+                publish_channel,
+                broadcast,
+                shared_consumer,
+            }),
+            Err(error) => {
+                let _ignored = connection.close(200, "topology setup failed".into()).await;
+                Err(format!("topology setup failed: {error}"))
+            }
+        }
+    }
+
+    async fn prepare(
+        connection: &Connection,
+        settings: &AmqpSettings,
+    ) -> lapin::Result<(Channel, Consumer, Consumer)> {
+        let publish_channel = connection.create_channel().await?;
+        topology::declare(&publish_channel, settings).await?;
+        publish_channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let broadcast = start_consumer(connection, settings, &settings.broadcast_queue()).await?;
+        let shared_consumer = start_consumer(connection, settings, &settings.shared_queue).await?;
+        Ok((publish_channel, broadcast, shared_consumer))
+    }
+
+    /// Runs until the connection fails (`Some(reason)`) or shutdown is requested (`None`).
+    async fn run(
+        self,
+        shared: &Arc<Shared>,
+        handler: &Arc<dyn DeliveryHandler>,
+        stop: &CancellationToken,
+    ) -> Option<String> {
+        let settings = &shared.settings;
+        let context = Arc::new(ConsumeContext {
+            shared: Arc::clone(shared),
+            handler: Arc::clone(handler),
+            publish_channel: self.publish_channel.clone(),
+        });
+        let mut events = self.connection.events_listener();
+        let watch_errors = async move {
+            while let Some(event) = events.next().await {
+                if let Event::Error(error) = event {
+                    return format!("connection error: {error}");
+                }
+            }
+            "connection closed".to_owned()
+        };
+        let lost = tokio::select! {
+            () = stop.cancelled() => None,
+            reason = consume(Arc::clone(&context), QueueRole::Broadcast, settings.broadcast_queue(), self.broadcast) => Some(reason),
+            reason = consume(context, QueueRole::Shared, settings.shared_queue.clone(), self.shared_consumer) => Some(reason),
+            reason = watch_errors => Some(reason),
+        };
+        // Closing a half-dead connection fails harmlessly; closing a live one (shutdown, or a
+        // channel error) releases the exclusive broadcast queue at once.
+        if let Err(error) = self.connection.close(200, "bye".into()).await {
+            tracing::debug!(%error, "closing amqp connection failed");
+        }
+        lost
+    }
+}
+
+async fn start_consumer(
+    connection: &Connection,
+    settings: &AmqpSettings,
+    queue: &str,
+) -> lapin::Result<Consumer> {
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(settings.prefetch, BasicQosOptions::default())
+        .await?;
+    channel
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+}

@@ -1,0 +1,263 @@
+//! Typed configuration for the bus.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Everything the bus needs to reach the broker and name its topology.
+///
+/// Names are configurable so that tests (and several deployments sharing one broker) can isolate
+/// themselves; durations are plain milliseconds so they read well in TOML and env overrides.
+#[derive(Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AmqpSettings {
+    /// Broker address (`AMQP_URL` in the production profile). May carry credentials, so `Debug`
+    /// redacts the password.
+    pub url: String,
+    /// Durable topic exchange every invalidation event is published to.
+    pub exchange: String,
+    /// Binding key used for both the shared and the broadcast queue.
+    pub binding_key: String,
+    /// Durable queue with competing consumers: exactly one instance drops and re-warms L2.
+    pub shared_queue: String,
+    /// Prefix of the per-instance broadcast queue; the instance id is appended.
+    pub broadcast_queue_prefix: String,
+    /// Identifies this process; names its broadcast queue and its AMQP connection.
+    pub instance_id: String,
+    /// Fanout exchange that receives events we give up on.
+    pub dead_letter_exchange: String,
+    /// Durable queue bound to the dead-letter exchange, kept for operators to inspect.
+    pub dead_letter_queue: String,
+    /// Unacknowledged deliveries per consumer; bounds in-flight handler work.
+    pub prefetch: u16,
+    /// Handler attempts per message (first delivery included) before it is dead-lettered.
+    pub max_deliveries: u32,
+    /// Pause before a retryable failure is republished, so a struggling dependency can recover.
+    pub retry_delay_ms: u64,
+    /// Lower bound of the reconnect backoff.
+    pub reconnect_min_ms: u64,
+    /// Upper bound of the reconnect backoff (full jitter is applied below it).
+    pub reconnect_max_ms: u64,
+    /// Give up on a TCP/AMQP handshake after this long and back off.
+    pub connect_timeout_ms: u64,
+    /// Longest wait for the broker's publisher confirm.
+    pub publish_timeout_ms: u64,
+}
+
+impl Default for AmqpSettings {
+    fn default() -> Self {
+        Self {
+            url: "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned(),
+            exchange: "rebate.events".to_owned(),
+            binding_key: "#".to_owned(),
+            shared_queue: "rebate.invalidate.shared".to_owned(),
+            broadcast_queue_prefix: "rebate.invalidate.instance.".to_owned(),
+            instance_id: default_instance_id(),
+            dead_letter_exchange: "rebate.events.dlx".to_owned(),
+            dead_letter_queue: "rebate.events.dead".to_owned(),
+            prefetch: 32,
+            max_deliveries: 5,
+            retry_delay_ms: 500,
+            reconnect_min_ms: 200,
+            reconnect_max_ms: 10_000,
+            connect_timeout_ms: 5_000,
+            publish_timeout_ms: 5_000,
+        }
+    }
+}
+
+/// Why a settings value cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid amqp setting `{field}`: {problem}")]
+pub struct SettingsError {
+    /// The offending field.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub problem: &'static str,
+}
+
+impl AmqpSettings {
+    /// Name of this instance's exclusive, auto-delete broadcast queue.
+    #[must_use]
+    pub fn broadcast_queue(&self) -> String {
+        format!("{}{}", self.broadcast_queue_prefix, self.instance_id)
+    }
+
+    /// Client-provided connection name; operators (and the reconnect test) find the
+    /// connection by it in `rabbitmqctl list_connections`.
+    #[must_use]
+    pub fn connection_name(&self) -> String {
+        format!("rebate-amqp-bus/{}", self.instance_id)
+    }
+
+    /// Checks the values the bus relies on, explaining the first problem found.
+    ///
+    /// # Errors
+    /// Returns the first field that is empty, too long for AMQP, or out of range.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let names: [(&'static str, &str); 6] = [
+            ("exchange", &self.exchange),
+            ("binding_key", &self.binding_key),
+            ("shared_queue", &self.shared_queue),
+            ("instance_id", &self.instance_id),
+            ("dead_letter_exchange", &self.dead_letter_exchange),
+            ("dead_letter_queue", &self.dead_letter_queue),
+        ];
+        for (field, value) in names {
+            if value.is_empty() {
+                return Err(SettingsError {
+                    field,
+                    problem: "must not be empty",
+                });
+            }
+            if value.len() > 200 {
+                return Err(SettingsError {
+                    field,
+                    problem: "must be at most 200 bytes",
+                });
+            }
+        }
+        if self.broadcast_queue().len() > 255 {
+            return Err(SettingsError {
+                field: "broadcast_queue_prefix",
+                problem: "prefix + instance_id must be at most 255 bytes",
+            });
+        }
+        if !(self.url.starts_with("amqp://") || self.url.starts_with("amqps://")) {
+            return Err(SettingsError {
+                field: "url",
+                problem: "must start with amqp:// or amqps://",
+            });
+        }
+        if self.prefetch == 0 {
+            return Err(SettingsError {
+                field: "prefetch",
+                problem: "must be at least 1",
+            });
+        }
+        if self.max_deliveries == 0 {
+            return Err(SettingsError {
+                field: "max_deliveries",
+                problem: "must be at least 1",
+            });
+        }
+        if self.reconnect_min_ms == 0 || self.reconnect_min_ms > self.reconnect_max_ms {
+            return Err(SettingsError {
+                field: "reconnect_min_ms",
+                problem: "must be positive and not above reconnect_max_ms",
+            });
+        }
+        if self.connect_timeout_ms == 0 || self.publish_timeout_ms == 0 {
+            return Err(SettingsError {
+                field: "connect_timeout_ms",
+                problem: "timeouts must be positive",
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn retry_delay(&self) -> Duration {
+        Duration::from_millis(self.retry_delay_ms)
+    }
+
+    pub(crate) fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    pub(crate) fn publish_timeout(&self) -> Duration {
+        Duration::from_millis(self.publish_timeout_ms)
+    }
+}
+
+impl fmt::Debug for AmqpSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpSettings")
+            .field("url", &redact_url(&self.url))
+            .field("exchange", &self.exchange)
+            .field("binding_key", &self.binding_key)
+            .field("shared_queue", &self.shared_queue)
+            .field("broadcast_queue_prefix", &self.broadcast_queue_prefix)
+            .field("instance_id", &self.instance_id)
+            .field("dead_letter_exchange", &self.dead_letter_exchange)
+            .field("dead_letter_queue", &self.dead_letter_queue)
+            .field("prefetch", &self.prefetch)
+            .field("max_deliveries", &self.max_deliveries)
+            .field("retry_delay_ms", &self.retry_delay_ms)
+            .field("reconnect_min_ms", &self.reconnect_min_ms)
+            .field("reconnect_max_ms", &self.reconnect_max_ms)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("publish_timeout_ms", &self.publish_timeout_ms)
+            .finish()
+    }
+}
+
+/// Replaces the password of `scheme://user:password@host/...` with `***`.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "***".to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &authority[..at];
+    let user = userinfo
+        .split_once(':')
+        .map_or(userinfo, |(user, _password)| user);
+    format!("{scheme}://{user}:***@{}", &rest[at + 1..])
+}
+
+fn default_instance_id() -> String {
+    format!("{}-{:08x}", std::process::id(), rand::random::<u32>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_redacts_the_password() {
+        let settings = AmqpSettings {
+            url: "amqp://svc:s3cret@mq.internal:5672/%2f".to_owned(),
+            ..AmqpSettings::default()
+        };
+        let printed = format!("{settings:?}");
+        assert!(!printed.contains("s3cret"), "{printed}");
+        assert!(
+            printed.contains("amqp://svc:***@mq.internal:5672/%2f"),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn redaction_leaves_credential_free_urls_alone() {
+        assert_eq!(redact_url("amqp://127.0.0.1:5672"), "amqp://127.0.0.1:5672");
+        assert_eq!(redact_url("garbage"), "***");
+    }
+
+    #[test]
+    fn defaults_are_valid_and_validation_names_the_field() {
+        assert_eq!(AmqpSettings::default().validate(), Ok(()));
+        let bad = AmqpSettings {
+            prefetch: 0,
+            ..AmqpSettings::default()
+        };
+        assert_eq!(bad.validate().map_err(|e| e.field), Err("prefetch"));
+        let bad = AmqpSettings {
+            reconnect_min_ms: 20_000,
+            ..AmqpSettings::default()
+        };
+        assert_eq!(bad.validate().map_err(|e| e.field), Err("reconnect_min_ms"));
+    }
+
+    #[test]
+    fn broadcast_queue_is_per_instance() {
+        let settings = AmqpSettings {
+            instance_id: "a1".to_owned(),
+            ..AmqpSettings::default()
+        };
+        assert_eq!(settings.broadcast_queue(), "rebate.invalidate.instance.a1");
+    }
+}

@@ -1,0 +1,84 @@
+//! Connection status and counters, for readiness and metrics.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// Connection state as readiness sees it: not connected means invalidations are not arriving and
+/// staleness is bounded only by the L1 TTL.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BusStatus {
+    /// Connected, topology declared and both consumers running.
+    pub connected: bool,
+    /// When `connected` last changed (None before the first attempt finished).
+    pub since: Option<DateTime<Utc>>,
+    /// Successful connections after the first one.
+    pub reconnects: u64,
+    /// The latest connection or topology error, for operators.
+    pub last_error: Option<String>,
+}
+
+/// Monotonic counters since start; the dead-letter breakdown shows *why* events are dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct BusStats {
+    /// Deliveries handed to the handler (redeliveries included).
+    pub consumed: u64,
+    /// Deliveries the handler accepted.
+    pub acked: u64,
+    /// Deliveries republished for another attempt.
+    pub retried: u64,
+    /// Deliveries sent to the dead-letter queue.
+    pub dead_lettered: u64,
+    /// `dead_lettered` split by reason code (`retries_exhausted` or the handler's reject code).
+    pub dead_lettered_by_code: BTreeMap<String, u64>,
+    /// Application publishes confirmed by the broker.
+    pub publish_ok: u64,
+    /// Application publishes that failed (disconnected, nacked, timed out).
+    pub publish_failed: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) consumed: AtomicU64,
+    pub(crate) acked: AtomicU64,
+    pub(crate) retried: AtomicU64,
+    pub(crate) dead_lettered: AtomicU64,
+    dead_lettered_by_code: Mutex<BTreeMap<String, u64>>,
+    pub(crate) publish_ok: AtomicU64,
+    pub(crate) publish_failed: AtomicU64,
+}
+
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Counters {
+    pub(crate) fn record_dead_letter(&self, code: &str) {
+        bump(&self.dead_lettered);
+        let mut by_code = self
+            .dead_lettered_by_code
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *by_code.entry(code.to_owned()).or_default() += 1;
+    }
+
+    pub(crate) fn snapshot(&self) -> BusStats {
+        let by_code = self
+            .dead_lettered_by_code
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        BusStats {
+            consumed: self.consumed.load(Ordering::Relaxed),
+            acked: self.acked.load(Ordering::Relaxed),
+            retried: self.retried.load(Ordering::Relaxed),
+            dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
+            dead_lettered_by_code: by_code,
+            publish_ok: self.publish_ok.load(Ordering::Relaxed),
+            publish_failed: self.publish_failed.load(Ordering::Relaxed),
+        }
+    }
+}

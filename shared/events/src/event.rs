@@ -1,0 +1,356 @@
+//! The invalidation event itself: what changed, for which items, at which data version.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::str::FromStr;
+
+use rebate_domain::{ItemId, ItemKey, PartKind, Platform, Timestamp};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::rejection::Rejection;
+
+/// At most this many item ids travel in one event, so that one message stays small and one
+/// failing re-warm does not hold up thousands of items. Publishers split larger batches.
+pub const MAX_ITEMS_PER_EVENT: usize = 100;
+
+/// The identity of one event, used to drop duplicates (brokers deliver at least once).
+///
+/// 1 to 64 characters of `[A-Za-z0-9._:-]`: wide enough for UUIDs, ULIDs and operator-chosen
+/// ids such as `ops:2026-11-30:1`, narrow enough to be safe in headers, logs and metric labels.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventId(String);
+
+impl EventId {
+    pub const MAX_LEN: usize = 64;
+
+    /// Parses an id given by a publisher.
+    pub fn parse(text: &str) -> Result<Self, Rejection> {
+        if text.is_empty() {
+            return Err(Rejection::InvalidEventId("event_id must not be empty"));
+        }
+        if text.len() > Self::MAX_LEN {
+            return Err(Rejection::InvalidEventId(
+                "event_id is longer than 64 characters",
+            ));
+        }
+        let allowed = |byte: &u8| byte.is_ascii_alphanumeric() || b"._:-".contains(byte);
+        if !text.as_bytes().iter().all(allowed) {
+            return Err(Rejection::InvalidEventId(
+                "event_id may contain only A-Z a-z 0-9 . _ : -",
+            ));
+        }
+        Ok(Self(text.to_owned()))
+    }
+
+    /// A fresh random id (32 lowercase hex characters, 128 random bits) for publishers that have
+    /// no natural id of their own.
+    pub fn generate() -> Self {
+        let random_bits: u128 = rand::random();
+        Self(format!("{random_bits:032x}"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for EventId {
+    type Err = Rejection;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::parse(text)
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for EventId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(formatter, "EventId({})", self.0)
+    }
+}
+
+impl Serialize for EventId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for EventId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        EventId::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// What changed upstream. The kind decides which cached parts become stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// The commission rate changed.
+    RateChanged,
+    /// Title, price, images or status changed.
+    ProductChanged,
+    /// Coupons were added, removed or changed.
+    CouponsChanged,
+    /// A new item exists; nothing is cached for it yet, but the Bloom filter must learn it.
+    ItemCreated,
+    /// The item left the platform; everything cached about it is stale.
+    ItemDelisted,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 5] = [
+        EventKind::RateChanged,
+        EventKind::ProductChanged,
+        EventKind::CouponsChanged,
+        EventKind::ItemCreated,
+        EventKind::ItemDelisted,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EventKind::RateChanged => "rate_changed",
+            EventKind::ProductChanged => "product_changed",
+            EventKind::CouponsChanged => "coupons_changed",
+            EventKind::ItemCreated => "item_created",
+            EventKind::ItemDelisted => "item_delisted",
+        }
+    }
+
+    /// The cached parts this kind makes stale, i.e. what the consumer must drop.
+    pub const fn affected_parts(self) -> &'static [PartKind] {
+        match self {
+            EventKind::RateChanged => &[PartKind::Rate],
+            EventKind::ProductChanged => &[PartKind::Product],
+            EventKind::CouponsChanged => &[PartKind::Coupons],
+            EventKind::ItemCreated => &[],
+            EventKind::ItemDelisted => &[
+                PartKind::Product,
+                PartKind::Rate,
+                PartKind::Coupons,
+                PartKind::Extras,
+            ],
+        }
+    }
+
+    /// Whether the items must be added to the "known items" Bloom filter, so that the first
+    /// query for a brand-new item is not turned away as unknown.
+    pub const fn adds_to_bloom_filter(self) -> bool {
+        matches!(self, EventKind::ItemCreated)
+    }
+}
+
+impl FromStr for EventKind {
+    type Err = Rejection;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        EventKind::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == text)
+            .ok_or_else(|| Rejection::UnknownKind(truncate_for_message(text)))
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+/// A validated invalidation event. Every value of this type satisfies the contract: a valid id,
+/// 1 to [`MAX_ITEMS_PER_EVENT`] distinct item ids, a version of at least 1 and an `occurred_at`
+/// with whole-second precision (the wire carries seconds, so encode/decode round-trips exactly).
+///
+/// Build one with [`InvalidationEvent::new`] or receive one from [`crate::decode_event`];
+/// turn it into bytes with [`crate::encode_event`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidationEvent {
+    event_id: EventId,
+    kind: EventKind,
+    platform: Platform,
+    item_ids: Vec<ItemId>,
+    version: u64,
+    occurred_at: Timestamp,
+}
+
+impl InvalidationEvent {
+    /// Validates and builds an event; `occurred_at` is truncated to whole seconds.
+    pub fn new(
+        event_id: EventId,
+        kind: EventKind,
+        platform: Platform,
+        item_ids: Vec<ItemId>,
+        version: u64,
+        occurred_at: Timestamp,
+    ) -> Result<Self, Rejection> {
+        if item_ids.is_empty() {
+            return Err(Rejection::NoItems);
+        }
+        if item_ids.len() > MAX_ITEMS_PER_EVENT {
+            return Err(Rejection::TooManyItems {
+                count: item_ids.len(),
+            });
+        }
+        let mut seen = HashSet::with_capacity(item_ids.len());
+        if let Some(duplicate) = item_ids.iter().find(|item_id| !seen.insert(**item_id)) {
+            return Err(Rejection::DuplicateItemId(*duplicate));
+        }
+        if version == 0 {
+            return Err(Rejection::VersionZero);
+        }
+        let millis = occurred_at.as_millis();
+        let whole_seconds = Timestamp::from_millis(millis - millis.rem_euclid(1_000));
+        Ok(Self {
+            event_id,
+            kind,
+            platform,
+            item_ids,
+            version,
+            occurred_at: whole_seconds,
+        })
+    }
+
+    pub fn event_id(&self) -> &EventId {
+        &self.event_id
+    }
+
+    pub fn kind(&self) -> EventKind {
+        self.kind
+    }
+
+    pub fn platform(&self) -> Platform {
+        self.platform
+    }
+
+    /// Distinct, in the order the publisher gave them.
+    pub fn item_ids(&self) -> &[ItemId] {
+        &self.item_ids
+    }
+
+    /// The upstream data version after the change; compared to skip out-of-order events.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    pub fn occurred_at(&self) -> Timestamp {
+        self.occurred_at
+    }
+
+    /// The cache keys this event is about.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = ItemKey> + '_ {
+        self.item_ids
+            .iter()
+            .map(|item_id| ItemKey::new(self.platform, *item_id))
+    }
+
+    /// Shorthand for `self.kind().affected_parts()`.
+    pub fn affected_parts(&self) -> &'static [PartKind] {
+        self.kind.affected_parts()
+    }
+}
+
+/// Keeps echoed input short in dead-letter reasons and logs.
+pub(crate) fn truncate_for_message(text: &str) -> String {
+    const LIMIT: usize = 40;
+    if text.chars().count() <= LIMIT {
+        return text.to_owned();
+    }
+    let mut short: String = text.chars().take(LIMIT).collect();
+    short.push('…');
+    short
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(numbers: &[u64]) -> Vec<ItemId> {
+        numbers
+            .iter()
+            .map(|number| ItemId::from_u64(*number))
+            .collect()
+    }
+
+    #[test]
+    fn event_id_accepts_the_documented_alphabet_only() {
+        assert!(EventId::parse("ops:2026-11-30_1.a-B").is_ok());
+        assert!(EventId::parse(&"a".repeat(64)).is_ok());
+        assert!(matches!(
+            EventId::parse(""),
+            Err(Rejection::InvalidEventId(_))
+        ));
+        assert!(matches!(
+            EventId::parse(&"a".repeat(65)),
+            Err(Rejection::InvalidEventId(_))
+        ));
+        assert!(matches!(
+            EventId::parse("a b"),
+            Err(Rejection::InvalidEventId(_))
+        ));
+        assert!(matches!(
+            EventId::parse("é"),
+            Err(Rejection::InvalidEventId(_))
+        ));
+    }
+
+    #[test]
+    fn generated_ids_are_valid_and_distinct() {
+        let first = EventId::generate();
+        let second = EventId::generate();
+        assert_eq!(first.as_str().len(), 32);
+        assert!(EventId::parse(first.as_str()).is_ok());
+        assert_ne!(first, second);
+    }
+
+    #[test]
+    fn kinds_name_the_parts_they_affect() {
+        use PartKind::*;
+        assert_eq!(EventKind::RateChanged.affected_parts(), &[Rate]);
+        assert_eq!(EventKind::ProductChanged.affected_parts(), &[Product]);
+        assert_eq!(EventKind::CouponsChanged.affected_parts(), &[Coupons]);
+        assert!(EventKind::ItemCreated.affected_parts().is_empty());
+        assert!(EventKind::ItemCreated.adds_to_bloom_filter());
+        assert!(!EventKind::ItemDelisted.adds_to_bloom_filter());
+        assert_eq!(
+            EventKind::ItemDelisted.affected_parts(),
+            &[Product, Rate, Coupons, Extras]
+        );
+        for kind in EventKind::ALL {
+            assert_eq!(kind.as_str().parse::<EventKind>().unwrap(), kind);
+        }
+    }
+
+    #[test]
+    fn new_enforces_the_invariants() {
+        let build = |items: Vec<ItemId>, version: u64| {
+            InvalidationEvent::new(
+                EventId::generate(),
+                EventKind::RateChanged,
+                Platform::Taobao,
+                items,
+                version,
+                Timestamp::from_millis(1_700_000_000_123),
+            )
+        };
+        let event = build(ids(&[1, 2]), 1).unwrap();
+        assert_eq!(event.occurred_at().as_millis(), 1_700_000_000_000);
+        let keys: Vec<ItemKey> = event.keys().collect();
+        assert_eq!(keys[1], ItemKey::new(Platform::Taobao, ItemId::from_u64(2)));
+        assert_eq!(build(vec![], 1), Err(Rejection::NoItems));
+        assert_eq!(
+            build(ids(&[1, 1]), 1),
+            Err(Rejection::DuplicateItemId(ItemId::from_u64(1)))
+        );
+        assert_eq!(build(ids(&[1]), 0), Err(Rejection::VersionZero));
+        let too_many: Vec<u64> = (1..=101).collect();
+        assert_eq!(
+            build(ids(&too_many), 1),
+            Err(Rejection::TooManyItems { count: 101 })
+        );
+    }
+}
