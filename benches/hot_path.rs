@@ -162,6 +162,7 @@ fn bench_envelope(criterion: &mut Criterion) {
         fetched_at: now,
         fresh_until: now.saturating_add_millis(900_000),
         stale_until: now.saturating_add_millis(2_700_000),
+        tombstone: false,
     };
     let coupons = Envelope {
         value: Some(coupons()),
@@ -169,6 +170,7 @@ fn bench_envelope(criterion: &mut Criterion) {
         fetched_at: now,
         fresh_until: now.saturating_add_millis(60_000),
         stale_until: now.saturating_add_millis(660_000),
+        tombstone: false,
     };
     let product_bytes = product.encode().unwrap();
     let coupon_bytes = coupons.encode().unwrap();

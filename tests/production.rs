@@ -228,6 +228,7 @@ async fn an_older_rebuild_cannot_overwrite_a_newer_l2_entry() {
         fetched_at: Timestamp::from_millis(now.as_millis() - 60_000),
         fresh_until: Timestamp::from_millis(now.as_millis() - 1_000),
         stale_until: now.saturating_add_millis(600_000),
+        tombstone: false,
     };
     let entry = TierEntry {
         version: 1_000,

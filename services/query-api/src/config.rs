@@ -83,6 +83,7 @@ pub struct Settings {
     pub redis: RedisSettings,
     pub bloom: BloomSettings,
     pub warmup: WarmupSettings,
+    pub events: EventSettings,
     pub upstreams: UpstreamSettings,
     pub timeouts: TimeoutSettings,
     pub parts: PartsSettings,
@@ -151,6 +152,21 @@ pub struct BloomSettings {
     pub false_positive_rate: f64,
     pub expected_items: u64,
     pub rebuild_interval_secs: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventBackend {
+    /// In-process bus: the embedded profile, or a single instance.
+    InProcess,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSettings {
+    pub backend: EventBackend,
+    pub fence_secs: u64,
+    pub second_pass_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -437,6 +453,18 @@ impl Settings {
         }
         if warmup.interval_secs < 10 {
             return Err(invalid("warmup.interval_secs", "must be at least 10"));
+        }
+        if !(1..=86_400).contains(&self.events.fence_secs) {
+            return Err(invalid(
+                "events.fence_secs",
+                format!("{} is outside 1..=86400", self.events.fence_secs),
+            ));
+        }
+        if self.events.second_pass_ms > 60_000 {
+            return Err(invalid(
+                "events.second_pass_ms",
+                format!("{} is above 60000", self.events.second_pass_ms),
+            ));
         }
         self.warmup_items().map(|_| ())
     }

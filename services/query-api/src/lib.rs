@@ -10,11 +10,13 @@
 //! - [`config`]: [`Settings`], loaded from the embedded defaults, a file and the environment.
 //! - [`startup`]: [`Application`], [`AppState`].
 //! - [`background`]: Bloom filter builds and warm-up, under the same shutdown token.
+//! - [`invalidation`]: applies operators' change events to the caches (fences, re-warm).
 //! - [`http`]: the router, the error type and the middleware (trace id, request timeout).
 
 pub mod background;
 pub mod config;
 pub mod http;
+pub mod invalidation;
 pub mod startup;
 
 pub use config::Settings;

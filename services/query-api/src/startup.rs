@@ -22,7 +22,9 @@ use tokio_util::task::TaskTracker;
 use upstream_sim::RunningSimulator;
 
 use crate::background;
-use crate::config::{PartSettings, Settings, StoreBackend};
+use crate::config::{EventBackend, PartSettings, Settings, StoreBackend};
+use crate::invalidation::{InvalidationSettings, Invalidator};
+use rebate_events::{BusSettings, InProcessBus, Subscription};
 
 /// What every handler shares. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -32,6 +34,8 @@ pub struct AppState {
     /// The shared L2 tier, when Redis is enabled.
     pub tier: Option<Arc<RedisTier>>,
     pub load_limiter: Arc<LoadLimiter>,
+    /// Where operators' change events are published (the admin endpoint and tests).
+    pub events: InProcessBus,
     pub limits: Arc<HttpLimits>,
 }
 
@@ -51,8 +55,11 @@ pub struct Application {
     state: AppState,
     simulator: Option<RunningSimulator>,
     shutdown: CancellationToken,
-    /// Bloom rebuilds and warm-up; stopped with the same token as the server.
+    /// Bloom rebuilds, warm-up and invalidation follow-ups; stopped with the same token as the
+    /// server.
     tasks: TaskTracker,
+    /// Keeps this instance's event handler subscribed for as long as it serves.
+    _events_subscription: Subscription,
     drain: Duration,
 }
 
@@ -171,6 +178,23 @@ impl Application {
             ));
         }
 
+        let events = match settings.events.backend {
+            EventBackend::InProcess => {
+                InProcessBus::start(BusSettings::default(), shutdown.child_token())
+            }
+        };
+        let invalidator = Invalidator::new(
+            engine.clone(),
+            InvalidationSettings {
+                fence_for: Duration::from_secs(settings.events.fence_secs),
+                second_pass_after: Duration::from_millis(settings.events.second_pass_ms),
+                rewarm_deadline: settings.request_deadline(),
+            },
+            tasks.clone(),
+            shutdown.clone(),
+        );
+        let events_subscription = events.subscribe(invalidator);
+
         let listener = TcpListener::bind(settings.http.listen)
             .await
             .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
@@ -179,6 +203,7 @@ impl Application {
             store,
             tier,
             load_limiter,
+            events,
             limits: Arc::new(HttpLimits {
                 request_deadline: settings.request_deadline(),
                 request_timeout: settings.request_timeout(),
@@ -192,6 +217,7 @@ impl Application {
             simulator,
             shutdown,
             tasks,
+            _events_subscription: events_subscription,
             drain: settings.shutdown_drain(),
         })
     }

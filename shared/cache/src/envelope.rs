@@ -24,6 +24,11 @@ pub struct Envelope<T> {
     pub fresh_until: Timestamp,
     #[serde(with = "epoch_millis")]
     pub stale_until: Timestamp,
+    /// A version fence left by an invalidation, not data: never fresh, never served, and only a
+    /// value at `version` or newer may replace it, so a rebuild that read the row before the
+    /// change cannot put the old value back.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tombstone: bool,
 }
 
 /// Envelope timestamps travel as integers: exact to the millisecond and cheap to parse.
@@ -54,13 +59,38 @@ impl<T: serde::de::DeserializeOwned> Envelope<T> {
 }
 
 impl<T> Envelope<T> {
+    /// A fence at `version` that lives until `until`.
+    pub fn tombstone(version: u64, now: Timestamp, until: Timestamp) -> Self {
+        Self {
+            value: None,
+            version,
+            fetched_at: now,
+            fresh_until: now,
+            stale_until: until,
+            tombstone: true,
+        }
+    }
+
+    /// A copy of a fence (which holds no value, so any `T` will do).
+    pub fn clone_fence(&self) -> Self {
+        debug_assert!(self.tombstone && self.value.is_none());
+        Self {
+            value: None,
+            version: self.version,
+            fetched_at: self.fetched_at,
+            fresh_until: self.fresh_until,
+            stale_until: self.stale_until,
+            tombstone: self.tombstone,
+        }
+    }
+
     pub fn is_fresh(&self, now: Timestamp) -> bool {
-        now < self.fresh_until
+        !self.tombstone && now < self.fresh_until
     }
 
     /// Still inside the stale window: may answer when the source cannot.
     pub fn is_servable(&self, now: Timestamp) -> bool {
-        now < self.stale_until
+        !self.tombstone && now < self.stale_until
     }
 
     pub fn is_not_found(&self) -> bool {
@@ -150,6 +180,7 @@ impl TtlPolicy {
             fetched_at: now,
             fresh_until,
             stale_until,
+            tombstone: false,
         }
     }
 }
@@ -274,6 +305,7 @@ mod tests {
             fetched_at: Timestamp::from_millis(1_764_504_000_123),
             fresh_until: Timestamp::from_millis(1_764_504_300_456),
             stale_until: Timestamp::from_millis(1_764_506_100_789),
+            tombstone: false,
         };
         let bytes = envelope.encode().unwrap();
         assert_eq!(Envelope::<Vec<String>>::decode(&bytes).unwrap(), envelope);
@@ -283,9 +315,18 @@ mod tests {
             fetched_at: envelope.fetched_at,
             fresh_until: envelope.fresh_until,
             stale_until: envelope.fresh_until,
+            tombstone: false,
         };
         let bytes = missing.encode().unwrap();
         assert_eq!(Envelope::<u8>::decode(&bytes).unwrap(), missing);
+        // A tombstone keeps its flag; data envelopes do not carry the field at all.
+        assert!(!String::from_utf8(bytes).unwrap().contains("tombstone"));
+        let fence = Envelope::<u8>::tombstone(9, envelope.fetched_at, envelope.stale_until);
+        let decoded = Envelope::<u8>::decode(&fence.encode().unwrap()).unwrap();
+        assert!(decoded.tombstone);
+        assert!(
+            !decoded.is_fresh(envelope.fetched_at) && !decoded.is_servable(envelope.fetched_at)
+        );
         assert!(Envelope::<u8>::decode(b"garbage").is_err());
     }
 

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 
 use crate::clock::Clock;
 use crate::envelope::{Envelope, TtlPolicy};
-use crate::shared::{FenceOutcome, SharedTier, TierEntry, TierKey};
+use crate::shared::{FenceOutcome, SharedTier, TierEntry, TierError, TierKey};
 
 /// What a source returns: the value (or `None` for "does not exist") and its data version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +131,7 @@ pub struct CacheStats {
     leases_lost: AtomicU64,
     lease_waits_served: AtomicU64,
     fenced_writes_refused: AtomicU64,
+    invalidations: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -150,6 +151,7 @@ pub struct CacheStatsSnapshot {
     pub leases_lost: u64,
     pub lease_waits_served: u64,
     pub fenced_writes_refused: u64,
+    pub invalidations: u64,
     pub entries: u64,
 }
 
@@ -165,8 +167,10 @@ struct Inner<T> {
     settings: PartCacheSettings,
     l2: Option<L2Settings>,
     entries: Cache<ItemKey, Arc<Envelope<T>>>,
-    /// Loads in flight, one per key. Only touched on a miss and never held across `.await`.
-    in_flight: Mutex<HashMap<ItemKey, SharedLoad<T>>>,
+    /// Loads in flight, one per key, each with its id so that a load only ever removes its own
+    /// entry. Only touched on a miss or an invalidation, never held across `.await`.
+    in_flight: Mutex<HashMap<ItemKey, (u64, SharedLoad<T>)>>,
+    next_load_id: AtomicU64,
     loader: Arc<dyn Loader<T>>,
     clock: Arc<dyn Clock>,
     stats: CacheStats,
@@ -265,6 +269,7 @@ where
                 l2,
                 entries,
                 in_flight: Mutex::new(HashMap::new()),
+                next_load_id: AtomicU64::new(0),
                 loader,
                 clock,
                 stats: CacheStats::default(),
@@ -375,6 +380,7 @@ where
             leases_lost: read(&stats.leases_lost),
             lease_waits_served: read(&stats.lease_waits_served),
             fenced_writes_refused: read(&stats.fenced_writes_refused),
+            invalidations: read(&stats.invalidations),
             entries: self.inner.entries.entry_count(),
         }
     }
@@ -387,7 +393,7 @@ where
             .in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(load) = in_flight.get(&key) {
+        if let Some((_, load)) = in_flight.get(&key) {
             bump(&inner.stats.loads_joined);
             return Err(load.clone());
         }
@@ -399,7 +405,8 @@ where
             return Ok(envelope);
         }
         bump(&inner.stats.loads_started);
-        let task = tokio::spawn(Inner::run_load(Arc::clone(inner), key));
+        let load_id = inner.next_load_id.fetch_add(1, Ordering::Relaxed);
+        let task = tokio::spawn(Inner::run_load(Arc::clone(inner), key, load_id));
         let load = async move {
             match task.await {
                 Ok(result) => result,
@@ -410,8 +417,60 @@ where
         }
         .boxed()
         .shared();
-        in_flight.insert(key, load.clone());
+        in_flight.insert(key, (load_id, load.clone()));
         Err(load)
+    }
+
+    /// Fences `key` at `version` after a change event. L1 keeps a copy that already holds
+    /// `version` or newer and otherwise holds the fence; a load in flight is detached (it may
+    /// have read the row before the change, so no new caller may join it, and its result cannot
+    /// pass the fence). With `through_l2`, the same fence is written to the shared tier, where a
+    /// server-side version check protects it from racing rebuilds of other instances.
+    ///
+    /// `fence_for` is how long the fence stands: long enough to outlive any rebuild that started
+    /// before the change.
+    pub async fn invalidate_to(
+        &self,
+        key: ItemKey,
+        version: u64,
+        fence_for: Duration,
+        through_l2: bool,
+    ) -> Result<(), TierError> {
+        let inner = &self.inner;
+        let now = inner.clock.now();
+        let until =
+            now.saturating_add_millis(u64::try_from(fence_for.as_millis()).unwrap_or(u64::MAX));
+        let fence = Envelope::<T>::tombstone(version, now, until);
+        {
+            let mut in_flight = inner
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            in_flight.remove(&key);
+            let offered = Arc::new(fence.clone_fence());
+            inner
+                .entries
+                .entry(key)
+                .and_compute_with(|existing| match existing {
+                    Some(current) if current.value().version >= version => Op::Nop,
+                    _ => Op::Put(offered),
+                });
+        }
+        bump(&inner.stats.invalidations);
+        let Some(l2) = inner.l2.as_ref().filter(|_| through_l2) else {
+            return Ok(());
+        };
+        let bytes = fence
+            .encode()
+            .map_err(|error| TierError::Backend(format!("cannot encode a fence: {error}")))?;
+        let tier_key = TierKey {
+            item: key,
+            part: inner.settings.part,
+        };
+        let entry = TierEntry { version, bytes };
+        match l2.tier.put_fenced(tier_key, &entry, fence_for).await? {
+            FenceOutcome::Written | FenceOutcome::Stale { .. } => Ok(()),
+        }
     }
 }
 
@@ -419,7 +478,7 @@ impl<T> Inner<T>
 where
     T: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    async fn run_load(self: Arc<Self>, key: ItemKey) -> LoadResult<T> {
+    async fn run_load(self: Arc<Self>, key: ItemKey, load_id: u64) -> LoadResult<T> {
         let result = match &self.l2 {
             Some(l2) => self.load_through_l2(l2, key).await,
             None => match self.load_from_source(key).await {
@@ -438,10 +497,14 @@ where
                 tracing::debug!(part = self.settings.name, %key, %failure, "load failed");
             }
         }
-        self.in_flight
+        let mut in_flight = self
+            .in_flight
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key);
+            .unwrap_or_else(PoisonError::into_inner);
+        if in_flight.get(&key).is_some_and(|(id, _)| *id == load_id) {
+            in_flight.remove(&key);
+        }
+        drop(in_flight);
         result
     }
 
@@ -631,7 +694,9 @@ where
         self.insert_fenced(key, envelope)
     }
 
-    /// Inserts unless L1 holds a newer version; returns what L1 holds afterwards.
+    /// Inserts unless L1 holds a newer version. Returns what the callers of this load get: the
+    /// newer data L1 holds, or, when a fence refused the value, the value itself (those callers
+    /// asked before the change; only later callers must not see it).
     fn insert_fenced(&self, key: ItemKey, envelope: Envelope<T>) -> Arc<Envelope<T>> {
         let candidate = Arc::new(envelope);
         let offered = Arc::clone(&candidate);
@@ -645,7 +710,12 @@ where
         match result {
             CompResult::Unchanged(current) => {
                 bump(&self.stats.fenced_writes_refused);
-                current.into_value()
+                let current = current.into_value();
+                if current.tombstone {
+                    candidate
+                } else {
+                    current
+                }
             }
             _ => candidate,
         }
@@ -676,6 +746,8 @@ mod tests {
     impl Loader<String> for FakeSource {
         async fn load(&self, key: ItemKey) -> Result<Loaded<String>, LoadFailure> {
             let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+            // The row is "read" when the load starts; the delay models the trip back.
+            let version = self.version.load(Ordering::SeqCst);
             let delay = self.delay_ms.load(Ordering::SeqCst);
             if delay > 0 {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -691,7 +763,7 @@ mod tests {
             }
             Ok(Loaded {
                 value: Some(format!("{key}#{call}")),
-                version: self.version.load(Ordering::SeqCst),
+                version,
             })
         }
     }
@@ -855,6 +927,104 @@ mod tests {
         }
     }
 
+    /// A rebuild that read the row before a change and finishes after the change's event was
+    /// processed: its early callers get what they asked for, nobody after the event sees it.
+    #[tokio::test(start_paused = true)]
+    async fn a_rebuild_racing_an_invalidation_never_serves_the_old_value_afterwards() {
+        let source = Arc::new(FakeSource::default());
+        source.version.store(1, Ordering::SeqCst);
+        source.delay_ms.store(100, Ordering::SeqCst);
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        let cache = cache(&source, &clock);
+        // The old load starts: it has "read" version 1.
+        let early = {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.get(key(), Duration::from_secs(1)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        // The row changes to version 2 and the event is processed.
+        source.version.store(2, Ordering::SeqCst);
+        cache
+            .invalidate_to(key(), 2, Duration::from_secs(60), false)
+            .await
+            .unwrap();
+        // A caller after the event does not join the old load; it gets version 2.
+        match cache.get(key(), Duration::from_secs(1)).await {
+            CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 2),
+            other => panic!("expected a fresh load, got {other:?}"),
+        }
+        // The early caller got its version-1 answer, but L1 never took it.
+        match early.await.unwrap() {
+            CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 1),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(cache.peek(&key()).unwrap().version, 2);
+        for _ in 0..3 {
+            match cache.get(key(), Duration::from_secs(1)).await {
+                CacheOutcome::Hit(envelope) => assert_eq!(envelope.version, 2),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn an_old_or_duplicate_event_keeps_newer_data() {
+        let source = Arc::new(FakeSource::default());
+        source.version.store(5, Ordering::SeqCst);
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        let cache = cache(&source, &clock);
+        cache.get(key(), BUDGET).await;
+        for version in [4, 5] {
+            cache
+                .invalidate_to(key(), version, Duration::from_secs(60), false)
+                .await
+                .unwrap();
+            assert!(matches!(
+                cache.get(key(), BUDGET).await,
+                CacheOutcome::Hit(_)
+            ));
+        }
+        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+        // A newer event fences it: the next read reloads, and a fence is never served stale.
+        source.failing.store(true, Ordering::SeqCst);
+        cache
+            .invalidate_to(key(), 6, Duration::from_secs(60), false)
+            .await
+            .unwrap();
+        assert!(matches!(
+            cache.get(key(), BUDGET).await,
+            CacheOutcome::Failed(_)
+        ));
+        assert_eq!(cache.stats().invalidations, 3);
+    }
+
+    /// Through L2: the fence also stops another instance's rebuild that read the old row.
+    #[tokio::test]
+    async fn an_l2_fence_refuses_an_older_rebuild_from_another_instance() {
+        let old_source = Arc::new(FakeSource::default());
+        old_source.version.store(1, Ordering::SeqCst);
+        let tier = Arc::new(MemoryTier::new());
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        let operator_side = instance(&old_source, &tier, &clock);
+        operator_side
+            .invalidate_to(key(), 2, Duration::from_secs(60), true)
+            .await
+            .unwrap();
+        assert_eq!(tier.version_of(tier_key()), Some(2));
+        // Another instance whose source still returns version 1 (a lagging read).
+        let lagging = instance(&old_source, &tier, &clock);
+        assert!(matches!(
+            lagging.get(key(), BUDGET).await,
+            CacheOutcome::Loaded(_)
+        ));
+        let refused = || lagging.stats().fenced_writes_refused >= 1;
+        while !refused() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(tier.version_of(tier_key()), Some(2));
+    }
+
     #[tokio::test]
     async fn an_older_version_never_replaces_a_newer_one_in_l1() {
         let source = Arc::new(FakeSource::default());
@@ -869,6 +1039,7 @@ mod tests {
             fetched_at: clock.now(),
             fresh_until: clock.now().saturating_add_millis(60_000),
             stale_until: clock.now().saturating_add_millis(600_000),
+            tombstone: false,
         };
         let entry = TierEntry {
             version: 4,

@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use rebate_cache::{CacheOutcome, Clock, FailureKind, ItemFilter, LoadFailure, PartCache, TierKey};
+use rebate_cache::{
+    CacheOutcome, Clock, FailureKind, ItemFilter, LoadFailure, PartCache, TierError, TierKey,
+};
 use rebate_domain::{Coupon, Extras, ItemKey, PartKind, Product, RebateRate};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -151,6 +153,45 @@ impl QueryEngine {
             tracing::debug!(parts = ?quote.degraded_parts, "quote degraded");
         }
         result
+    }
+
+    /// Fences one part of one item at `version` after a change event (see
+    /// [`PartCache::invalidate_to`]): L1 always, the shared tier too when `through_l2`.
+    pub async fn invalidate(
+        &self,
+        key: ItemKey,
+        part: PartKind,
+        version: u64,
+        fence_for: Duration,
+        through_l2: bool,
+    ) -> Result<(), TierError> {
+        let parts = &self.inner.parts;
+        match part {
+            PartKind::Product => {
+                parts
+                    .product
+                    .invalidate_to(key, version, fence_for, through_l2)
+                    .await
+            }
+            PartKind::Rate => {
+                parts
+                    .rate
+                    .invalidate_to(key, version, fence_for, through_l2)
+                    .await
+            }
+            PartKind::Coupons => {
+                parts
+                    .coupons
+                    .invalidate_to(key, version, fence_for, through_l2)
+                    .await
+            }
+            PartKind::Extras => {
+                parts
+                    .extras
+                    .invalidate_to(key, version, fence_for, through_l2)
+                    .await
+            }
+        }
     }
 
     /// Quotes for several items under one deadline, in order. Whatever L1 lacks is read from L2
