@@ -63,25 +63,28 @@ async fn a_rate_change_is_served_after_its_event_and_old_events_change_nothing()
 
     app.state
         .events
+        .publisher()
         .publish(&rate_event("evt-1", key, new_version))
         .await
         .unwrap();
-    app.state.events.settled().await;
+    app.state.events.in_process().unwrap().settled().await;
     assert_eq!(rate_of(&app, "taobao", "100042").await, 4_321);
 
     // A duplicate and an older, late event: harmless, and no reload.
     let loads = app.rate_loads();
     app.state
         .events
+        .publisher()
         .publish(&rate_event("evt-1", key, new_version))
         .await
         .unwrap();
     app.state
         .events
+        .publisher()
         .publish(&rate_event("evt-0", key, current.version))
         .await
         .unwrap();
-    app.state.events.settled().await;
+    app.state.events.in_process().unwrap().settled().await;
     assert_eq!(rate_of(&app, "taobao", "100042").await, 4_321);
     assert_eq!(app.rate_loads(), loads);
     store.close().await;
@@ -91,7 +94,7 @@ async fn a_rate_change_is_served_after_its_event_and_old_events_change_nothing()
 #[tokio::test]
 async fn malformed_events_are_dead_lettered_and_the_bus_keeps_going() {
     let app = spawn_app().await;
-    let bus = &app.state.events;
+    let bus = app.state.events.in_process().expect("embedded profile");
     bus.publish_raw(b"{not json".to_vec(), None).unwrap();
     bus.publish_raw(
         br#"{"schema":1,"event_id":"e","kind":"rate_changed","platform":"ebay","item_ids":["1"],"version":1,"occurred_at":"2026-11-30T12:00:00Z"}"#.to_vec(),

@@ -9,6 +9,7 @@ use futures::future::join_all;
 use rebate_cache::{Envelope, SharedTier, TierEntry, TierKey};
 use rebate_domain::{ItemKey, PartKind, Product, Timestamp};
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierSettings};
+use rebate_store::CatalogRepository;
 use rebate_tests::{ProductionEnv, TestApp};
 use serde_json::{Value, json};
 use upstream_sim::Endpoint;
@@ -386,4 +387,160 @@ impl Drop for RedisServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Three instances on RabbitMQ serve a rate; the row changes and an event is published → all
+/// three serve the new rate. Repeated 200 times, each time through a different instance's
+/// publisher, it reports the propagation latency (event published → all three instances answer
+/// with the new rate) for docs/BENCHMARKS.md.
+#[tokio::test]
+async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
+    let env = ProductionEnv::new("propagation").await;
+    let names = format!("test.propagation.{}.{:08x}", std::process::id(), rand_u32());
+    let amqp_url = std::env::var("AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let mut instances = Vec::new();
+    for index in 0..3 {
+        let names = names.clone();
+        let amqp_url = amqp_url.clone();
+        instances.push(
+            env.spawn_instance(move |settings| {
+                let amqp = &mut settings.events.amqp;
+                settings.events.backend = query_api::config::EventBackend::Amqp;
+                amqp.url = amqp_url;
+                amqp.exchange = format!("{names}.events");
+                amqp.shared_queue = format!("{names}.shared");
+                amqp.broadcast_queue_prefix = format!("{names}.instance.");
+                amqp.dead_letter_exchange = format!("{names}.dlx");
+                amqp.dead_letter_queue = format!("{names}.dead");
+                amqp.instance_id = format!("i{index}");
+            })
+            .await,
+        );
+    }
+    wait_until("every instance is connected to the broker", || {
+        instances.iter().all(|app| app.state.events.is_ready())
+    })
+    .await;
+
+    let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
+        env.database_url.clone(),
+    ))
+    .await
+    .unwrap();
+    let key = ItemKey::parse("pdd", "100888").unwrap();
+    let mut version = store.rate(key).await.unwrap().unwrap().version;
+    for app in &instances {
+        assert!(rate_of(app, key).await.is_some());
+    }
+
+    let mut latencies = Vec::new();
+    for round in 0..200u64 {
+        version += 1;
+        let rate_bps = 1_000 + round;
+        store
+            .upsert_rate(
+                key,
+                &rebate_store::Versioned {
+                    value: rebate_domain::RebateRate {
+                        rate_bps: rebate_domain::RateBps::try_from(rate_bps).unwrap(),
+                    },
+                    version,
+                    updated_at: Timestamp::now(),
+                },
+            )
+            .await
+            .unwrap();
+        let event = rebate_events::InvalidationEvent::new(
+            rebate_events::EventId::generate(),
+            rebate_events::EventKind::RateChanged,
+            key.platform,
+            vec![key.item_id],
+            version,
+            Timestamp::now(),
+        )
+        .unwrap();
+        let publisher = &instances[(round % 3) as usize];
+        let started = std::time::Instant::now();
+        publisher
+            .state
+            .events
+            .publisher()
+            .publish(&event)
+            .await
+            .unwrap();
+        let mut pending: Vec<&TestApp> = instances.iter().collect();
+        while !pending.is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "round {round}: the new rate did not reach every instance"
+            );
+            let mut still = Vec::new();
+            for app in pending {
+                if rate_of(app, key).await != Some(rate_bps) {
+                    still.push(app);
+                }
+            }
+            pending = still;
+            if !pending.is_empty() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        latencies.push(started.elapsed());
+    }
+    latencies.sort();
+    let percentile = |p: usize| latencies[(latencies.len() * p / 100).min(latencies.len() - 1)];
+    eprintln!(
+        "propagation over 200 events to 3 instances: p50 {:?}, p99 {:?}, max {:?}",
+        percentile(50),
+        percentile(99),
+        latencies[latencies.len() - 1]
+    );
+
+    store.close().await;
+    for app in instances {
+        app.stop().await;
+    }
+    delete_amqp_topology(&amqp_url, &names).await;
+    env.clean_up().await;
+}
+
+async fn rate_of(app: &TestApp, key: ItemKey) -> Option<u64> {
+    let body: Value = app
+        .get_item(key.platform.as_str(), key.item_id.as_str())
+        .await
+        .json()
+        .await
+        .ok()?;
+    body["rebate"]["rate_bps"].as_u64()
+}
+
+fn rand_u32() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.subsec_nanos())
+        .unwrap_or_default()
+}
+
+async fn delete_amqp_topology(url: &str, names: &str) {
+    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+    let Ok(connection) =
+        lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await
+    else {
+        return;
+    };
+    let Ok(channel) = connection.create_channel().await else {
+        return;
+    };
+    for queue in [format!("{names}.shared"), format!("{names}.dead")] {
+        let _ = channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+    }
+    for exchange in [format!("{names}.events"), format!("{names}.dlx")] {
+        let _ = channel
+            .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+            .await;
+    }
+    let _ = connection.close(200, "cleanup".into()).await;
 }

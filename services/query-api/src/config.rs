@@ -45,6 +45,7 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
 /// Environment variables that carry connection strings, by convention; they win over the files.
 pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
 pub const REDIS_URL_ENV: &str = "REDIS_URL";
+pub const AMQP_URL_ENV: &str = "AMQP_URL";
 
 /// A value that must never reach a log: connection strings with passwords.
 #[derive(Clone, Default, PartialEq, Eq, Deserialize)]
@@ -159,6 +160,8 @@ pub struct BloomSettings {
 pub enum EventBackend {
     /// In-process bus: the embedded profile, or a single instance.
     InProcess,
+    /// RabbitMQ: every instance of a fleet.
+    Amqp,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -167,6 +170,12 @@ pub struct EventSettings {
     pub backend: EventBackend,
     pub fence_secs: u64,
     pub second_pass_ms: u64,
+    pub signing_key: Secret,
+    pub require_signature: bool,
+    pub max_age_secs: u64,
+    /// Broker and topology; `url` is overridden by `AMQP_URL`.
+    #[serde(default)]
+    pub amqp: rebate_amqp_bus::AmqpSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -257,6 +266,9 @@ impl Settings {
         }
         if let Some(url) = non_empty_env(REDIS_URL_ENV) {
             settings.redis.url = Secret::new(url);
+        }
+        if let Some(url) = non_empty_env(AMQP_URL_ENV) {
+            settings.events.amqp.url = url;
         }
         settings.validate()?;
         Ok(settings)
@@ -459,6 +471,21 @@ impl Settings {
                 "events.fence_secs",
                 format!("{} is outside 1..=86400", self.events.fence_secs),
             ));
+        }
+        let events = &self.events;
+        if events.require_signature && events.signing_key.expose().len() < 16 {
+            return Err(invalid(
+                "events.signing_key",
+                "require_signature is on but the key is missing or shorter than 16 bytes",
+            ));
+        }
+        if !events.signing_key.is_empty() && events.signing_key.expose().len() < 16 {
+            return Err(invalid("events.signing_key", "must be at least 16 bytes"));
+        }
+        if events.backend == EventBackend::Amqp
+            && let Err(error) = events.amqp.validate()
+        {
+            return Err(invalid("events.amqp", error.to_string()));
         }
         if self.events.second_pass_ms > 60_000 {
             return Err(invalid(

@@ -24,7 +24,11 @@ use upstream_sim::RunningSimulator;
 use crate::background;
 use crate::config::{EventBackend, PartSettings, Settings, StoreBackend};
 use crate::invalidation::{InvalidationSettings, Invalidator};
-use rebate_events::{BusSettings, InProcessBus, Subscription};
+use rebate_amqp_bus::AmqpBus;
+use rebate_amqp_bus::events::{AmqpEventPublisher, DecodingHandler};
+use rebate_events::{
+    BusSettings, EventPublisher, InProcessBus, SigningKey, Subscription, ValidationPolicy,
+};
 
 /// What every handler shares. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -34,8 +38,8 @@ pub struct AppState {
     /// The shared L2 tier, when Redis is enabled.
     pub tier: Option<Arc<RedisTier>>,
     pub load_limiter: Arc<LoadLimiter>,
-    /// Where operators' change events are published (the admin endpoint and tests).
-    pub events: InProcessBus,
+    /// Where operators' change events are published and received.
+    pub events: EventBus,
     pub limits: Arc<HttpLimits>,
 }
 
@@ -58,8 +62,8 @@ pub struct Application {
     /// Bloom rebuilds, warm-up and invalidation follow-ups; stopped with the same token as the
     /// server.
     tasks: TaskTracker,
-    /// Keeps this instance's event handler subscribed for as long as it serves.
-    _events_subscription: Subscription,
+    /// Keeps this instance's handler on the in-process bus for as long as it serves.
+    _events_subscription: Option<Subscription>,
     drain: Duration,
 }
 
@@ -178,11 +182,6 @@ impl Application {
             ));
         }
 
-        let events = match settings.events.backend {
-            EventBackend::InProcess => {
-                InProcessBus::start(BusSettings::default(), shutdown.child_token())
-            }
-        };
         let invalidator = Invalidator::new(
             engine.clone(),
             InvalidationSettings {
@@ -193,7 +192,8 @@ impl Application {
             tasks.clone(),
             shutdown.clone(),
         );
-        let events_subscription = events.subscribe(invalidator);
+        let (events, events_subscription) =
+            start_event_bus(&settings, invalidator, shutdown.child_token())?;
 
         let listener = TcpListener::bind(settings.http.listen)
             .await
@@ -393,6 +393,99 @@ async fn connect_tier(settings: &Settings) -> anyhow::Result<Option<Arc<RedisTie
         .with_context(|| format!("connecting to Redis ({options:?})"))?;
     tracing::info!(prefix = %redis.prefix, "redis L2 tier connected");
     Ok(Some(Arc::new(tier)))
+}
+
+/// The bus operators' events arrive on (and are published to) in this instance.
+#[derive(Clone)]
+pub enum EventBus {
+    InProcess(InProcessBus),
+    Amqp {
+        bus: Arc<AmqpBus>,
+        publisher: Arc<AmqpEventPublisher>,
+    },
+}
+
+impl std::fmt::Debug for EventBus {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EventBus::InProcess(_) => formatter.write_str("EventBus::InProcess"),
+            EventBus::Amqp { bus, .. } => write!(formatter, "EventBus::Amqp({:?})", bus.status()),
+        }
+    }
+}
+
+impl EventBus {
+    pub fn publisher(&self) -> &dyn EventPublisher {
+        match self {
+            EventBus::InProcess(bus) => bus,
+            EventBus::Amqp { publisher, .. } => publisher.as_ref(),
+        }
+    }
+
+    /// The in-process bus, for its dead letters and `settled()` (tests, embedded profile).
+    pub fn in_process(&self) -> Option<&InProcessBus> {
+        match self {
+            EventBus::InProcess(bus) => Some(bus),
+            EventBus::Amqp { .. } => None,
+        }
+    }
+
+    /// Whether events can flow: always for the in-process bus, while connected for the broker.
+    pub fn is_ready(&self) -> bool {
+        match self {
+            EventBus::InProcess(_) => true,
+            EventBus::Amqp { bus, .. } => bus.is_ready(),
+        }
+    }
+}
+
+fn start_event_bus(
+    settings: &Settings,
+    invalidator: Arc<Invalidator>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(EventBus, Option<Subscription>)> {
+    let events = &settings.events;
+    let signing_key = if events.signing_key.is_empty() {
+        None
+    } else {
+        Some(
+            SigningKey::new(events.signing_key.expose().as_bytes().to_vec())
+                .map_err(|error| anyhow::anyhow!("events.signing_key: {error}"))?,
+        )
+    };
+    let policy = ValidationPolicy {
+        signing_key: signing_key.clone().filter(|_| events.require_signature),
+        max_age: (events.max_age_secs > 0).then(|| Duration::from_secs(events.max_age_secs)),
+        max_future_skew: Some(ValidationPolicy::DEFAULT_FUTURE_SKEW),
+        now: rebate_domain::Timestamp::now(),
+    };
+    match events.backend {
+        EventBackend::InProcess => {
+            let bus = InProcessBus::start(
+                BusSettings {
+                    policy,
+                    ..BusSettings::default()
+                },
+                shutdown,
+            );
+            let subscription = bus.subscribe(invalidator);
+            Ok((EventBus::InProcess(bus), Some(subscription)))
+        }
+        EventBackend::Amqp => {
+            let handler = Arc::new(DecodingHandler::new(invalidator, policy));
+            let bus = AmqpBus::start(events.amqp.clone(), handler, shutdown)
+                .context("starting the AMQP event bus")?;
+            let publisher = AmqpEventPublisher::new(bus.publisher(), signing_key);
+            tracing::info!(instance = %events.amqp.instance_id, "amqp event bus started");
+            Ok((
+                EventBus::Amqp {
+                    bus: Arc::new(bus),
+                    publisher: Arc::new(publisher),
+                },
+                None,
+            ))
+        }
+    }
 }
 
 /// Builds each part's cache the same way: L1 always, L2 when a tier is configured.
