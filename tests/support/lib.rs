@@ -20,6 +20,9 @@ use upstream_sim::{Endpoint, SimState};
 pub struct TestApp {
     pub address: SocketAddr,
     pub base_url: String,
+    /// The admin listener, and its token (generated into the test's directory).
+    pub admin_url: String,
+    pub admin_token: String,
     pub client: reqwest::Client,
     pub clock: ManualClock,
     pub simulator: SimState,
@@ -38,6 +41,8 @@ pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
     let database_path = directory.path().join("catalogue.sqlite");
     let mut settings = Settings::defaults().expect("embedded defaults are valid");
     settings.http.listen = "127.0.0.1:0".parse().unwrap();
+    settings.admin.listen = "127.0.0.1:0".parse().unwrap();
+    settings.admin.token_file = directory.path().join("admin-token");
     settings.http.shutdown_drain_ms = 2_000;
     settings.store.sqlite.path = database_path.clone();
     settings.upstreams.simulate = true;
@@ -52,6 +57,7 @@ pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
         .await
         .expect("application builds");
     let address = application.local_addr();
+    let admin_url = format!("http://{}", application.admin_addr());
     let simulator = application
         .simulator()
         .expect("tests run with the embedded simulator")
@@ -59,6 +65,8 @@ pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
         .clone();
     let state = application.state().clone();
     let shutdown = application.shutdown_token();
+    let admin_token = std::fs::read_to_string(directory.path().join("admin-token"))
+        .expect("the generated admin token is written to admin.token_file");
     let server = tokio::spawn(async move {
         application
             .run_until_stopped()
@@ -68,6 +76,8 @@ pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
     TestApp {
         address,
         base_url: format!("http://{address}"),
+        admin_url,
+        admin_token,
         client: reqwest::Client::builder()
             .no_proxy()
             .build()

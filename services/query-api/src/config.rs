@@ -80,6 +80,7 @@ impl std::fmt::Debug for Secret {
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub http: HttpSettings,
+    pub admin: AdminSettings,
     pub store: StoreSettings,
     pub redis: RedisSettings,
     pub bloom: BloomSettings,
@@ -100,6 +101,14 @@ pub struct HttpSettings {
     pub body_limit_bytes: usize,
     pub max_batch_items: usize,
     pub shutdown_drain_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSettings {
+    pub listen: SocketAddr,
+    pub token: Secret,
+    pub token_file: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -335,6 +344,15 @@ impl Settings {
             return Err(invalid(
                 "http.shutdown_drain_ms",
                 format!("{} is above 300000", http.shutdown_drain_ms),
+            ));
+        }
+        if !self.admin.token.is_empty() && self.admin.token.expose().len() < 16 {
+            return Err(invalid("admin.token", "must be at least 16 characters"));
+        }
+        if self.admin.token.is_empty() && self.admin.token_file.as_os_str().is_empty() {
+            return Err(invalid(
+                "admin.token_file",
+                "must be set when admin.token is empty (the generated token is written there)",
             ));
         }
         let sqlite = &self.store.sqlite;

@@ -19,6 +19,9 @@ struct Cli {
     /// Address to serve the API on; overrides http.listen.
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
+    /// Address of the admin listener; overrides admin.listen.
+    #[arg(long, value_name = "ADDR")]
+    admin_listen: Option<SocketAddr>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -37,6 +40,9 @@ async fn main() -> anyhow::Result<()> {
     let mut settings = Settings::load(cli.config.as_deref())?;
     if let Some(listen) = cli.listen {
         settings.http.listen = listen;
+    }
+    if let Some(listen) = cli.admin_listen {
+        settings.admin.listen = listen;
     }
     rebate_telemetry::init(settings.log.format, &settings.log.filter)?;
 

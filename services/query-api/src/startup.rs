@@ -23,6 +23,7 @@ use upstream_sim::RunningSimulator;
 
 use crate::background;
 use crate::config::{EventBackend, PartSettings, Settings, StoreBackend};
+use crate::http::admin::AdminToken;
 use crate::invalidation::{InvalidationSettings, Invalidator};
 use rebate_amqp_bus::AmqpBus;
 use rebate_amqp_bus::events::{AmqpEventPublisher, DecodingHandler};
@@ -56,6 +57,8 @@ pub struct HttpLimits {
 #[derive(Debug)]
 pub struct Application {
     listener: TcpListener,
+    admin_listener: TcpListener,
+    admin_token: AdminToken,
     state: AppState,
     simulator: Option<RunningSimulator>,
     shutdown: CancellationToken,
@@ -198,6 +201,10 @@ impl Application {
         let listener = TcpListener::bind(settings.http.listen)
             .await
             .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
+        let admin_listener = TcpListener::bind(settings.admin.listen)
+            .await
+            .with_context(|| format!("binding admin.listen {}", settings.admin.listen))?;
+        let admin_token = admin_token(&settings)?;
         let state = AppState {
             engine,
             store,
@@ -213,6 +220,8 @@ impl Application {
         };
         Ok(Self {
             listener,
+            admin_listener,
+            admin_token,
             state,
             simulator,
             shutdown,
@@ -224,6 +233,12 @@ impl Application {
 
     pub fn local_addr(&self) -> SocketAddr {
         self.listener
+            .local_addr()
+            .expect("a bound listener has a local address")
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_listener
             .local_addr()
             .expect("a bound listener has a local address")
     }
@@ -246,8 +261,14 @@ impl Application {
     /// most the configured drain time.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let address = self.local_addr();
+        let admin_address = self.admin_addr();
+        let admin_router = crate::http::admin::router(self.state.clone(), self.admin_token);
         let router = crate::http::router(self.state);
         let shutdown = self.shutdown.clone();
+        let admin_server = axum::serve(self.admin_listener, admin_router)
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let admin = tokio::spawn(admin_server.into_future());
+        tracing::info!(address = %admin_address, "admin listener ready");
         let server = axum::serve(
             self.listener,
             router.into_make_service_with_connect_info::<SocketAddr>(),
@@ -275,6 +296,12 @@ impl Application {
                 server.abort();
                 tracing::warn!("drain time over; remaining connections closed");
             }
+        }
+        if tokio::time::timeout(Duration::from_secs(5), admin)
+            .await
+            .is_err()
+        {
+            tracing::warn!("admin listener did not stop within 5 s");
         }
         self.tasks.close();
         if tokio::time::timeout(Duration::from_secs(5), self.tasks.wait())
@@ -393,6 +420,51 @@ async fn connect_tier(settings: &Settings) -> anyhow::Result<Option<Arc<RedisTie
         .with_context(|| format!("connecting to Redis ({options:?})"))?;
     tracing::info!(prefix = %redis.prefix, "redis L2 tier connected");
     Ok(Some(Arc::new(tier)))
+}
+
+/// The configured admin token, or a generated one written to `admin.token_file` (mode 0600) for
+/// `rebatectl` to read. The token itself is never logged.
+fn admin_token(settings: &Settings) -> anyhow::Result<AdminToken> {
+    let admin = &settings.admin;
+    if !admin.token.is_empty() {
+        return Ok(AdminToken::new(admin.token.expose()));
+    }
+    // 128 random bits, as 32 hex characters.
+    let token = rebate_telemetry::TraceId::generate().to_hex();
+    let path = &admin.token_file;
+    if let Some(parent) = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(parent).with_context(|| {
+            format!(
+                "creating the directory of admin.token_file {}",
+                path.display()
+            )
+        })?;
+    }
+    write_private(path, &token)
+        .with_context(|| format!("writing admin.token_file {}", path.display()))?;
+    tracing::info!(token_file = %path.display(), "admin token generated");
+    Ok(AdminToken::new(token))
+}
+
+#[cfg(unix)]
+fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(contents.as_bytes())
+}
+
+#[cfg(not(unix))]
+fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
+    std::fs::write(path, contents)
 }
 
 /// The bus operators' events arrive on (and are published to) in this instance.

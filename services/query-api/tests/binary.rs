@@ -12,6 +12,11 @@ fn command(database: &std::path::Path) -> Command {
     command
         .env("REBATE__STORE__SQLITE__PATH", database)
         .env("REBATE__LOG__FORMAT", "json")
+        .env("REBATE__ADMIN__LISTEN", "127.0.0.1:0")
+        .env(
+            "REBATE__ADMIN__TOKEN_FILE",
+            database.with_file_name("admin-token"),
+        )
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

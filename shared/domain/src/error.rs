@@ -20,6 +20,8 @@ pub enum ErrorCode {
     RouteNotFound,
     /// The route exists but not for this method.
     MethodNotAllowed,
+    /// An admin route without the right bearer token.
+    Unauthorized,
     /// The request body exceeds the configured limit.
     PayloadTooLarge,
     /// A dependency needed for a minimal answer is down and nothing stale is cached.
@@ -40,6 +42,7 @@ impl ErrorCode {
             ErrorCode::ItemNotFound => "item_not_found",
             ErrorCode::RouteNotFound => "route_not_found",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Timeout => "timeout",

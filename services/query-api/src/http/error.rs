@@ -29,6 +29,9 @@ pub enum ApiError {
     /// 405.
     #[error("method not allowed on this route")]
     MethodNotAllowed,
+    /// 401: admin routes without the right bearer token.
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
     /// 413: body over the configured limit.
     #[error("request body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
@@ -63,6 +66,7 @@ impl ApiError {
             | ApiError::InvalidBatchSize { .. } => StatusCode::BAD_REQUEST,
             ApiError::ItemNotFound(_) | ApiError::RouteNotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable | ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
@@ -79,6 +83,7 @@ impl ApiError {
             ApiError::ItemNotFound(_) => ErrorCode::ItemNotFound,
             ApiError::RouteNotFound => ErrorCode::RouteNotFound,
             ApiError::MethodNotAllowed => ErrorCode::MethodNotAllowed,
+            ApiError::Unauthorized => ErrorCode::Unauthorized,
             ApiError::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             ApiError::Unavailable => ErrorCode::Unavailable,
             ApiError::Timeout => ErrorCode::Timeout,

@@ -52,7 +52,7 @@ async fn item_rebate(
     .into_response())
 }
 
-fn parse_key(platform: &str, item_id: &str) -> Result<ItemKey, ApiError> {
+pub(super) fn parse_key(platform: &str, item_id: &str) -> Result<ItemKey, ApiError> {
     ItemKey::parse(platform, item_id).map_err(|error| match error {
         KeyError::UnknownPlatform(_) => ApiError::InvalidPlatform(error.to_string()),
         KeyError::EmptyItemId | KeyError::ItemIdTooLong(_) | KeyError::ItemIdNotDigits => {

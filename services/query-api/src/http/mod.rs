@@ -3,6 +3,7 @@
 //! Order of the layers, outermost first: trace id (sets `x-trace-id`, renders error bodies),
 //! panic catcher, request timeout, body limit; then the routes.
 
+pub mod admin;
 mod error;
 mod extract;
 mod items;

@@ -1,0 +1,268 @@
+//! The admin listener: health without a token; under `/admin/v1`, with `Authorization: Bearer`,
+//! event publishing, key inspection and warm-up. Served on its own address (`admin.listen`).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use rebate_cache::{Envelope, PartCache, TierKey};
+use rebate_domain::{ItemId, ItemKey, PartKind, Timestamp};
+use rebate_events::{EventId, EventKind, InvalidationEvent, Rejection};
+use rebate_telemetry::TraceId;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use super::extract::ApiJson;
+use super::items::parse_key;
+use crate::startup::AppState;
+
+/// The admin token, compared in constant time.
+#[derive(Clone)]
+pub struct AdminToken(Arc<str>);
+
+impl AdminToken {
+    pub fn new(token: impl Into<Arc<str>>) -> Self {
+        Self(token.into())
+    }
+
+    /// Constant-time in the token's length: no early exit on the first differing byte.
+    fn matches(&self, offered: &str) -> bool {
+        let expected = self.0.as_bytes();
+        let offered = offered.as_bytes();
+        let mut difference = expected.len() ^ offered.len();
+        for (index, byte) in expected.iter().enumerate() {
+            difference |= usize::from(byte ^ offered.get(index).copied().unwrap_or(!byte));
+        }
+        difference == 0
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("AdminToken(***)")
+    }
+}
+
+pub fn router(state: AppState, token: AdminToken) -> Router {
+    let protected = Router::new()
+        .route("/admin/v1/events", post(publish_event))
+        .route("/admin/v1/items/{platform}/{item_id}", get(inspect_item))
+        .route("/admin/v1/warm", post(warm))
+        .layer(axum::middleware::from_fn_with_state(token, require_token));
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(protected)
+        .fallback(|| async { ApiError::RouteNotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn(super::middleware::trace_requests))
+        .with_state(state)
+}
+
+async fn require_token(State(token): State<AdminToken>, request: Request, next: Next) -> Response {
+    let offered = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    match offered {
+        Some(offered) if token.matches(offered) => next.run(request).await,
+        _ => ApiError::Unauthorized.into_response(),
+    }
+}
+
+/// An operator's event; `event_id` and `occurred_at` are filled in when absent.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventRequest {
+    kind: EventKind,
+    platform: String,
+    item_ids: Vec<String>,
+    version: u64,
+    #[serde(default)]
+    event_id: Option<String>,
+}
+
+async fn publish_event(
+    State(state): State<AppState>,
+    Extension(trace_id): Extension<TraceId>,
+    ApiJson(request): ApiJson<EventRequest>,
+) -> Result<Response, ApiError> {
+    let platform = request
+        .platform
+        .parse()
+        .map_err(|error: rebate_domain::KeyError| ApiError::InvalidPlatform(error.to_string()))?;
+    let item_ids = request
+        .item_ids
+        .iter()
+        .enumerate()
+        .map(|(index, id)| {
+            ItemId::parse(id)
+                .map_err(|error| ApiError::InvalidItemId(format!("item_ids[{index}]: {error}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let event_id = match request.event_id {
+        Some(id) => EventId::parse(&id).map_err(invalid_event)?,
+        None => EventId::generate(),
+    };
+    let event = InvalidationEvent::new(
+        event_id,
+        request.kind,
+        platform,
+        item_ids,
+        request.version,
+        Timestamp::now(),
+    )
+    .map_err(invalid_event)?;
+    state
+        .events
+        .publisher()
+        .publish(&event)
+        .await
+        .map_err(|error| {
+            tracing::warn!(%error, "event publish failed");
+            ApiError::Unavailable
+        })?;
+    tracing::info!(
+        event_id = event.event_id().as_str(),
+        kind = event.kind().as_str(),
+        "event published by an operator"
+    );
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"event_id": event.event_id().as_str(), "trace_id": trace_id})),
+    )
+        .into_response())
+}
+
+fn invalid_event(rejection: Rejection) -> ApiError {
+    ApiError::InvalidBody(rejection.to_string())
+}
+
+#[derive(Serialize)]
+struct TierView {
+    version: u64,
+    fetched_at: Timestamp,
+    fresh_until: Timestamp,
+    stale_until: Timestamp,
+    tombstone: bool,
+    found: bool,
+}
+
+fn view<T>(envelope: &Envelope<T>) -> TierView {
+    TierView {
+        version: envelope.version,
+        fetched_at: envelope.fetched_at,
+        fresh_until: envelope.fresh_until,
+        stale_until: envelope.stale_until,
+        tombstone: envelope.tombstone,
+        found: envelope.value.is_some(),
+    }
+}
+
+async fn part_view<T>(cache: &PartCache<T>, key: ItemKey) -> Value
+where
+    T: Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    let l1 = cache.peek(&key).map(|envelope| view(&envelope));
+    let l2 = match cache.shared_tier() {
+        None => json!(null),
+        Some(tier) => {
+            let tier_key = TierKey {
+                item: key,
+                part: cache.part(),
+            };
+            match tier.get_many(&[tier_key]).await {
+                Ok(entries) => match entries.into_iter().next().flatten() {
+                    Some(entry) => match Envelope::<T>::decode(&entry.bytes) {
+                        Ok(envelope) => json!(view(&envelope)),
+                        Err(_) => json!({"error": "undecodable entry"}),
+                    },
+                    None => json!("absent"),
+                },
+                Err(error) => json!({"error": error.to_string()}),
+            }
+        }
+    };
+    json!({"l1": l1, "l2": l2})
+}
+
+/// What L1, L2 and the store hold for one item.
+async fn inspect_item(
+    State(state): State<AppState>,
+    Extension(trace_id): Extension<TraceId>,
+    Path((platform, item_id)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let key = parse_key(&platform, &item_id)?;
+    let parts = state.engine.parts();
+    let product_row = state.store.product(key).await;
+    let rate_row = state.store.rate(key).await;
+    let store = json!({
+        "product": match product_row {
+            Ok(row) => json!(row.map(|row| json!({"version": row.version, "status": row.value.status, "price_cents": row.value.price_cents}))),
+            Err(error) => { tracing::warn!(%error, "inspect: store read failed"); json!({"error": "store read failed"}) }
+        },
+        "rate": match rate_row {
+            Ok(row) => json!(row.map(|row| json!({"version": row.version, "rate_bps": row.value.rate_bps}))),
+            Err(error) => { tracing::warn!(%error, "inspect: store read failed"); json!({"error": "store read failed"}) }
+        },
+    });
+    let body = json!({
+        "platform": key.platform,
+        "item_id": key.item_id,
+        "parts": {
+            PartKind::Product.as_str(): part_view(&parts.product, key).await,
+            PartKind::Rate.as_str(): part_view(&parts.rate, key).await,
+            PartKind::Coupons.as_str(): part_view(&parts.coupons, key).await,
+            PartKind::Extras.as_str(): part_view(&parts.extras, key).await,
+        },
+        "store": store,
+        "trace_id": trace_id,
+    });
+    Ok(Json(body).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WarmRequest {
+    items: Vec<WarmKey>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WarmKey {
+    platform: String,
+    item_id: String,
+}
+
+/// Loads the named items through the normal query path (filling L1 and L2).
+async fn warm(
+    State(state): State<AppState>,
+    Extension(trace_id): Extension<TraceId>,
+    ApiJson(request): ApiJson<WarmRequest>,
+) -> Result<Response, ApiError> {
+    let max = state.limits.max_batch_items;
+    if request.items.is_empty() || request.items.len() > max {
+        return Err(ApiError::InvalidBatchSize {
+            got: request.items.len(),
+            max,
+        });
+    }
+    let keys = request
+        .items
+        .iter()
+        .map(|item| parse_key(&item.platform, &item.item_id))
+        .collect::<Result<Vec<_>, _>>()?;
+    let deadline = Instant::now() + state.limits.request_deadline;
+    let results = state.engine.quote_many(&keys, deadline).await;
+    let warmed = results.iter().filter(|result| result.is_ok()).count();
+    Ok(
+        Json(json!({"requested": keys.len(), "warmed": warmed, "trace_id": trace_id}))
+            .into_response(),
+    )
+}

@@ -1,0 +1,201 @@
+//! `rebatectl` against a running embedded-profile instance: an invalidation changes what the
+//! next query returns; inspect and warm report what the tiers hold; bad input and a wrong token
+//! fail with a precise message.
+
+use rebate_domain::{ItemKey, RateBps, RebateRate, Timestamp};
+use rebate_store::{CatalogRepository, SqliteSettings, SqliteStore, Versioned};
+use rebate_tests::{TestApp, spawn_app};
+use serde_json::Value;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_rebatectl");
+
+struct Outcome {
+    success: bool,
+    stdout: String,
+    stderr: String,
+}
+
+async fn rebatectl(app: &TestApp, token: &str, args: &[&str]) -> Outcome {
+    let output = tokio::process::Command::new(BINARY)
+        .args(["--admin", &app.admin_url, "--token", token])
+        .args(args)
+        .env_remove("REBATE_ADMIN_TOKEN")
+        .output()
+        .await
+        .expect("rebatectl runs");
+    Outcome {
+        success: output.status.success(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+async fn rate_of(app: &TestApp, item: &str) -> Value {
+    let body: Value = app.get_item("jd", item).await.json().await.unwrap();
+    body["rebate"]["rate_bps"].clone()
+}
+
+#[tokio::test]
+async fn invalidate_changes_what_the_next_query_returns() {
+    let app = spawn_app().await;
+    let key = ItemKey::parse("jd", "100077").unwrap();
+    let before = rate_of(&app, "100077").await;
+    let store = SqliteStore::open(&SqliteSettings {
+        path: app.database_path.clone(),
+        max_connections: 1,
+        acquire_timeout: std::time::Duration::from_secs(5),
+    })
+    .await
+    .unwrap();
+    let version = store.rate(key).await.unwrap().unwrap().version + 1;
+    store
+        .upsert_rate(
+            key,
+            &Versioned {
+                value: RebateRate {
+                    rate_bps: RateBps::try_from(7_777u64).unwrap(),
+                },
+                version,
+                updated_at: Timestamp::now(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        rate_of(&app, "100077").await,
+        before,
+        "cached until the event"
+    );
+
+    let version_text = version.to_string();
+    let outcome = rebatectl(
+        &app,
+        &app.admin_token,
+        &[
+            "invalidate",
+            "--platform",
+            "jd",
+            "--item",
+            "100077",
+            "--kind",
+            "rate_changed",
+            "--version",
+            &version_text,
+        ],
+    )
+    .await;
+    assert!(outcome.success, "{}", outcome.stderr);
+    let answer: Value = serde_json::from_str(&outcome.stdout).unwrap();
+    assert!(answer["event_id"].as_str().is_some_and(|id| !id.is_empty()));
+    app.state.events.in_process().unwrap().settled().await;
+    assert_eq!(rate_of(&app, "100077").await, 7_777);
+
+    let outcome = rebatectl(
+        &app,
+        &app.admin_token,
+        &["inspect", "--platform", "jd", "--item", "100077"],
+    )
+    .await;
+    assert!(outcome.success, "{}", outcome.stderr);
+    let inspected: Value = serde_json::from_str(&outcome.stdout).unwrap();
+    assert_eq!(inspected["parts"]["rate"]["l1"]["version"], version);
+    assert_eq!(inspected["store"]["rate"]["version"], version);
+    assert_eq!(inspected["store"]["rate"]["rate_bps"], 7_777);
+    assert_eq!(
+        inspected["parts"]["rate"]["l2"],
+        Value::Null,
+        "no L2 in the embedded profile"
+    );
+    store.close().await;
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn warm_loads_items_and_bad_input_is_refused_precisely() {
+    let app = spawn_app().await;
+    let outcome = rebatectl(
+        &app,
+        &app.admin_token,
+        &[
+            "warm",
+            "--platform",
+            "pdd",
+            "--item",
+            "100101",
+            "--item",
+            "100102",
+        ],
+    )
+    .await;
+    assert!(outcome.success, "{}", outcome.stderr);
+    let answer: Value = serde_json::from_str(&outcome.stdout).unwrap();
+    assert_eq!(answer["warmed"], 2);
+    let loads = app.product_loads();
+    assert_eq!(app.get_item("pdd", "100101").await.status(), 200);
+    assert_eq!(app.product_loads(), loads, "warmed items are cached");
+
+    let wrong = rebatectl(
+        &app,
+        "not-the-token-at-all",
+        &["inspect", "--platform", "pdd", "--item", "1"],
+    )
+    .await;
+    assert!(!wrong.success);
+    assert!(
+        wrong.stderr.contains("401") && wrong.stderr.contains("unauthorized"),
+        "{}",
+        wrong.stderr
+    );
+
+    let bad = rebatectl(
+        &app,
+        &app.admin_token,
+        &[
+            "invalidate",
+            "--platform",
+            "ebay",
+            "--item",
+            "1",
+            "--kind",
+            "rate_changed",
+            "--version",
+            "2",
+        ],
+    )
+    .await;
+    assert!(!bad.success);
+    assert!(
+        bad.stderr.contains("invalid_platform") && bad.stderr.contains("ebay"),
+        "{}",
+        bad.stderr
+    );
+
+    let zero = rebatectl(
+        &app,
+        &app.admin_token,
+        &[
+            "invalidate",
+            "--platform",
+            "jd",
+            "--item",
+            "1",
+            "--kind",
+            "rate_changed",
+            "--version",
+            "0",
+        ],
+    )
+    .await;
+    assert!(!zero.success);
+    assert!(zero.stderr.contains("version"), "{}", zero.stderr);
+
+    // Health needs no token; everything under /admin/v1 does.
+    let health = app
+        .client
+        .get(format!("{}/healthz", app.admin_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    app.stop().await;
+}
