@@ -422,6 +422,19 @@ async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
         instances.iter().all(|app| app.state.events.is_ready())
     })
     .await;
+    let ready: Value = instances[0]
+        .client
+        .get(format!("{}/readyz", instances[0].admin_url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        ready,
+        json!({"ready": true, "store": "ok", "redis": "ok", "events": "connected"})
+    );
 
     let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
         env.database_url.clone(),

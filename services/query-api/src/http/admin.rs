@@ -57,11 +57,42 @@ pub fn router(state: AppState, token: AdminToken) -> Router {
         .layer(axum::middleware::from_fn_with_state(token, require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readiness))
         .merge(protected)
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn(super::middleware::trace_requests))
         .with_state(state)
+}
+
+/// Ready when the store answers (its migrations ran at start) and the event bus is connected;
+/// Redis is reported but does not make an instance unready, since requests never fail on it.
+async fn readiness(State(state): State<AppState>) -> Response {
+    let store_ok = state.store.ping().await.is_ok();
+    let redis = match &state.tier {
+        None => "disabled",
+        Some(tier) => {
+            if rebate_cache::SharedTier::ping(tier.as_ref()).await.is_ok() {
+                "ok"
+            } else {
+                "down"
+            }
+        }
+    };
+    let events_ok = state.events.is_ready();
+    let ready = store_ok && events_ok;
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "ready": ready,
+        "store": if store_ok { "ok" } else { "down" },
+        "redis": redis,
+        "events": if events_ok { "connected" } else { "disconnected" },
+    });
+    (status, Json(body)).into_response()
 }
 
 async fn require_token(State(token): State<AdminToken>, request: Request, next: Next) -> Response {
