@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::extract::ApiJson;
-use super::items::parse_key;
+use super::items::{BatchRequest, parse_key};
 use crate::startup::AppState;
 
 /// The admin token, compared in constant time.
@@ -258,32 +258,13 @@ async fn inspect_item(
     Ok(Json(body).into_response())
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WarmRequest {
-    items: Vec<WarmKey>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WarmKey {
-    platform: String,
-    item_id: String,
-}
-
 /// Loads the named items through the normal query path (filling L1 and L2).
 async fn warm(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
-    ApiJson(request): ApiJson<WarmRequest>,
+    ApiJson(request): ApiJson<BatchRequest>,
 ) -> Result<Response, ApiError> {
-    let max = state.limits.max_batch_items;
-    if request.items.is_empty() || request.items.len() > max {
-        return Err(ApiError::InvalidBatchSize {
-            got: request.items.len(),
-            max,
-        });
-    }
+    request.check_size(state.limits.max_batch_items)?;
     let keys = request
         .items
         .iter()

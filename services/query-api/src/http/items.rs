@@ -74,19 +74,34 @@ fn query_error(error: QueryError) -> ApiError {
     }
 }
 
+/// `{"items": [{"platform": …, "item_id": …}, …]}`: the batch route's body, and the admin warm
+/// route's.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct BatchRequest {
-    items: Vec<BatchKey>,
+pub(super) struct BatchRequest {
+    pub(super) items: Vec<BatchKey>,
+}
+
+impl BatchRequest {
+    /// Refuses an empty batch or one over `max` keys.
+    pub(super) fn check_size(&self, max: usize) -> Result<(), ApiError> {
+        if self.items.is_empty() || self.items.len() > max {
+            return Err(ApiError::InvalidBatchSize {
+                got: self.items.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Kept as raw strings so that one bad key is reported on its own line instead of failing the
 /// whole batch.
 #[derive(Debug, Deserialize, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields)]
-struct BatchKey {
-    platform: String,
-    item_id: String,
+pub(super) struct BatchKey {
+    pub(super) platform: String,
+    pub(super) item_id: String,
 }
 
 #[derive(Serialize)]
@@ -129,13 +144,7 @@ async fn batch_rebate(
     Extension(trace_id): Extension<TraceId>,
     ApiJson(request): ApiJson<BatchRequest>,
 ) -> Result<Response, ApiError> {
-    let max = state.limits.max_batch_items;
-    if request.items.is_empty() || request.items.len() > max {
-        return Err(ApiError::InvalidBatchSize {
-            got: request.items.len(),
-            max,
-        });
-    }
+    request.check_size(state.limits.max_batch_items)?;
     let mut seen = HashSet::with_capacity(request.items.len());
     let distinct: Vec<BatchKey> = request
         .items
