@@ -317,3 +317,29 @@ fn parse_key(platform: &[u8], item_id: &[u8]) -> Result<ItemKey, String> {
 fn parse_version(version: i64) -> Result<u64, String> {
     u64::try_from(version).map_err(|_| format!("{version} is negative; versions only grow from 0"))
 }
+
+/// Asserts that the rows read back from a seeded store are exactly the demo catalogue (nothing
+/// missing, extra, truncated or converted on the way). Shared by both stores' tests.
+#[cfg(test)]
+pub(crate) fn assert_rows_match_demo(products: Vec<ProductRow>, rates: Vec<RateRow>) {
+    use std::collections::HashMap;
+
+    let mut stored_rates: HashMap<ItemKey, Versioned<RebateRate>> = HashMap::new();
+    for row in rates {
+        let key =
+            key_from_row("rebate_rates", (row.platform.clone(), row.item_id.clone())).unwrap();
+        stored_rates.insert(key, row.into_versioned().unwrap());
+    }
+    let mut stored: HashMap<ItemKey, DemoItem> = HashMap::new();
+    for row in products {
+        let product = row.into_versioned().unwrap();
+        let key = ItemKey::new(product.value.platform, product.value.item_id);
+        let rate = stored_rates.remove(&key).expect("a rate for every product");
+        stored.insert(key, DemoItem { product, rate });
+    }
+    assert!(stored_rates.is_empty());
+    assert_eq!(stored.len(), 30_000);
+    for item in crate::demo::demo_items() {
+        assert_eq!(stored.get(&item.key()), Some(&item));
+    }
+}

@@ -1,13 +1,11 @@
 //! Against a real server ([`crate::testing::test_mysql_url`]), one fresh database per test.
 
-use std::collections::HashMap;
-
 use futures::TryStreamExt;
 use rebate_domain::{Cents, ItemId, Platform, ProductStatus, RateBps, Timestamp};
 use sqlx::Connection;
 
 use super::*;
-use crate::demo::{DemoItem, demo_item, is_demo_delisted};
+use crate::demo::{demo_item, is_demo_delisted};
 use crate::testing::{TestDatabase, fresh_mysql_database, test_mysql_url};
 
 fn settings(url: &str) -> MySqlSettings {
@@ -137,25 +135,7 @@ async fn seeding_twice_loads_the_demo_catalogue_once() {
     .fetch_all(store.pool())
     .await
     .unwrap();
-    let mut stored_rates: HashMap<ItemKey, Versioned<RebateRate>> = HashMap::new();
-    for row in rates {
-        let key =
-            crate::rows::key_from_row("rebate_rates", (row.platform.clone(), row.item_id.clone()))
-                .unwrap();
-        stored_rates.insert(key, row.into_versioned().unwrap());
-    }
-    let mut stored: HashMap<ItemKey, DemoItem> = HashMap::new();
-    for row in products {
-        let product = row.into_versioned().unwrap();
-        let key = ItemKey::new(product.value.platform, product.value.item_id);
-        let rate = stored_rates.remove(&key).expect("a rate for every product");
-        stored.insert(key, DemoItem { product, rate });
-    }
-    assert!(stored_rates.is_empty());
-    assert_eq!(stored.len(), 30_000);
-    for item in demo_items() {
-        assert_eq!(stored.get(&item.key()), Some(&item));
-    }
+    crate::rows::assert_rows_match_demo(products, rates);
     finish(database, store).await;
 }
 

@@ -1,12 +1,10 @@
-use std::collections::HashMap;
-
 use futures::TryStreamExt;
 use rebate_domain::{Cents, ItemId, Platform, ProductStatus, RateBps, Timestamp};
 use sqlx::Connection;
 use tempfile::TempDir;
 
 use super::*;
-use crate::demo::{DemoItem, demo_item, is_demo_delisted};
+use crate::demo::{demo_item, is_demo_delisted};
 
 fn settings_in(directory: &TempDir) -> SqliteSettings {
     SqliteSettings {
@@ -153,26 +151,7 @@ async fn every_seeded_row_reads_back_as_generated() {
     .fetch_all(store.pool())
     .await
     .unwrap();
-    let mut stored_rates: HashMap<ItemKey, Versioned<RebateRate>> = HashMap::new();
-    for row in rates {
-        let key =
-            crate::rows::key_from_row("rebate_rates", (row.platform.clone(), row.item_id.clone()))
-                .unwrap();
-        stored_rates.insert(key, row.into_versioned().unwrap());
-    }
-    let mut stored: HashMap<ItemKey, DemoItem> = HashMap::new();
-    for row in products {
-        let product = row.into_versioned().unwrap();
-        let key = ItemKey::new(product.value.platform, product.value.item_id);
-        let rate = stored_rates.remove(&key).expect("a rate for every product");
-        stored.insert(key, DemoItem { product, rate });
-    }
-
-    assert!(stored_rates.is_empty());
-    assert_eq!(stored.len(), 30_000);
-    for item in demo_items() {
-        assert_eq!(stored.get(&item.key()), Some(&item));
-    }
+    crate::rows::assert_rows_match_demo(products, rates);
 }
 
 #[tokio::test]
