@@ -772,6 +772,22 @@ mod tests {
         ItemKey::new(Platform::Taobao, ItemId::from_u64(100_001))
     }
 
+    /// The values concurrent callers received; every one must have been answered with a value.
+    async fn answered_values(
+        callers: Vec<tokio::task::JoinHandle<CacheOutcome<String>>>,
+    ) -> Vec<String> {
+        let mut values = Vec::new();
+        for caller in callers {
+            match caller.await.unwrap() {
+                CacheOutcome::Loaded(envelope) | CacheOutcome::Hit(envelope) => {
+                    values.push(envelope.value.clone().unwrap());
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        values
+    }
+
     fn cache(source: &Arc<FakeSource>, clock: &ManualClock) -> PartCache<String> {
         let loader: Arc<dyn Loader<String>> = source.clone();
         PartCache::new(settings(), loader, Arc::new(clock.clone()))
@@ -846,15 +862,7 @@ mod tests {
                 tokio::spawn(async move { cache.get(key(), BUDGET).await })
             })
             .collect();
-        let mut values = Vec::new();
-        for caller in callers {
-            match caller.await.unwrap() {
-                CacheOutcome::Loaded(envelope) | CacheOutcome::Hit(envelope) => {
-                    values.push(envelope.value.clone().unwrap());
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
+        let values = answered_values(callers).await;
         assert_eq!(source.calls.load(Ordering::SeqCst), 1);
         assert!(values.iter().all(|value| value == &values[0]));
         let (a, b) = (first.stats(), second.stats());
@@ -1088,15 +1096,7 @@ mod tests {
                 tokio::spawn(async move { cache.get(key(), BUDGET).await })
             })
             .collect();
-        let mut values = Vec::new();
-        for caller in callers {
-            match caller.await.unwrap() {
-                CacheOutcome::Loaded(envelope) | CacheOutcome::Hit(envelope) => {
-                    values.push(envelope.value.clone().unwrap());
-                }
-                other => panic!("unexpected {other:?}"),
-            }
-        }
+        let values = answered_values(callers).await;
         assert_eq!(source.calls.load(Ordering::SeqCst), 1);
         assert!(values.iter().all(|value| value == &values[0]));
         let stats = cache.stats();
