@@ -284,7 +284,8 @@ async fn warm_up_loads_the_hot_items() {
 }
 
 /// A Redis of the test's own, killed mid-test and restarted: warm items keep answering from L1,
-/// cold ones load from MySQL under the concurrency bound, and L2 is used again once Redis is back.
+/// cold ones load from MySQL under the concurrency bound, the Redis breaker opens so that misses
+/// stop paying command timeouts, and L2 is used again once Redis is back.
 #[tokio::test]
 async fn redis_outage_never_fails_a_request() {
     let port = free_port();
@@ -311,8 +312,17 @@ async fn redis_outage_never_fails_a_request() {
     assert!(app.state.load_limiter.max_in_flight() <= 4);
     let cache = &app.state.engine.parts().product;
     assert!(cache.stats().l2_errors > 0);
+    // The Redis breaker opened: later misses skipped L2 at once instead of paying a timeout.
+    let redis_guard = app.state.protection.redis.snapshot();
+    assert!(redis_guard.breaker.trips >= 1, "{redis_guard:?}");
+    for id in 100_401..100_411u64 {
+        assert_eq!(app.get_item("jd", &id.to_string()).await.status(), 200);
+    }
+    let redis_guard = app.state.protection.redis.snapshot();
+    assert!(redis_guard.rejected_breaker > 0, "{redis_guard:?}");
 
-    // Redis returns (empty, as after a restart): the tier reconnects and is written again.
+    // Redis returns (empty, as after a restart): after the breaker's cool-down its probes find
+    // the tier answering again, and it is written again.
     let redis = RedisServer::start(port);
     let tier = connect_tier(&env).await;
     let key = ItemKey::parse("jd", "100500").unwrap();
@@ -327,9 +337,12 @@ async fn redis_outage_never_fails_a_request() {
             recovered = true;
             break;
         }
-        // Make the next request miss L1 again so that it goes through L2.
+        // Make the next request miss L1 again so that it goes through L2; give the client time
+        // to reconnect, and the breaker (whose probes may meet a tier still reconnecting) its
+        // longest cool-down.
         cache.invalidate(&key);
         tokio::time::sleep(Duration::from_millis(50)).await;
+        app.ticker.advance(Duration::from_secs(61));
     }
     assert!(
         recovered,

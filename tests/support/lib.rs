@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use query_api::{AppState, Application, Settings};
 use rebate_cache::ManualClock;
+use rebate_resilience::ManualTicker;
 use tempfile::TempDir;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -25,6 +26,8 @@ pub struct TestApp {
     pub admin_token: String,
     pub client: reqwest::Client,
     pub clock: ManualClock,
+    /// The monotonic time of breakers, quotas and the load shedder; moves only when told to.
+    pub ticker: ManualTicker,
     pub simulator: SimState,
     pub state: AppState,
     pub database_path: std::path::PathBuf,
@@ -50,12 +53,25 @@ pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
     // about them switch them on.
     settings.warmup.enabled = false;
     settings.bloom.enabled = false;
+    // Every test client comes from 127.0.0.1; tests of the limit switch it on.
+    settings.resilience.client_limit.enabled = false;
+    // Token buckets refill on the ticker, which tests do not move: outbound quotas would run dry
+    // after one burst. Tests of quotas set their own.
+    for upstream in [
+        &mut settings.resilience.coupons,
+        &mut settings.resilience.extras,
+    ] {
+        upstream.quota_per_sec = None;
+        upstream.quota_burst = None;
+    }
     customise(&mut settings);
 
     let clock = ManualClock::starting_now();
-    let application = Application::build_with_clock(settings, Arc::new(clock.clone()))
-        .await
-        .expect("application builds");
+    let ticker = ManualTicker::new();
+    let application =
+        Application::build_with_clocks(settings, Arc::new(clock.clone()), Arc::new(ticker.clone()))
+            .await
+            .expect("application builds");
     let address = application.local_addr();
     let admin_url = format!("http://{}", application.admin_addr());
     let simulator = application
@@ -83,6 +99,7 @@ pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
             .build()
             .expect("http client"),
         clock,
+        ticker,
         simulator,
         state,
         database_path,
@@ -236,6 +253,27 @@ impl TestApp {
             .send()
             .await
             .expect("request reaches the service")
+    }
+
+    /// `GET` on the admin listener with the bearer token.
+    pub async fn admin_get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(format!("{}{path}", self.admin_url))
+            .bearer_auth(&self.admin_token)
+            .send()
+            .await
+            .expect("request reaches the admin listener")
+    }
+
+    /// `PUT` of a JSON body on the admin listener with the bearer token.
+    pub async fn admin_put(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
+        self.client
+            .put(format!("{}{path}", self.admin_url))
+            .bearer_auth(&self.admin_token)
+            .json(body)
+            .send()
+            .await
+            .expect("request reaches the admin listener")
     }
 
     /// Calls the simulator has received on one endpoint.

@@ -13,6 +13,8 @@ use rebate_engine::{PartTimeouts, Tier, TimeoutTiers};
 use rebate_telemetry::LogFormat;
 use serde::Deserialize;
 
+use crate::protection::ResilienceSettings;
+
 /// The defaults every instance starts from; a config file only names what it changes.
 pub const DEFAULT_CONFIG: &str = include_str!("../../../config/default.toml");
 
@@ -89,6 +91,7 @@ pub struct Settings {
     pub upstreams: UpstreamSettings,
     pub timeouts: TimeoutSettings,
     pub parts: PartsSettings,
+    pub resilience: ResilienceSettings,
     pub log: LogSettings,
 }
 
@@ -389,6 +392,7 @@ impl Settings {
         for (name, part) in self.parts.named() {
             part.validate(name)?;
         }
+        self.resilience.validate()?;
         self.validate_store_and_tiers()
     }
 

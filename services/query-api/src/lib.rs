@@ -11,12 +11,15 @@
 //! - [`startup`]: [`Application`], [`AppState`].
 //! - [`background`]: Bloom filter builds and warm-up, under the same shutdown token.
 //! - [`invalidation`]: applies operators' change events to the caches (fences, re-warm).
+//! - [`protection`]: [`Protection`](protection::Protection), the guards of every dependency, the
+//!   load shedder and the per-client limiter, from `[resilience]`.
 //! - [`http`]: the router, the error type and the middleware (trace id, request timeout).
 
 pub mod background;
 pub mod config;
 pub mod http;
 pub mod invalidation;
+pub mod protection;
 pub mod startup;
 
 pub use config::Settings;

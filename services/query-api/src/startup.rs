@@ -9,10 +9,11 @@ use rebate_cache::{
     Clock, ItemFilter, L2Settings, Loader, PartCache, PartCacheSettings, SharedTier, SystemClock,
 };
 use rebate_domain::PartKind;
-use rebate_engine::{EngineParts, QueryEngine};
+use rebate_engine::{EngineParts, EngineSettings, QueryEngine};
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierSettings};
+use rebate_resilience::{MonotonicTicker, Ticker};
 use rebate_sources::{
-    CouponClient, ExtrasClient, LoadLimiter, ProductLoader, RateLoader, http_client,
+    CouponClient, ExtrasClient, GuardedTier, LoadLimiter, ProductLoader, RateLoader, http_client,
 };
 use rebate_store::{CatalogRepository, MySqlSettings, MySqlStore, SqliteSettings, SqliteStore};
 use serde::de::DeserializeOwned;
@@ -25,6 +26,7 @@ use crate::background;
 use crate::config::{EventBackend, PartSettings, Settings, StoreBackend};
 use crate::http::admin::AdminToken;
 use crate::invalidation::{InvalidationSettings, Invalidator};
+use crate::protection::{DependencyTimeouts, Protection};
 use rebate_amqp_bus::AmqpBus;
 use rebate_amqp_bus::events::{AmqpEventPublisher, DecodingHandler};
 use rebate_events::{
@@ -39,6 +41,8 @@ pub struct AppState {
     /// The shared L2 tier, when Redis is enabled.
     pub tier: Option<Arc<RedisTier>>,
     pub load_limiter: Arc<LoadLimiter>,
+    /// Breakers, bulkheads, quotas, the load shedder and the per-client limiter.
+    pub protection: Arc<Protection>,
     /// Where operators' change events are published and received.
     pub events: EventBus,
     pub limits: Arc<HttpLimits>,
@@ -81,6 +85,16 @@ impl Application {
         settings: Settings,
         clock: Arc<dyn Clock>,
     ) -> anyhow::Result<Self> {
+        Self::build_with_clocks(settings, clock, Arc::new(MonotonicTicker::new())).await
+    }
+
+    /// Builds the service with an injected wall clock (cache freshness) and monotonic ticker
+    /// (breakers, quotas, shedding), so tests move time instead of sleeping.
+    pub async fn build_with_clocks(
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+        ticker: Arc<dyn Ticker>,
+    ) -> anyhow::Result<Self> {
         let shutdown = CancellationToken::new();
         let store = open_store(&settings).await?;
         let tier = connect_tier(&settings).await?;
@@ -104,15 +118,33 @@ impl Application {
                 settings.upstreams.extras_url.clone(),
             ),
         };
+        let timeouts = settings.part_timeouts();
+        let protection = Arc::new(Protection::new(
+            &settings.resilience,
+            DependencyTimeouts {
+                mysql: timeouts.product.max(timeouts.rate),
+                coupons: timeouts.coupons,
+                extras: timeouts.extras,
+            },
+            ticker,
+        ));
         let client = http_client(Duration::from_millis(settings.upstreams.connect_timeout_ms))?;
-        let coupons = CouponClient::new(client.clone(), &coupons_url)?;
-        let extras = ExtrasClient::new(client, &extras_url)?;
+        let coupons = CouponClient::new(
+            client.clone(),
+            &coupons_url,
+            Arc::clone(&protection.coupons),
+        )?;
+        let extras = ExtrasClient::new(client, &extras_url, Arc::clone(&protection.extras))?;
         let load_limiter = LoadLimiter::new(settings.store.max_concurrent_loads);
 
-        let timeouts = settings.part_timeouts();
-        let shared_tier: Option<Arc<dyn SharedTier>> = tier
-            .as_ref()
-            .map(|tier| Arc::clone(tier) as Arc<dyn SharedTier>);
+        // Every L2 command goes through the Redis breaker: while it is open, misses go straight
+        // to the source instead of paying a command timeout each.
+        let shared_tier: Option<Arc<dyn SharedTier>> = tier.as_ref().map(|tier| {
+            Arc::new(GuardedTier::new(
+                Arc::clone(tier) as Arc<dyn SharedTier>,
+                Arc::clone(&protection.redis),
+            )) as Arc<dyn SharedTier>
+        });
         let builder = PartBuilder {
             settings: &settings,
             tier: shared_tier,
@@ -126,6 +158,7 @@ impl Application {
                 Arc::new(ProductLoader::new(
                     Arc::clone(&store),
                     Arc::clone(&load_limiter),
+                    Arc::clone(&protection.mysql),
                 )),
             ),
             rate: builder.build(
@@ -135,6 +168,7 @@ impl Application {
                 Arc::new(RateLoader::new(
                     Arc::clone(&store),
                     Arc::clone(&load_limiter),
+                    Arc::clone(&protection.mysql),
                 )),
             ),
             coupons: builder.build(
@@ -150,16 +184,27 @@ impl Application {
                 Arc::new(extras),
             ),
         };
-        let engine = if settings.bloom.enabled {
+        let filter = if settings.bloom.enabled {
             let filter = ItemFilter::new(
                 settings.bloom.false_positive_rate,
                 settings.bloom.expected_items,
             )
             .context("bloom settings")?;
-            QueryEngine::with_item_filter(parts, timeouts, clock, Arc::new(filter))
+            Some(Arc::new(filter))
         } else {
-            QueryEngine::new(parts, timeouts, clock)
+            None
         };
+        let shedding = &settings.resilience.shedding;
+        let engine_settings = EngineSettings {
+            timeouts,
+            short_timeouts: timeouts.scaled(
+                shedding.core_timeout_factor,
+                shedding.normal_timeout_factor,
+                shedding.edge_timeout_factor,
+            ),
+            retries_per_request: settings.resilience.retry.max_per_request,
+        };
+        let engine = QueryEngine::with_settings(parts, engine_settings, clock, filter);
 
         let tasks = TaskTracker::new();
         if let Some(filter) = engine.item_filter() {
@@ -210,6 +255,7 @@ impl Application {
             store,
             tier,
             load_limiter,
+            protection,
             events,
             limits: Arc::new(HttpLimits {
                 request_deadline: settings.request_deadline(),
@@ -560,6 +606,9 @@ fn start_event_bus(
     }
 }
 
+/// How much longer than a part's timeout its load may run before the cache cuts it.
+const LOAD_TIMEOUT_GRACE: Duration = Duration::from_millis(100);
+
 /// Builds each part's cache the same way: L1 always, L2 when a tier is configured.
 struct PartBuilder<'a> {
     settings: &'a Settings,
@@ -583,7 +632,9 @@ impl PartBuilder<'_> {
             part,
             max_entries: settings.l1_max_entries,
             ttl: settings.ttl_policy(),
-            load_timeout,
+            // The dependency guard times each attempt out at the part's timeout and records it;
+            // the cache's own cut comes a little later, as a backstop.
+            load_timeout: load_timeout + LOAD_TIMEOUT_GRACE,
         };
         let clock = Arc::clone(self.clock);
         match &self.tier {

@@ -16,6 +16,7 @@
 //! # Layout
 //! - [`bloom`]: [`ItemFilter`], the Bloom filter gate against unknown ids.
 //! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].
+//! - [`context`]: [`LoadContext`], the starting request's deadline and retry allowance.
 //! - [`envelope`]: [`Envelope`] and [`TtlPolicy`] (jitter).
 //! - [`part`]: [`PartCache`], [`Loader`], [`CacheOutcome`], [`LoadFailure`].
 //! - [`shared`]: [`SharedTier`], the contract of the L2 tier (version-fenced writes, leases).
@@ -23,6 +24,7 @@
 
 pub mod bloom;
 pub mod clock;
+pub mod context;
 pub mod envelope;
 pub mod memory;
 pub mod part;
@@ -30,6 +32,7 @@ pub mod shared;
 
 pub use bloom::{BuildReport, FilterError, FilterStats, ItemFilter};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use context::LoadContext;
 pub use envelope::{Envelope, Jitter, PolicyError, TtlPolicy};
 pub use memory::MemoryTier;
 pub use part::{

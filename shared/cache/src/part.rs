@@ -17,6 +17,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::clock::Clock;
+use crate::context::LoadContext;
 use crate::envelope::{Envelope, TtlPolicy};
 use crate::shared::{FenceOutcome, SharedTier, TierEntry, TierError, TierKey};
 
@@ -42,6 +43,14 @@ pub enum FailureKind {
     Timeout,
     /// The source answered with an error or could not be reached.
     Error,
+    /// The source's circuit breaker is open: it was not called.
+    BreakerOpen,
+    /// Every slot for concurrent calls to the source is taken: it was not called.
+    BulkheadFull,
+    /// The outbound rate quota for the source is spent: it was not called.
+    Quota,
+    /// Load shedding: the service is over capacity and answers from cache only.
+    Shed,
 }
 
 impl LoadFailure {
@@ -55,6 +64,13 @@ impl LoadFailure {
     pub fn error(detail: impl Into<Arc<str>>) -> Self {
         Self {
             kind: FailureKind::Error,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn new(kind: FailureKind, detail: impl Into<Arc<str>>) -> Self {
+        Self {
+            kind,
             detail: detail.into(),
         }
     }
@@ -406,7 +422,12 @@ where
         }
         bump(&inner.stats.loads_started);
         let load_id = inner.next_load_id.fetch_add(1, Ordering::Relaxed);
-        let task = tokio::spawn(Inner::run_load(Arc::clone(inner), key, load_id));
+        // The load outlives its caller, but keeps the caller's deadline and retry allowance.
+        let run = Inner::run_load(Arc::clone(inner), key, load_id);
+        let task = match LoadContext::current() {
+            Some(context) => tokio::spawn(context.scope(run)),
+            None => tokio::spawn(run),
+        };
         let load = async move {
             match task.await {
                 Ok(result) => result,

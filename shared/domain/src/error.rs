@@ -28,6 +28,13 @@ pub enum ErrorCode {
     Unavailable,
     /// The request ran past its deadline.
     Timeout,
+    /// The service is shedding load and had nothing cached for this item; retry after the
+    /// `Retry-After` delay.
+    Overloaded,
+    /// This client sent more requests than its limit; retry after the `Retry-After` delay.
+    RateLimited,
+    /// The `x-client-id` header is not 1–64 characters of letters, digits, `.`, `_`, `:`, `-`.
+    InvalidClientId,
     /// A bug; details are only in the logs.
     Internal,
 }
@@ -46,6 +53,9 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => "payload_too_large",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Timeout => "timeout",
+            ErrorCode::Overloaded => "overloaded",
+            ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::InvalidClientId => "invalid_client_id",
             ErrorCode::Internal => "internal",
         }
     }

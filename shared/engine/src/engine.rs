@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use rebate_cache::{
-    CacheOutcome, Clock, FailureKind, ItemFilter, LoadFailure, PartCache, TierError, TierKey,
+    CacheOutcome, Clock, FailureKind, ItemFilter, LoadContext, LoadFailure, PartCache, TierError,
+    TierKey,
 };
 use rebate_domain::{Coupon, Extras, ItemKey, PartKind, Product, RebateRate};
+use rebate_resilience::ShedLevel;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -42,10 +44,32 @@ pub struct QueryEngine {
 #[derive(Debug)]
 struct Inner {
     parts: EngineParts,
-    timeouts: PartTimeouts,
+    settings: EngineSettings,
     clock: Arc<dyn Clock>,
     /// The Bloom gate; `None` lets every key through (tests, tiny catalogues).
     filter: Option<Arc<ItemFilter>>,
+}
+
+/// How the engine answers under normal load and under load shedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineSettings {
+    pub timeouts: PartTimeouts,
+    /// The shortened timeouts of shed level 2 and above.
+    pub short_timeouts: PartTimeouts,
+    /// Retries one request may spend across all its parts (the dependencies decide whether a
+    /// failure is worth one).
+    pub retries_per_request: u32,
+}
+
+impl EngineSettings {
+    /// No shortening; two retries per request.
+    pub fn new(timeouts: PartTimeouts) -> Self {
+        Self {
+            timeouts,
+            short_timeouts: timeouts,
+            retries_per_request: 2,
+        }
+    }
 }
 
 /// Each part's timeout, resolved from its tier (or its own override) at start.
@@ -76,11 +100,26 @@ impl PartTimeouts {
             PartKind::Extras => self.extras,
         }
     }
+
+    /// Every timeout multiplied by its tier's factor (shed level 2), never below 1 ms.
+    pub fn scaled(&self, core: f64, normal: f64, edge: f64) -> Self {
+        let scale = |timeout: Duration, factor: f64| {
+            timeout
+                .mul_f64(factor.clamp(0.0, 1.0))
+                .max(Duration::from_millis(1))
+        };
+        Self {
+            product: scale(self.product, core),
+            rate: scale(self.rate, core),
+            coupons: scale(self.coupons, normal),
+            extras: scale(self.extras, edge),
+        }
+    }
 }
 
 impl QueryEngine {
     pub fn new(parts: EngineParts, timeouts: PartTimeouts, clock: Arc<dyn Clock>) -> Self {
-        Self::build(parts, timeouts, clock, None)
+        Self::with_settings(parts, EngineSettings::new(timeouts), clock, None)
     }
 
     /// An engine that answers "not found" for keys the filter rejects, before any cache tier.
@@ -90,19 +129,20 @@ impl QueryEngine {
         clock: Arc<dyn Clock>,
         filter: Arc<ItemFilter>,
     ) -> Self {
-        Self::build(parts, timeouts, clock, Some(filter))
+        Self::with_settings(parts, EngineSettings::new(timeouts), clock, Some(filter))
     }
 
-    fn build(
+    /// The engine with every knob: shed-level timeouts, retries and the optional Bloom gate.
+    pub fn with_settings(
         parts: EngineParts,
-        timeouts: PartTimeouts,
+        settings: EngineSettings,
         clock: Arc<dyn Clock>,
         filter: Option<Arc<ItemFilter>>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 parts,
-                timeouts,
+                settings,
                 clock,
                 filter,
             }),
@@ -125,26 +165,74 @@ impl QueryEngine {
     }
 
     pub fn timeouts(&self) -> PartTimeouts {
-        self.inner.timeouts
+        self.inner.settings.timeouts
+    }
+
+    pub fn settings(&self) -> EngineSettings {
+        self.inner.settings
     }
 
     /// The quote for one item, answered by `deadline` at the latest (plus scheduling noise).
-    #[tracing::instrument(name = "quote", skip(self), fields(%key))]
     pub async fn quote(&self, key: ItemKey, deadline: Instant) -> Result<Quote, QueryError> {
+        self.quote_at(key, deadline, ShedLevel::Normal).await
+    }
+
+    /// The quote for one item served at a load-shedding level: from level 1 extras come from
+    /// L1 or not at all; from level 2 every part waits its shortened timeout; level 3 answers
+    /// from the cache tiers only, and a product nobody has cached is
+    /// [`QueryError::Unavailable`] with reason `shed`.
+    #[tracing::instrument(name = "quote", skip(self), fields(%key, level = level.as_str()))]
+    pub async fn quote_at(
+        &self,
+        key: ItemKey,
+        deadline: Instant,
+        level: ShedLevel,
+    ) -> Result<Quote, QueryError> {
         if !self.passes_filter(&key) {
             return Err(QueryError::NotFound { delisted: false });
         }
-        self.quote_admitted(key, deadline).await
+        if level == ShedLevel::CacheOnly {
+            self.prefetch_shared_tier(&[key]).await;
+            return self.quote_cached(key);
+        }
+        self.quote_admitted(key, deadline, level).await
     }
 
     /// The fan-out for a key that passed the filter.
-    async fn quote_admitted(&self, key: ItemKey, deadline: Instant) -> Result<Quote, QueryError> {
+    async fn quote_admitted(
+        &self,
+        key: ItemKey,
+        deadline: Instant,
+        level: ShedLevel,
+    ) -> Result<Quote, QueryError> {
         let parts = &self.inner.parts;
+        let request = LoadContext::new(Some(deadline), self.inner.settings.retries_per_request);
         let (product, rate, coupons, extras) = tokio::join!(
-            self.fetch(&parts.product, PartKind::Product, key, deadline),
-            self.fetch(&parts.rate, PartKind::Rate, key, deadline),
-            self.fetch(&parts.coupons, PartKind::Coupons, key, deadline),
-            self.fetch(&parts.extras, PartKind::Extras, key, deadline),
+            self.fetch(
+                &parts.product,
+                PartKind::Product,
+                key,
+                deadline,
+                level,
+                &request
+            ),
+            self.fetch(&parts.rate, PartKind::Rate, key, deadline, level, &request),
+            self.fetch(
+                &parts.coupons,
+                PartKind::Coupons,
+                key,
+                deadline,
+                level,
+                &request
+            ),
+            self.fetch(
+                &parts.extras,
+                PartKind::Extras,
+                key,
+                deadline,
+                level,
+                &request
+            ),
         );
         let result = assemble(product, rate, coupons, extras, self.inner.clock.now());
         if let Ok(quote) = &result
@@ -201,6 +289,16 @@ impl QueryEngine {
         keys: &[ItemKey],
         deadline: Instant,
     ) -> Vec<Result<Quote, QueryError>> {
+        self.quote_many_at(keys, deadline, ShedLevel::Normal).await
+    }
+
+    /// [`QueryEngine::quote_many`] at a load-shedding level (see [`QueryEngine::quote_at`]).
+    pub async fn quote_many_at(
+        &self,
+        keys: &[ItemKey],
+        deadline: Instant,
+        level: ShedLevel,
+    ) -> Vec<Result<Quote, QueryError>> {
         let admitted: Vec<bool> = keys.iter().map(|key| self.passes_filter(key)).collect();
         let to_prefetch: Vec<ItemKey> = keys
             .iter()
@@ -209,14 +307,40 @@ impl QueryEngine {
             .map(|(key, _)| *key)
             .collect();
         self.prefetch_shared_tier(&to_prefetch).await;
+        if level == ShedLevel::CacheOnly {
+            return keys
+                .iter()
+                .zip(admitted)
+                .map(|(key, admitted)| {
+                    if admitted {
+                        self.quote_cached(*key)
+                    } else {
+                        Err(QueryError::NotFound { delisted: false })
+                    }
+                })
+                .collect();
+        }
         join_all(keys.iter().zip(admitted).map(|(key, admitted)| async move {
             if admitted {
-                self.quote_admitted(*key, deadline).await
+                self.quote_admitted(*key, deadline, level).await
             } else {
                 Err(QueryError::NotFound { delisted: false })
             }
         }))
         .await
+    }
+
+    /// Shed level 3: whatever L1 holds (after any L2 prefetch), fresh or stale; no loads.
+    fn quote_cached(&self, key: ItemKey) -> Result<Quote, QueryError> {
+        let parts = &self.inner.parts;
+        let now = self.inner.clock.now();
+        assemble(
+            cached(&parts.product, key, now),
+            cached(&parts.rate, key, now),
+            cached(&parts.coupons, key, now),
+            cached(&parts.extras, key, now),
+            now,
+        )
     }
 
     async fn prefetch_shared_tier(&self, keys: &[ItemKey]) {
@@ -265,10 +389,28 @@ impl QueryEngine {
         part: PartKind,
         key: ItemKey,
         deadline: Instant,
+        level: ShedLevel,
+        request: &LoadContext,
     ) -> PartResult<T> {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let budget = self.inner.timeouts.get(part).min(left);
-        match cache.get(key, budget).await {
+        if part == PartKind::Extras && level >= ShedLevel::DropExtras {
+            return cached(cache, key, self.inner.clock.now());
+        }
+        let settings = &self.inner.settings;
+        let timeouts = if level >= ShedLevel::ShortTimeouts {
+            &settings.short_timeouts
+        } else {
+            &settings.timeouts
+        };
+        let now = Instant::now();
+        let budget = timeouts
+            .get(part)
+            .min(deadline.saturating_duration_since(now));
+        // A load this call starts keeps the part's deadline and the request's retry allowance.
+        let outcome = request
+            .with_deadline(now + budget)
+            .scope(cache.get(key, budget))
+            .await;
+        match outcome {
             CacheOutcome::Hit(envelope) | CacheOutcome::Loaded(envelope) => PartResult::Live {
                 value: envelope.value.clone(),
                 as_of: envelope.fetched_at,
@@ -291,10 +433,36 @@ impl QueryEngine {
     }
 }
 
+/// A part from L1 alone, without any load: fresh is live, stale is served with reason `shed`.
+fn cached<T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static>(
+    cache: &PartCache<T>,
+    key: ItemKey,
+    now: rebate_domain::Timestamp,
+) -> PartResult<T> {
+    match cache.peek(&key) {
+        Some(envelope) if envelope.is_fresh(now) => PartResult::Live {
+            value: envelope.value.clone(),
+            as_of: envelope.fetched_at,
+        },
+        Some(envelope) if envelope.is_servable(now) => PartResult::Stale {
+            value: envelope.value.clone(),
+            as_of: envelope.fetched_at,
+            reason: DegradeReason::Shed,
+        },
+        _ => PartResult::Failed {
+            reason: DegradeReason::Shed,
+        },
+    }
+}
+
 fn reason_of(failure: &LoadFailure) -> DegradeReason {
     match failure.kind {
         FailureKind::Timeout => DegradeReason::Timeout,
         FailureKind::Error => DegradeReason::Error,
+        FailureKind::BreakerOpen => DegradeReason::BreakerOpen,
+        FailureKind::BulkheadFull => DegradeReason::BulkheadFull,
+        FailureKind::Quota => DegradeReason::Quota,
+        FailureKind::Shed => DegradeReason::Shed,
     }
 }
 

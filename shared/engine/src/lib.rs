@@ -8,6 +8,10 @@
 //! delisted → [`QueryError::NotFound`], failing with nothing stale → [`QueryError::Unavailable`].
 //! The engine never fails because of an optional part, and it knows nothing of HTTP.
 //!
+//! Under load shedding ([`QueryEngine::quote_at`] with a [`ShedLevel`]) it gives up the optional
+//! first: level 1 serves extras from L1 only, level 2 shortens every part's timeout, level 3
+//! answers from the cache tiers alone (a product nobody cached → `Unavailable { reason: Shed }`).
+//!
 //! # Layout
 //! - [`tier`]: [`Tier`], [`TimeoutTiers`]: how long each part may take.
 //! - [`quote`]: [`Quote`] and its views, the degrade vocabulary, and [`assemble`].
@@ -17,8 +21,10 @@ pub mod engine;
 pub mod quote;
 pub mod tier;
 
-pub use engine::{EngineParts, PartTimeouts, QueryEngine, QueryError};
+pub use engine::{EngineParts, EngineSettings, PartTimeouts, QueryEngine, QueryError};
 pub use quote::{
     DegradeReason, DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble,
 };
 pub use tier::{Tier, TimeoutTiers};
+
+pub use rebate_resilience::ShedLevel;

@@ -21,6 +21,28 @@ pub enum DegradeReason {
     Error,
     /// The source answered but holds nothing for this item (e.g. no rate configured).
     Missing,
+    /// The source's circuit breaker is open after repeated failures: it was not called.
+    BreakerOpen,
+    /// Every slot for concurrent calls to the source was taken: it was not called.
+    BulkheadFull,
+    /// The outbound quota for the source was spent (or the source said 429).
+    Quota,
+    /// The service is shedding load: the part was served from cache only, or dropped.
+    Shed,
+}
+
+impl DegradeReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DegradeReason::Timeout => "timeout",
+            DegradeReason::Error => "error",
+            DegradeReason::Missing => "missing",
+            DegradeReason::BreakerOpen => "breaker_open",
+            DegradeReason::BulkheadFull => "bulkhead_full",
+            DegradeReason::Quota => "quota",
+            DegradeReason::Shed => "shed",
+        }
+    }
 }
 
 /// How a part's data was obtained.
@@ -429,6 +451,10 @@ mod tests {
             Just(DegradeReason::Timeout),
             Just(DegradeReason::Error),
             Just(DegradeReason::Missing),
+            Just(DegradeReason::BreakerOpen),
+            Just(DegradeReason::BulkheadFull),
+            Just(DegradeReason::Quota),
+            Just(DegradeReason::Shed),
         ]
     }
 

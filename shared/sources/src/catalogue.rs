@@ -1,5 +1,5 @@
-//! Product and rate loaders backed by the catalogue store, behind one shared bound on
-//! concurrent store loads.
+//! Product and rate loaders backed by the catalogue store: behind the store's [`Dependency`]
+//! guard (breaker, bulkhead) and one shared bound on concurrent store loads.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,6 +8,8 @@ use async_trait::async_trait;
 use rebate_cache::{LoadFailure, Loaded, Loader};
 use rebate_domain::{ItemKey, Product, RebateRate};
 use rebate_store::{CatalogRepository, StoreError, Versioned};
+
+use crate::guard::Dependency;
 
 /// At most `limit` store loads at once, across product and rate: when many keys miss together
 /// (cold start, mass expiry, Redis down) the store sees a bounded queue, not a stampede.
@@ -51,13 +53,19 @@ impl LoadLimiter {
 pub struct ProductLoader {
     repository: Arc<dyn CatalogRepository>,
     limiter: Arc<LoadLimiter>,
+    guard: Arc<Dependency>,
 }
 
 impl ProductLoader {
-    pub fn new(repository: Arc<dyn CatalogRepository>, limiter: Arc<LoadLimiter>) -> Self {
+    pub fn new(
+        repository: Arc<dyn CatalogRepository>,
+        limiter: Arc<LoadLimiter>,
+        guard: Arc<Dependency>,
+    ) -> Self {
         Self {
             repository,
             limiter,
+            guard,
         }
     }
 }
@@ -66,10 +74,14 @@ impl ProductLoader {
 impl Loader<Product> for ProductLoader {
     async fn load(&self, key: ItemKey) -> Result<Loaded<Product>, LoadFailure> {
         let row = self
-            .limiter
-            .run(self.repository.product(key))
-            .await
-            .map_err(store_failure)?;
+            .guard
+            .call(|| async {
+                self.limiter
+                    .run(self.repository.product(key))
+                    .await
+                    .map_err(|error| store_failure(error).into())
+            })
+            .await?;
         Ok(loaded(row))
     }
 }
@@ -79,13 +91,19 @@ impl Loader<Product> for ProductLoader {
 pub struct RateLoader {
     repository: Arc<dyn CatalogRepository>,
     limiter: Arc<LoadLimiter>,
+    guard: Arc<Dependency>,
 }
 
 impl RateLoader {
-    pub fn new(repository: Arc<dyn CatalogRepository>, limiter: Arc<LoadLimiter>) -> Self {
+    pub fn new(
+        repository: Arc<dyn CatalogRepository>,
+        limiter: Arc<LoadLimiter>,
+        guard: Arc<Dependency>,
+    ) -> Self {
         Self {
             repository,
             limiter,
+            guard,
         }
     }
 }
@@ -94,10 +112,14 @@ impl RateLoader {
 impl Loader<RebateRate> for RateLoader {
     async fn load(&self, key: ItemKey) -> Result<Loaded<RebateRate>, LoadFailure> {
         let row = self
-            .limiter
-            .run(self.repository.rate(key))
-            .await
-            .map_err(store_failure)?;
+            .guard
+            .call(|| async {
+                self.limiter
+                    .run(self.repository.rate(key))
+                    .await
+                    .map_err(|error| store_failure(error).into())
+            })
+            .await?;
         Ok(loaded(row))
     }
 }

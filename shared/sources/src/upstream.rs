@@ -5,14 +5,19 @@
 //! - `GET {base}/v1/extras/{platform}/{item_id}` → `{"sales_30d": 1234, "popular_searches": […]}`
 //!
 //! A 404 means the API knows nothing of the item: no coupons, no extras. Any other non-2xx
-//! answer, a transport error or an undecodable body is a failure.
+//! answer, a transport error or an undecodable body is a failure: 5xx answers and transport
+//! errors are transient (retried within budget), a 429 is the provider's quota (never retried),
+//! the rest are permanent. Every call goes through the API's [`Dependency`] guard.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rebate_cache::{LoadFailure, Loaded, Loader};
+use rebate_cache::{FailureKind, LoadFailure, Loaded, Loader};
 use rebate_domain::{Coupon, Extras, ItemKey};
 use serde::Deserialize;
+
+use crate::guard::{AttemptFailure, Dependency};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -56,6 +61,7 @@ struct Endpoint {
     client: reqwest::Client,
     /// Base url with the path prefix, without a trailing slash.
     base: String,
+    guard: Arc<Dependency>,
 }
 
 impl Endpoint {
@@ -64,21 +70,34 @@ impl Endpoint {
         client: reqwest::Client,
         base_url: &str,
         path: &str,
+        guard: Arc<Dependency>,
     ) -> Result<Self, UpstreamError> {
         let url = parse_base_url(base_url)?;
         let base = format!("{}/{path}", url.as_str().trim_end_matches('/'));
-        Ok(Self { name, client, base })
+        Ok(Self {
+            name,
+            client,
+            base,
+            guard,
+        })
     }
 
-    /// GETs the item's document; `Ok(None)` on 404.
+    /// GETs the item's document through the guard; `Ok(None)` on 404.
     async fn fetch<T: for<'de> Deserialize<'de>>(
         &self,
         key: ItemKey,
     ) -> Result<Option<T>, LoadFailure> {
         let url = format!("{}/{}/{}", self.base, key.platform, key.item_id);
+        self.guard.call(|| self.fetch_once(&url)).await
+    }
+
+    async fn fetch_once<T: for<'de> Deserialize<'de>>(
+        &self,
+        url: &str,
+    ) -> Result<Option<T>, AttemptFailure> {
         let response = self
             .client
-            .get(&url)
+            .get(url)
             .send()
             .await
             .map_err(|error| self.failure(error, "request failed"))?;
@@ -86,11 +105,19 @@ impl Endpoint {
         if status == reqwest::StatusCode::NOT_FOUND {
             return Ok(None);
         }
-        if !status.is_success() {
-            return Err(LoadFailure::error(format!(
-                "{} api answered {status}",
-                self.name
+        if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+            return Err(AttemptFailure::permanent(LoadFailure::new(
+                FailureKind::Quota,
+                format!("{} api answered 429: over its quota", self.name),
             )));
+        }
+        if !status.is_success() {
+            let failure = LoadFailure::error(format!("{} api answered {status}", self.name));
+            return Err(if status.is_server_error() {
+                AttemptFailure::transient(failure)
+            } else {
+                AttemptFailure::permanent(failure)
+            });
         }
         let document = response
             .json::<T>()
@@ -99,12 +126,15 @@ impl Endpoint {
         Ok(Some(document))
     }
 
-    fn failure(&self, error: reqwest::Error, what: &str) -> LoadFailure {
+    fn failure(&self, error: reqwest::Error, what: &str) -> AttemptFailure {
         let detail = format!("{} api {what}: {error}", self.name);
         if error.is_timeout() {
-            LoadFailure::timeout(detail)
+            AttemptFailure::permanent(LoadFailure::timeout(detail))
+        } else if error.is_decode() {
+            AttemptFailure::permanent(LoadFailure::error(detail))
         } else {
-            LoadFailure::error(detail)
+            // Refused or reset connections and the like: another attempt may well succeed.
+            AttemptFailure::transient(LoadFailure::error(detail))
         }
     }
 }
@@ -123,9 +153,13 @@ pub struct CouponClient {
 }
 
 impl CouponClient {
-    pub fn new(client: reqwest::Client, base_url: &str) -> Result<Self, UpstreamError> {
+    pub fn new(
+        client: reqwest::Client,
+        base_url: &str,
+        guard: Arc<Dependency>,
+    ) -> Result<Self, UpstreamError> {
         Ok(Self {
-            endpoint: Endpoint::new("coupon", client, base_url, "v1/coupons")?,
+            endpoint: Endpoint::new("coupon", client, base_url, "v1/coupons", guard)?,
         })
     }
 }
@@ -154,9 +188,13 @@ pub struct ExtrasClient {
 }
 
 impl ExtrasClient {
-    pub fn new(client: reqwest::Client, base_url: &str) -> Result<Self, UpstreamError> {
+    pub fn new(
+        client: reqwest::Client,
+        base_url: &str,
+        guard: Arc<Dependency>,
+    ) -> Result<Self, UpstreamError> {
         Ok(Self {
-            endpoint: Endpoint::new("extras", client, base_url, "v1/extras")?,
+            endpoint: Endpoint::new("extras", client, base_url, "v1/extras", guard)?,
         })
     }
 }
@@ -179,9 +217,20 @@ mod tests {
     #[test]
     fn base_urls_are_validated() {
         let client = http_client(Duration::from_secs(1)).unwrap();
-        assert!(CouponClient::new(client.clone(), "not a url").is_err());
-        assert!(CouponClient::new(client.clone(), "ftp://example.com").is_err());
-        let coupons = CouponClient::new(client, "http://127.0.0.1:9/api/").unwrap();
+        let guard = Arc::new(Dependency::new(
+            "coupons",
+            crate::DependencySettings {
+                breaker: rebate_resilience::BreakerConfig::default(),
+                max_concurrent: 8,
+                quota: None,
+                retry: None,
+                timeout: None,
+            },
+            Arc::new(rebate_resilience::MonotonicTicker::new()),
+        ));
+        assert!(CouponClient::new(client.clone(), "not a url", guard.clone()).is_err());
+        assert!(CouponClient::new(client.clone(), "ftp://example.com", guard.clone()).is_err());
+        let coupons = CouponClient::new(client, "http://127.0.0.1:9/api/", guard).unwrap();
         assert_eq!(coupons.endpoint.base, "http://127.0.0.1:9/api/v1/coupons");
     }
 }

@@ -1,5 +1,6 @@
 //! The admin listener: health without a token; under `/admin/v1`, with `Authorization: Bearer`,
-//! event publishing, key inspection and warm-up. Served on its own address (`admin.listen`).
+//! status (shed level, breakers, bulkheads, quotas, caches and the thresholds behind them), a
+//! shed-level override for drills, event publishing, key inspection and warm-up. Served on its own address (`admin.listen`).
 
 use std::sync::Arc;
 
@@ -7,11 +8,12 @@ use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use rebate_cache::{Envelope, PartCache, TierKey};
 use rebate_domain::{ItemId, ItemKey, PartKind, Timestamp};
 use rebate_events::{EventId, EventKind, InvalidationEvent, Rejection};
+use rebate_resilience::ShedLevel;
 use rebate_telemetry::TraceId;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -51,6 +53,8 @@ impl std::fmt::Debug for AdminToken {
 
 pub fn router(state: AppState, token: AdminToken) -> Router {
     let protected = Router::new()
+        .route("/admin/v1/status", get(status))
+        .route("/admin/v1/shedding", put(force_shedding))
         .route("/admin/v1/events", post(publish_event))
         .route("/admin/v1/items/{platform}/{item_id}", get(inspect_item))
         .route("/admin/v1/warm", post(warm))
@@ -93,6 +97,69 @@ async fn readiness(State(state): State<AppState>) -> Response {
         "events": if events_ok { "connected" } else { "disconnected" },
     });
     (status, Json(body)).into_response()
+}
+
+/// Everything an operator needs to see why the service answers the way it does right now.
+async fn status(State(state): State<AppState>) -> Json<Value> {
+    let parts = state.engine.parts();
+    Json(json!({
+        "shed_level": state.protection.level(),
+        "protection": state.protection.status(),
+        "caches": {
+            "product": parts.product.stats(),
+            "rate": parts.rate.stats(),
+            "coupons": parts.coupons.stats(),
+            "extras": parts.extras.stats(),
+        },
+        "bloom": state.engine.item_filter().map(|filter| filter.stats()),
+        "store_loads_max_in_flight": state.load_limiter.max_in_flight(),
+        "redis": if state.tier.is_some() { "enabled" } else { "disabled" },
+        "events": if state.events.is_ready() { "connected" } else { "disconnected" },
+    }))
+}
+
+/// `{"level": "cache_only"}` pins the shed level (drills, emergencies); `{"level": null}` returns
+/// to the measured level.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShedOverride {
+    level: Option<LevelName>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum LevelName {
+    Normal,
+    DropExtras,
+    ShortTimeouts,
+    CacheOnly,
+}
+
+impl From<LevelName> for ShedLevel {
+    fn from(name: LevelName) -> Self {
+        match name {
+            LevelName::Normal => ShedLevel::Normal,
+            LevelName::DropExtras => ShedLevel::DropExtras,
+            LevelName::ShortTimeouts => ShedLevel::ShortTimeouts,
+            LevelName::CacheOnly => ShedLevel::CacheOnly,
+        }
+    }
+}
+
+async fn force_shedding(
+    State(state): State<AppState>,
+    Extension(trace_id): Extension<TraceId>,
+    ApiJson(request): ApiJson<ShedOverride>,
+) -> Result<Response, ApiError> {
+    let Some(shedder) = &state.protection.shedder else {
+        return Err(ApiError::InvalidBody(
+            "load shedding is disabled (resilience.shedding.enabled = false)".to_owned(),
+        ));
+    };
+    let level = request.level.map(ShedLevel::from);
+    shedder.force(level);
+    tracing::warn!(forced = ?level, "shed level override changed by an operator");
+    Ok(Json(json!({"shedding": shedder.snapshot(), "trace_id": trace_id})).into_response())
 }
 
 async fn require_token(State(token): State<AdminToken>, request: Request, next: Next) -> Response {

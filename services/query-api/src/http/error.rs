@@ -20,6 +20,9 @@ pub enum ApiError {
     /// 400: a batch names no item or too many.
     #[error("a batch must name between 1 and {max} items; it named {got}")]
     InvalidBatchSize { got: usize, max: usize },
+    /// 400: the `x-client-id` header is malformed.
+    #[error("{0}")]
+    InvalidClientId(String),
     /// 404: unknown or delisted item.
     #[error("{0}")]
     ItemNotFound(&'static str),
@@ -41,6 +44,12 @@ pub enum ApiError {
     /// 503: the product source is down and nothing stale is cached.
     #[error("the catalogue is temporarily unavailable; retry later")]
     Unavailable,
+    /// 503: shedding load (cache-only) and nothing cached for the item.
+    #[error("the service is overloaded; retry after {retry_after_secs} s")]
+    Overloaded { retry_after_secs: u32 },
+    /// 429: this client is over its request limit.
+    #[error("too many requests from this client; retry after {retry_after_secs} s")]
+    RateLimited { retry_after_secs: u32 },
     /// 503: the request ran past its hard timeout.
     #[error("the request took too long; retry later")]
     Timeout,
@@ -63,13 +72,17 @@ impl ApiError {
             ApiError::InvalidPlatform(_)
             | ApiError::InvalidItemId(_)
             | ApiError::InvalidBody(_)
-            | ApiError::InvalidBatchSize { .. } => StatusCode::BAD_REQUEST,
+            | ApiError::InvalidBatchSize { .. }
+            | ApiError::InvalidClientId(_) => StatusCode::BAD_REQUEST,
             ApiError::ItemNotFound(_) | ApiError::RouteNotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Unavailable | ApiError::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable | ApiError::Timeout | ApiError::Overloaded { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -86,6 +99,9 @@ impl ApiError {
             ApiError::Unauthorized => ErrorCode::Unauthorized,
             ApiError::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             ApiError::Unavailable => ErrorCode::Unavailable,
+            ApiError::Overloaded { .. } => ErrorCode::Overloaded,
+            ApiError::RateLimited { .. } => ErrorCode::RateLimited,
+            ApiError::InvalidClientId(_) => ErrorCode::InvalidClientId,
             ApiError::Timeout => ErrorCode::Timeout,
             ApiError::Internal => ErrorCode::Internal,
         }
@@ -99,9 +115,11 @@ impl ApiError {
     }
 
     /// Seconds a client should wait before retrying, for the statuses where retrying helps.
-    fn retry_after_secs(&self) -> Option<u32> {
+    pub fn retry_after_secs(&self) -> Option<u32> {
         match self {
             ApiError::Unavailable | ApiError::Timeout => Some(1),
+            ApiError::Overloaded { retry_after_secs }
+            | ApiError::RateLimited { retry_after_secs } => Some(*retry_after_secs),
             _ => None,
         }
     }

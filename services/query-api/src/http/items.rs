@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use rebate_domain::{ItemKey, KeyError};
-use rebate_engine::{QueryError, Quote};
+use rebate_engine::{DegradeReason, QueryError, Quote, ShedLevel};
 use rebate_telemetry::TraceId;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -36,15 +36,16 @@ struct QuoteBody<'a> {
 async fn item_rebate(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
+    Extension(level): Extension<ShedLevel>,
     Path((platform, item_id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let key = parse_key(&platform, &item_id)?;
     let deadline = Instant::now() + state.limits.request_deadline;
     let quote = state
         .engine
-        .quote(key, deadline)
+        .quote_at(key, deadline, level)
         .await
-        .map_err(query_error)?;
+        .map_err(|error| query_error(&state, error))?;
     Ok(Json(QuoteBody {
         quote: &quote,
         trace_id,
@@ -61,12 +62,17 @@ pub(super) fn parse_key(platform: &str, item_id: &str) -> Result<ItemKey, ApiErr
     })
 }
 
-fn query_error(error: QueryError) -> ApiError {
+fn query_error(state: &AppState, error: QueryError) -> ApiError {
     match error {
         QueryError::NotFound { delisted: false } => ApiError::ItemNotFound("no such item"),
         QueryError::NotFound { delisted: true } => {
             ApiError::ItemNotFound("the item is no longer on sale")
         }
+        QueryError::Unavailable {
+            reason: DegradeReason::Shed,
+        } => ApiError::Overloaded {
+            retry_after_secs: state.protection.shed_retry_after(),
+        },
         QueryError::Unavailable { reason } => {
             tracing::warn!(?reason, "product source unavailable, nothing stale");
             ApiError::Unavailable
@@ -142,6 +148,7 @@ impl From<ErrorBody> for BatchError {
 async fn batch_rebate(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
+    Extension(level): Extension<ShedLevel>,
     ApiJson(request): ApiJson<BatchRequest>,
 ) -> Result<Response, ApiError> {
     request.check_size(state.limits.max_batch_items)?;
@@ -163,13 +170,17 @@ async fn batch_rebate(
         .filter_map(|key| key.as_ref().ok().copied())
         .collect();
     let deadline = Instant::now() + state.limits.request_deadline;
-    let mut quotes = state.engine.quote_many(&valid, deadline).await.into_iter();
+    let mut quotes = state
+        .engine
+        .quote_many_at(&valid, deadline, level)
+        .await
+        .into_iter();
     let answers = parsed.into_iter().map(|key| {
         key?;
         quotes
             .next()
             .expect("quote_many answers every key it is given, in order")
-            .map_err(query_error)
+            .map_err(|error| query_error(&state, error))
     });
 
     let results = distinct

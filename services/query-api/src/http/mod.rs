@@ -1,13 +1,15 @@
 //! The REST edge: routes, the one error type, and the middleware every request passes.
 //!
 //! Order of the layers, outermost first: trace id (sets `x-trace-id`, renders error bodies),
-//! panic catcher, request timeout, body limit; then the routes.
+//! panic catcher, per-client limit (429), load-shedding admission (stamps the shed level),
+//! request timeout, body limit; then the routes.
 
 pub mod admin;
 mod error;
 mod extract;
 mod items;
 mod middleware;
+pub mod protect;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -20,6 +22,7 @@ use crate::startup::AppState;
 
 pub fn router(state: AppState) -> Router {
     let limits = std::sync::Arc::clone(&state.limits);
+    let protection = std::sync::Arc::clone(&state.protection);
     Router::new()
         .merge(items::router())
         .fallback(|| async { ApiError::RouteNotFound })
@@ -28,6 +31,14 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             limits,
             middleware::request_timeout,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            std::sync::Arc::clone(&protection),
+            protect::admit,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            protection,
+            protect::limit_clients,
         ))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
         .layer(axum::middleware::from_fn(middleware::trace_requests))

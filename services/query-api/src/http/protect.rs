@@ -1,0 +1,180 @@
+//! The edge's protection: the per-client limit (429) and the load shedder's admission, which
+//! stamps every request with the level it is served at.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rebate_resilience::ShedLevel;
+
+use super::error::ApiError;
+use crate::protection::Protection;
+
+/// Who the client says it is: a per-app or per-device id. Without it, the peer address is used.
+pub const CLIENT_ID_HEADER: HeaderName = HeaderName::from_static("x-client-id");
+const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// Set on responses served while shedding (level ≥ 1), so clients and load tests can see it.
+pub const SHED_LEVEL_HEADER: HeaderName = HeaderName::from_static("x-shed-level");
+
+const MAX_CLIENT_ID_LEN: usize = 64;
+
+/// One token bucket per client; over the limit → 429 with `Retry-After`.
+pub async fn limit_clients(
+    State(protection): State<Arc<Protection>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(clients) = &protection.clients else {
+        return next.run(request).await;
+    };
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| peer.ip());
+    let key = match client_key(request.headers(), peer, clients.trusted_proxy_hops) {
+        Ok(key) => key,
+        Err(error) => return error.into_response(),
+    };
+    match clients.limiter.try_acquire(&key) {
+        Ok(()) => next.run(request).await,
+        Err(exceeded) => {
+            // Whole seconds, rounded up: a client that waits Retry-After finds a token.
+            let nanos = exceeded.retry_after.as_nanos();
+            let retry_after_secs = u32::try_from(nanos.div_ceil(1_000_000_000))
+                .unwrap_or(u32::MAX)
+                .max(1);
+            ApiError::RateLimited { retry_after_secs }.into_response()
+        }
+    }
+}
+
+/// The limiter key: `id:<x-client-id>` when the header is present, else `ip:<address>` (from
+/// `X-Forwarded-For` only behind `trusted_hops` trusted proxies).
+fn client_key(
+    headers: &HeaderMap,
+    peer: Option<IpAddr>,
+    trusted_hops: u32,
+) -> Result<String, ApiError> {
+    if let Some(value) = headers.get(CLIENT_ID_HEADER) {
+        let id = value
+            .to_str()
+            .ok()
+            .filter(|id| valid_client_id(id))
+            .ok_or_else(|| {
+                ApiError::InvalidClientId(format!(
+                    "x-client-id must be 1–{MAX_CLIENT_ID_LEN} characters of letters, digits, '.', '_', ':' or '-'"
+                ))
+            })?;
+        return Ok(format!("id:{id}"));
+    }
+    let address = forwarded_client(headers, trusted_hops).or(peer);
+    Ok(match address {
+        Some(address) => format!("ip:{address}"),
+        // No connection info (an in-process call): everyone shares one bucket.
+        None => "ip:unknown".to_owned(),
+    })
+}
+
+fn valid_client_id(id: &str) -> bool {
+    (1..=MAX_CLIENT_ID_LEN).contains(&id.len())
+        && id
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b':' | b'-'))
+}
+
+/// The address `trusted_hops` places from the right of `X-Forwarded-For`: each trusted proxy
+/// appends the address it received the request from, so entries further left are the client's
+/// own claims and cannot be trusted.
+fn forwarded_client(headers: &HeaderMap, trusted_hops: u32) -> Option<IpAddr> {
+    if trusted_hops == 0 {
+        return None;
+    }
+    let hops = usize::try_from(trusted_hops).ok()?;
+    let mut entries: Vec<&str> = Vec::new();
+    for value in headers.get_all(FORWARDED_FOR) {
+        entries.extend(value.to_str().ok()?.split(',').map(str::trim));
+    }
+    let index = entries.len().checked_sub(hops)?;
+    entries.get(index)?.parse().ok()
+}
+
+/// Admits the request through the load shedder and records the level it is served at (an
+/// extension for the handlers, `x-shed-level` on the response when shedding).
+pub async fn admit(
+    State(protection): State<Arc<Protection>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let Some(shedder) = &protection.shedder else {
+        request.extensions_mut().insert(ShedLevel::Normal);
+        return next.run(request).await;
+    };
+    let admission = shedder.admit();
+    let level = admission.level();
+    request.extensions_mut().insert(level);
+    let mut response = next.run(request).await;
+    drop(admission);
+    if level != ShedLevel::Normal {
+        response.headers_mut().insert(
+            SHED_LEVEL_HEADER,
+            HeaderValue::from(u16::from(level.as_u8())),
+        );
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        headers
+    }
+
+    const PEER: Option<IpAddr> = Some(IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 9)));
+
+    #[test]
+    fn the_client_id_wins_over_the_address() {
+        let key = client_key(&headers(&[("x-client-id", "app-ios:7.2")]), PEER, 0).unwrap();
+        assert_eq!(key, "id:app-ios:7.2");
+        assert_eq!(client_key(&headers(&[]), PEER, 0).unwrap(), "ip:10.0.0.9");
+    }
+
+    #[test]
+    fn malformed_client_ids_are_refused() {
+        for bad in ["", "has space", "汉字", &"x".repeat(65)] {
+            let mut map = HeaderMap::new();
+            if let Ok(value) = HeaderValue::from_str(bad) {
+                map.insert(CLIENT_ID_HEADER, value);
+                assert!(
+                    matches!(client_key(&map, PEER, 0), Err(ApiError::InvalidClientId(_))),
+                    "{bad:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn forwarded_for_is_read_only_behind_trusted_proxies() {
+        let map = headers(&[("x-forwarded-for", "1.1.1.1, 203.0.113.7")]);
+        // Not trusted: a client could write anything there.
+        assert_eq!(client_key(&map, PEER, 0).unwrap(), "ip:10.0.0.9");
+        // One trusted proxy appended the address it saw: the rightmost entry.
+        assert_eq!(client_key(&map, PEER, 1).unwrap(), "ip:203.0.113.7");
+        assert_eq!(client_key(&map, PEER, 2).unwrap(), "ip:1.1.1.1");
+        // More hops than entries, or garbage: fall back to the peer.
+        assert_eq!(client_key(&map, PEER, 3).unwrap(), "ip:10.0.0.9");
+        let garbage = headers(&[("x-forwarded-for", "not-an-ip")]);
+        assert_eq!(client_key(&garbage, PEER, 1).unwrap(), "ip:10.0.0.9");
+    }
+}

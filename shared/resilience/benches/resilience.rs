@@ -1,0 +1,143 @@
+//! What the protection costs per call: breaker admit + record, bulkhead acquire + release, quota
+//! acquire, shedder admit + complete, per-client limiter. Each on one thread, and on two threads
+//! hammering the same guard (this machine has two cores) — the contended figure is the time per
+//! operation on each thread while the other runs too.
+//!
+//! Run: `cargo bench -p rebate-resilience`.
+
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use rebate_resilience::{
+    BreakerConfig, Bulkhead, CircuitBreaker, KeyedLimiter, LoadShedder, MonotonicTicker,
+    RateConfig, ShedConfig, Ticker, TokenBucket,
+};
+
+fn ticker() -> Arc<dyn Ticker> {
+    Arc::new(MonotonicTicker::new())
+}
+
+/// Runs `operation` `iters` times on each of two threads at once; the time per operation on one
+/// thread.
+fn on_two_threads<G: Send + Sync + 'static>(
+    guard: &Arc<G>,
+    iters: u64,
+    operation: fn(&G),
+) -> Duration {
+    let barrier = Arc::new(Barrier::new(2));
+    let threads: Vec<_> = (0..2)
+        .map(|_| {
+            let (guard, barrier) = (Arc::clone(guard), Arc::clone(&barrier));
+            std::thread::spawn(move || {
+                barrier.wait();
+                let started = Instant::now();
+                for _ in 0..iters {
+                    operation(&guard);
+                }
+                started.elapsed()
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|thread| thread.join().unwrap())
+        .max()
+        .unwrap()
+}
+
+fn breaker_call(breaker: &CircuitBreaker) {
+    if let Ok(permit) = breaker.try_acquire() {
+        permit.success();
+    }
+}
+
+fn bulkhead_call(bulkhead: &Bulkhead) {
+    black_box(bulkhead.try_acquire().is_ok());
+}
+
+/// A bucket too large to run dry during the run, so every call takes the granting path.
+fn bucket() -> TokenBucket {
+    TokenBucket::new(RateConfig {
+        per_second: 1e9,
+        burst: u32::MAX,
+    })
+}
+
+fn shedder_call(shedder: &LoadShedder) {
+    let admission = shedder.admit();
+    black_box(admission.level());
+}
+
+fn guards(criterion: &mut Criterion) {
+    let mut group = criterion.benchmark_group("guards");
+
+    let breaker = Arc::new(CircuitBreaker::new(
+        "bench",
+        BreakerConfig::default(),
+        ticker(),
+    ));
+    group.bench_function("breaker admit+record, 1 thread", |bench| {
+        bench.iter(|| breaker_call(&breaker))
+    });
+    group.bench_function("breaker admit+record, 2 threads", |bench| {
+        bench.iter_custom(|iters| on_two_threads(&breaker, iters, breaker_call))
+    });
+
+    let bulkhead = Arc::new(Bulkhead::new("bench", 1024));
+    group.bench_function("bulkhead acquire+release, 1 thread", |bench| {
+        bench.iter(|| bulkhead_call(&bulkhead))
+    });
+    group.bench_function("bulkhead acquire+release, 2 threads", |bench| {
+        bench.iter_custom(|iters| on_two_threads(&bulkhead, iters, bulkhead_call))
+    });
+
+    let quota = Arc::new((bucket(), ticker()));
+    let quota_call = |(bucket, ticker): &(TokenBucket, Arc<dyn Ticker>)| {
+        black_box(bucket.try_acquire_at(ticker.now_nanos()).is_ok());
+    };
+    group.bench_function("quota acquire, 1 thread", |bench| {
+        bench.iter(|| quota_call(&quota))
+    });
+    group.bench_function("quota acquire, 2 threads", |bench| {
+        bench.iter_custom(|iters| on_two_threads(&quota, iters, quota_call))
+    });
+
+    let shedder = Arc::new(LoadShedder::new(ShedConfig::default(), ticker()));
+    group.bench_function("shedder admit+complete, 1 thread", |bench| {
+        bench.iter(|| shedder_call(&shedder))
+    });
+    group.bench_function("shedder admit+complete, 2 threads", |bench| {
+        bench.iter_custom(|iters| on_two_threads(&shedder, iters, shedder_call))
+    });
+
+    let clients = Arc::new(KeyedLimiter::new(
+        RateConfig {
+            per_second: 1e9,
+            burst: u32::MAX,
+        },
+        100_000,
+        Duration::from_secs(300),
+        ticker(),
+    ));
+    let client_call = |clients: &KeyedLimiter| {
+        black_box(clients.try_acquire("id:app-ios-7.2").is_ok());
+    };
+    group.bench_function("per-client limit (known client), 1 thread", |bench| {
+        bench.iter(|| client_call(&clients))
+    });
+    group.bench_function("per-client limit (known client), 2 threads", |bench| {
+        bench.iter_custom(|iters| on_two_threads(&clients, iters, client_call))
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    targets = guards
+}
+criterion_main!(benches);

@@ -1,0 +1,27 @@
+//! Protection that costs almost nothing on the hot path.
+//!
+//! Every guard here is a handful of atomics; none takes a lock or allocates per call:
+//! - [`CircuitBreaker`]: a rolling window of failure buckets, open → half-open with slow-start
+//!   probes, cool-downs that grow on repeated trips;
+//! - [`Bulkhead`]: a bound on concurrent calls that fails at once when full;
+//! - [`RetryBudget`] and [`Backoff`]: retries capped per request and as a share of all calls;
+//! - [`TokenBucket`] (GCRA) for outbound quotas, [`KeyedLimiter`] for per-client edge limits;
+//! - [`LoadShedder`]: three levels of shedding from measured load, with hysteresis and dwell.
+//!
+//! Time comes from a [`Ticker`], so tests move it by hand instead of sleeping.
+
+mod breaker;
+mod bulkhead;
+mod quota;
+mod retry;
+mod shedder;
+mod ticker;
+
+pub use breaker::{
+    BreakerConfig, BreakerOpen, BreakerPermit, BreakerSnapshot, BreakerState, CircuitBreaker,
+};
+pub use bulkhead::{Bulkhead, BulkheadFull, BulkheadPermit, BulkheadSnapshot};
+pub use quota::{KeyedLimiter, QuotaExceeded, RateConfig, TokenBucket};
+pub use retry::{Backoff, RetryBudget, RetryConfig};
+pub use shedder::{Admission, LevelController, LoadShedder, ShedConfig, ShedLevel, ShedSnapshot};
+pub use ticker::{ManualTicker, MonotonicTicker, Ticker};

@@ -1,0 +1,234 @@
+//! Retries that cannot become a storm.
+//!
+//! A retry is allowed only for idempotent reads, only while the request's own allowance lasts
+//! (at most two per request, counted by the caller) and only while the process-wide
+//! [`RetryBudget`] has a token: every first attempt deposits `ratio` of a token, every retry
+//! withdraws a whole one, so retries never exceed `ratio` of calls, however hard a dependency
+//! fails. The back-off between attempts grows exponentially with jitter ([`Backoff`]).
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use rand::Rng;
+use serde::Serialize;
+
+/// The retry knobs of one dependency.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RetryConfig {
+    /// Retries one request may spend across all its calls; 0 disables retries.
+    pub max_per_request: u32,
+    /// Retries allowed per first attempt, process-wide (0.1 = at most 10 % extra calls).
+    pub ratio: f64,
+    /// Tokens a quiet spell may save up for a later burst of retries.
+    pub max_saved: u32,
+    /// The first back-off; each further retry doubles it.
+    pub base_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            max_per_request: 2,
+            ratio: 0.1,
+            max_saved: 10,
+            base_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(100),
+        }
+    }
+}
+
+impl RetryConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_per_request > 2 {
+            return Err(format!(
+                "max_per_request must be 0, 1 or 2, got {}",
+                self.max_per_request
+            ));
+        }
+        if !(self.ratio.is_finite() && (0.0..=1.0).contains(&self.ratio)) {
+            return Err(format!("ratio must be in [0, 1], got {}", self.ratio));
+        }
+        if self.base_backoff.is_zero() || self.base_backoff > self.max_backoff {
+            return Err(format!(
+                "base_backoff must be > 0 and ≤ max_backoff ({:?} > {:?})",
+                self.base_backoff, self.max_backoff
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Milli-tokens, so a 10 % ratio deposits 100 per call without floating point on the hot path.
+const TOKEN: i64 = 1_000;
+
+/// The process-wide share of calls that may be retries.
+#[derive(Debug)]
+pub struct RetryBudget {
+    deposit: i64,
+    cap: i64,
+    balance: AtomicI64,
+    first_attempts: AtomicU64,
+    retries: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl RetryBudget {
+    /// Starts empty: the first retries are earned by first attempts.
+    pub fn new(config: &RetryConfig) -> Self {
+        Self {
+            deposit: (config.ratio.clamp(0.0, 1.0) * TOKEN as f64).round() as i64,
+            cap: i64::from(config.max_saved.max(1)) * TOKEN,
+            balance: AtomicI64::new(0),
+            first_attempts: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// Records a first attempt.
+    pub fn deposit(&self) {
+        self.first_attempts.fetch_add(1, Ordering::Relaxed);
+        let _ = self
+            .balance
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |balance| {
+                Some((balance + self.deposit).min(self.cap))
+            });
+    }
+
+    /// Takes a token for one retry, or says no.
+    pub fn try_withdraw(&self) -> bool {
+        let taken = self
+            .balance
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |balance| {
+                (balance >= TOKEN).then_some(balance - TOKEN)
+            })
+            .is_ok();
+        if taken {
+            self.retries.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        taken
+    }
+
+    /// First attempts, retries made and retries refused since start.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        (
+            self.first_attempts.load(Ordering::Relaxed),
+            self.retries.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Exponential back-off with "equal jitter": retry `n` (1-based) waits a uniform time in
+/// `[d/2, d]` where `d = min(base × 2^(n−1), max)`, so retries of many clients spread out but
+/// never collapse to zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Backoff {
+    pub fn delay(&self, retry: u32) -> Duration {
+        let doubling = retry.saturating_sub(1).min(20);
+        let ceiling = self.base.saturating_mul(1 << doubling).min(self.max);
+        let half = ceiling / 2;
+        let jitter_nanos =
+            rand::rng().random_range(0..=ceiling.as_nanos() as u64 - half.as_nanos() as u64);
+        half + Duration::from_nanos(jitter_nanos)
+    }
+}
+
+impl From<&RetryConfig> for Backoff {
+    fn from(config: &RetryConfig) -> Self {
+        Self {
+            base: config.base_backoff,
+            max: config.max_backoff,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_never_exceed_the_ratio_of_first_attempts() {
+        let budget = RetryBudget::new(&RetryConfig::default());
+        // Every call fails and wants two retries.
+        let mut calls = 0u64;
+        for _ in 0..1_000 {
+            budget.deposit();
+            calls += 1;
+            for _ in 0..2 {
+                if budget.try_withdraw() {
+                    calls += 1;
+                }
+            }
+        }
+        let (first, retries, refused) = budget.counts();
+        assert_eq!(first, 1_000);
+        assert_eq!(retries, 100);
+        assert_eq!(refused, 1_900);
+        assert!(calls as f64 <= 1.1 * 1_000.0);
+    }
+
+    #[test]
+    fn a_quiet_spell_saves_at_most_max_saved() {
+        let budget = RetryBudget::new(&RetryConfig {
+            max_saved: 3,
+            ..RetryConfig::default()
+        });
+        for _ in 0..10_000 {
+            budget.deposit();
+        }
+        let granted = (0..10).filter(|_| budget.try_withdraw()).count();
+        assert_eq!(granted, 3);
+    }
+
+    #[test]
+    fn a_zero_ratio_never_retries() {
+        let budget = RetryBudget::new(&RetryConfig {
+            ratio: 0.0,
+            ..RetryConfig::default()
+        });
+        for _ in 0..100 {
+            budget.deposit();
+        }
+        assert!(!budget.try_withdraw());
+    }
+
+    #[test]
+    fn backoff_doubles_within_jitter_and_caps() {
+        let backoff = Backoff {
+            base: Duration::from_millis(10),
+            max: Duration::from_millis(100),
+        };
+        for _ in 0..200 {
+            let first = backoff.delay(1);
+            assert!(first >= Duration::from_millis(5) && first <= Duration::from_millis(10));
+            let second = backoff.delay(2);
+            assert!(second >= Duration::from_millis(10) && second <= Duration::from_millis(20));
+            let late = backoff.delay(30);
+            assert!(late >= Duration::from_millis(50) && late <= Duration::from_millis(100));
+        }
+    }
+
+    #[test]
+    fn config_validation_names_the_field() {
+        let too_many = RetryConfig {
+            max_per_request: 3,
+            ..RetryConfig::default()
+        };
+        assert!(too_many.validate().unwrap_err().contains("max_per_request"));
+        let bad_ratio = RetryConfig {
+            ratio: 1.5,
+            ..RetryConfig::default()
+        };
+        assert!(bad_ratio.validate().unwrap_err().contains("ratio"));
+        assert!(RetryConfig::default().validate().is_ok());
+    }
+}

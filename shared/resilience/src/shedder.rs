@@ -1,0 +1,1226 @@
+//! Three levels of load shedding, chosen from measured load, that do not flap.
+//!
+//! The shedder only *chooses* a [`ShedLevel`]; the caller applies it: level 1 drops extras,
+//! level 2 shortens dependency timeouts, level 3 answers from cache only.
+//!
+//! # The load signal
+//! Every `interval` the first request past the deadline wins a CAS on the evaluation timestamp
+//! and computes, from that interval's counters,
+//! `load = max(throughput / capacity_rps, peak in-flight / concurrency limit)`:
+//! - **throughput** counts *completed* admissions per second (shed answers included, so it tracks
+//!   the offered load even at level 3). It is skipped when `capacity_rps` is 0.
+//! - **peak in-flight** is the highest concurrency seen in the interval (a `fetch_max`, reset to
+//!   the current in-flight count at each evaluation, so long requests stay visible).
+//! - **the concurrency limit** carries the latency trend, as in Netflix's Gradient2: with
+//!   `short` = this interval's mean latency and `long` = a slow EWMA of it,
+//!   `gradient = clamp(1.5 · long / short, 0.5, 1)` and the limit moves a fifth of the way towards
+//!   `limit · gradient + √limit`, within `[min_in_flight, max_in_flight]`. Rising latency shrinks
+//!   it, so the same concurrency becomes a higher load. It starts at `max_in_flight` (no shedding
+//!   on a cold start), never grows while under half used (no evidence it is too low) and stays at
+//!   `max_in_flight` when `adaptive` is off. Intervals without completions change nothing.
+//!
+//! The load goes through a [`LevelController`]: up at once, down one level at a time, only below
+//! the level's threshold minus `hysteresis` and only after `min_dwell` at the current level.
+//!
+//! Evaluation is lazy: without traffic nothing is evaluated, so after a quiet spell the level
+//! steps down from the first request on, one level per dwell as always.
+//!
+//! The measured level, the operator's forced level and the time the measured level was entered
+//! share one `AtomicU64`, so [`LoadShedder::admit`] reads the level with one load and updates
+//! never tear.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::ticker::{Ticker, saturating_nanos};
+
+/// How much of its normal work the service gives up to stay responsive. Ordered: a higher level
+/// includes the measures of the lower ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShedLevel {
+    Normal = 0,
+    /// Optional work (extras) is dropped.
+    DropExtras = 1,
+    /// Dependency timeouts are shortened as well.
+    ShortTimeouts = 2,
+    /// Only caches answer; misses are refused.
+    CacheOnly = 3,
+}
+
+impl ShedLevel {
+    const ALL: [Self; 4] = [
+        Self::Normal,
+        Self::DropExtras,
+        Self::ShortTimeouts,
+        Self::CacheOnly,
+    ];
+
+    pub fn as_u8(self) -> u8 {
+        self as u8
+    }
+
+    pub fn from_u8(value: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(value)).copied()
+    }
+
+    /// The name used in logs, metrics and the status page (same as the serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Normal => "normal",
+            Self::DropExtras => "drop_extras",
+            Self::ShortTimeouts => "short_timeouts",
+            Self::CacheOnly => "cache_only",
+        }
+    }
+
+    /// The next level down (Normal stays Normal).
+    fn lower(self) -> Self {
+        Self::from_u8(self.as_u8().saturating_sub(1)).unwrap_or(Self::Normal)
+    }
+}
+
+/// The shedding knobs of one instance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShedConfig {
+    /// Requests per second this instance is sized for. 0 (the default) disables the throughput
+    /// signal, leaving concurrency and latency; set it from a load test so that overload is seen
+    /// even when requests are answered quickly.
+    pub capacity_rps: u32,
+    /// Hard ceiling of the concurrency limit: more requests in flight than this is overload
+    /// whatever the latency says.
+    pub max_in_flight: u32,
+    /// Floor of the adaptive limit, so one latency spike cannot make a handful of requests look
+    /// like overload.
+    pub min_in_flight: u32,
+    /// Adapt the concurrency limit to the latency trend (Gradient2); off = `max_in_flight`.
+    pub adaptive: bool,
+    /// Loads (1.0 = at capacity) at which levels 1, 2 and 3 start; strictly increasing.
+    pub thresholds: [f64; 3],
+    /// A level is left only once load is below its threshold by this much, so noise around a
+    /// threshold does not flap.
+    pub hysteresis: f64,
+    /// Time a level is held before it may step down; going up never waits.
+    pub min_dwell: Duration,
+    /// How often load is re-evaluated: long enough to average noise, short enough to react.
+    pub interval: Duration,
+}
+
+impl Default for ShedConfig {
+    fn default() -> Self {
+        Self {
+            capacity_rps: 0,
+            max_in_flight: 512,
+            min_in_flight: 16,
+            adaptive: true,
+            thresholds: [0.70, 0.85, 1.00],
+            hysteresis: 0.05,
+            min_dwell: Duration::from_secs(2),
+            interval: Duration::from_millis(250),
+        }
+    }
+}
+
+impl ShedConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_in_flight == 0 {
+            return Err("max_in_flight must be at least 1, got 0".to_owned());
+        }
+        if self.min_in_flight == 0 || self.min_in_flight > self.max_in_flight {
+            return Err(format!(
+                "min_in_flight must be in [1, max_in_flight = {}], got {}",
+                self.max_in_flight, self.min_in_flight
+            ));
+        }
+        validate_levels(self.thresholds, self.hysteresis)?;
+        if self.interval < MIN_INTERVAL {
+            return Err(format!(
+                "interval must be at least 1ms (every admission would re-evaluate), got {:?}",
+                self.interval
+            ));
+        }
+        Ok(())
+    }
+}
+
+const MIN_INTERVAL: Duration = Duration::from_millis(1);
+
+fn validate_levels(thresholds: [f64; 3], hysteresis: f64) -> Result<(), String> {
+    if !thresholds
+        .iter()
+        .all(|threshold| threshold.is_finite() && *threshold > 0.0)
+    {
+        return Err(format!(
+            "thresholds must be finite and > 0, got {thresholds:?}"
+        ));
+    }
+    if !(thresholds[0] < thresholds[1] && thresholds[1] < thresholds[2]) {
+        return Err(format!(
+            "thresholds must be strictly increasing, got {thresholds:?}"
+        ));
+    }
+    if !(hysteresis.is_finite() && hysteresis >= 0.0 && hysteresis < thresholds[0]) {
+        return Err(format!(
+            "hysteresis must be in [0, thresholds[0] = {}), got {hysteresis}",
+            thresholds[0]
+        ));
+    }
+    Ok(())
+}
+
+/// The level state machine alone, without clocks or atomics, so its rules can be tested (and
+/// reused) with any load sequence.
+#[derive(Debug, Clone)]
+pub struct LevelController {
+    thresholds: [f64; 3],
+    hysteresis: f64,
+    min_dwell_nanos: u64,
+    level: ShedLevel,
+    /// When `level` was entered, in ticker nanoseconds (0 = at construction).
+    since_nanos: u64,
+}
+
+impl LevelController {
+    /// Starts at [`ShedLevel::Normal`]. The thresholds and hysteresis must satisfy
+    /// [`ShedConfig::validate`].
+    pub fn new(thresholds: [f64; 3], hysteresis: f64, min_dwell: Duration) -> Self {
+        debug_assert!(
+            validate_levels(thresholds, hysteresis).is_ok(),
+            "{:?}",
+            validate_levels(thresholds, hysteresis)
+        );
+        Self {
+            thresholds,
+            hysteresis,
+            min_dwell_nanos: saturating_nanos(min_dwell),
+            level: ShedLevel::Normal,
+            since_nanos: 0,
+        }
+    }
+
+    /// Feeds one load ratio (1.0 = at capacity) measured at `now_nanos`. NaN and negative loads
+    /// count as 0.
+    pub fn observe(&mut self, load: f64, now_nanos: u64) -> ShedLevel {
+        let (level, since_nanos) = self.step(self.level, self.since_nanos, load, now_nanos);
+        self.level = level;
+        self.since_nanos = since_nanos;
+        level
+    }
+
+    pub fn level(&self) -> ShedLevel {
+        self.level
+    }
+
+    /// The transition rule, on state passed in so the shedder can keep it in an atomic.
+    /// Returns the new level and when it was entered.
+    fn step(
+        &self,
+        current: ShedLevel,
+        since_nanos: u64,
+        load: f64,
+        now_nanos: u64,
+    ) -> (ShedLevel, u64) {
+        let load = sanitize_load(load);
+        let reached = self.level_reached_by(load);
+        if reached > current {
+            // Protection never waits.
+            return (reached, now_nanos);
+        }
+        if current == ShedLevel::Normal {
+            return (current, since_nanos);
+        }
+        let leave_below = self.threshold_of(current) - self.hysteresis;
+        let held_nanos = now_nanos.saturating_sub(since_nanos);
+        if load < leave_below && held_nanos >= self.min_dwell_nanos {
+            return (current.lower(), now_nanos);
+        }
+        (current, since_nanos)
+    }
+
+    /// The highest level whose threshold `load` reaches.
+    fn level_reached_by(&self, load: f64) -> ShedLevel {
+        let reached = self
+            .thresholds
+            .iter()
+            .take_while(|threshold| load >= **threshold)
+            .count();
+        ShedLevel::ALL[reached]
+    }
+
+    fn threshold_of(&self, level: ShedLevel) -> f64 {
+        debug_assert!(level > ShedLevel::Normal);
+        self.thresholds[usize::from(level.as_u8()) - 1]
+    }
+}
+
+/// NaN and negative loads count as 0 (`max` returns the other operand when one is NaN).
+fn sanitize_load(load: f64) -> f64 {
+    load.max(0.0)
+}
+
+/// Allowed ratio of short- to long-term latency before the limit shrinks (Gradient2's tolerance).
+const LATENCY_TOLERANCE: f64 = 1.5;
+/// Weight of one interval in the long-term latency: about 20 intervals (5 s at 250 ms) of memory.
+const LONG_LATENCY_ALPHA: f64 = 0.05;
+/// Share of each new limit estimate taken per interval, so one noisy interval moves it little.
+const LIMIT_SMOOTHING: f64 = 0.2;
+/// The limit shrinks at most by half per estimate, so an outlier cannot collapse it.
+const MIN_GRADIENT: f64 = 0.5;
+
+/// Sheds load in three levels from measured throughput, concurrency and latency.
+///
+/// One per instance, shared by every request (`Arc<LoadShedder>` or a `static`).
+#[derive(Debug)]
+pub struct LoadShedder {
+    config: ShedConfig,
+    ticker: Arc<dyn Ticker>,
+    controller: LevelController,
+    interval_nanos: u64,
+    /// A [`PackedLevel`]: what `admit` reads, with one load.
+    level_word: AtomicU64,
+    /// When load was last evaluated; the CAS on it elects the evaluator.
+    last_evaluation_nanos: AtomicU64,
+    /// Written by every request.
+    counters: RequestCounters,
+    // The f64 results of evaluations, as bits. Written only by the elected evaluator.
+    limit_bits: AtomicU64,
+    short_latency_nanos_bits: AtomicU64,
+    long_latency_nanos_bits: AtomicU64,
+    load_bits: AtomicU64,
+    throughput_rps_bits: AtomicU64,
+}
+
+impl LoadShedder {
+    /// `config` must have passed [`ShedConfig::validate`]; out-of-range counts and intervals are
+    /// clamped rather than trusted.
+    pub fn new(config: ShedConfig, ticker: Arc<dyn Ticker>) -> Self {
+        debug_assert!(config.validate().is_ok(), "{:?}", config.validate());
+        let max_in_flight = config.max_in_flight.max(1);
+        let min_in_flight = config.min_in_flight.clamp(1, max_in_flight);
+        let config = ShedConfig {
+            max_in_flight,
+            min_in_flight,
+            interval: config.interval.max(MIN_INTERVAL),
+            ..config
+        };
+        let controller =
+            LevelController::new(config.thresholds, config.hysteresis, config.min_dwell);
+        let now_nanos = ticker.now_nanos();
+        let initial = PackedLevel {
+            measured: ShedLevel::Normal,
+            forced: None,
+            since_nanos: now_nanos,
+        };
+        Self {
+            interval_nanos: saturating_nanos(config.interval),
+            controller,
+            ticker,
+            level_word: AtomicU64::new(initial.pack()),
+            counters: RequestCounters::default(),
+            last_evaluation_nanos: AtomicU64::new(now_nanos),
+            // A cold start is not overload: the limit only shrinks on evidence.
+            limit_bits: AtomicU64::new(f64::from(max_in_flight).to_bits()),
+            short_latency_nanos_bits: AtomicU64::new(0.0_f64.to_bits()),
+            long_latency_nanos_bits: AtomicU64::new(0.0_f64.to_bits()),
+            load_bits: AtomicU64::new(0.0_f64.to_bits()),
+            throughput_rps_bits: AtomicU64::new(0.0_f64.to_bits()),
+            config,
+        }
+    }
+
+    /// Admits one request: counts it in flight and returns the level to serve it at. Hold the
+    /// admission for the whole request, shed answers included: its drop is what measures
+    /// throughput and latency.
+    ///
+    /// Re-evaluates the load lazily when `interval` has passed since the last evaluation
+    /// (exactly one caller wins a CAS on the evaluation timestamp and does it; the others read
+    /// the level atomically).
+    pub fn admit(&self) -> Admission<'_> {
+        let now_nanos = self.ticker.now_nanos();
+        let last_nanos = self.last_evaluation_nanos.load(Ordering::Relaxed);
+        if now_nanos.saturating_sub(last_nanos) >= self.interval_nanos
+            && self
+                .last_evaluation_nanos
+                .compare_exchange(last_nanos, now_nanos, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            // Before this request is counted: it belongs to the interval that starts now.
+            self.evaluate(last_nanos, now_nanos);
+        }
+        let in_flight = self.counters.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.counters
+            .peak_in_flight
+            .fetch_max(in_flight, Ordering::Relaxed);
+        let level = PackedLevel::unpack(self.level_word.load(Ordering::Acquire)).effective();
+        Admission {
+            shedder: self,
+            level,
+            admitted_at_nanos: now_nanos,
+        }
+    }
+
+    /// The level new requests are served at (forced or measured).
+    pub fn level(&self) -> ShedLevel {
+        PackedLevel::unpack(self.level_word.load(Ordering::Acquire)).effective()
+    }
+
+    /// Operator override for drills (None = measured). Applies at once; the measured level keeps
+    /// being tracked underneath.
+    pub fn force(&self, level: Option<ShedLevel>) {
+        let update = self
+            .level_word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                let packed = PackedLevel::unpack(word);
+                Some(
+                    PackedLevel {
+                        forced: level,
+                        ..packed
+                    }
+                    .pack(),
+                )
+            });
+        let (Ok(previous) | Err(previous)) =
+            update.map(PackedLevel::unpack).map_err(PackedLevel::unpack);
+        tracing::warn!(
+            forced = level.map(ShedLevel::as_str),
+            previous = previous.forced.map(ShedLevel::as_str),
+            "shed level override changed"
+        );
+    }
+
+    /// Feeds an explicit load ratio through the controller (tests and drills); returns the level
+    /// new requests are served at. The next measured evaluation overrides it: to hold a level
+    /// under live traffic, use [`LoadShedder::force`].
+    pub fn observe_load(&self, load: f64) -> ShedLevel {
+        let load = sanitize_load(load);
+        self.load_bits.store(load.to_bits(), Ordering::Relaxed);
+        self.apply_load(load, self.ticker.now_nanos())
+    }
+
+    pub fn snapshot(&self) -> ShedSnapshot {
+        let now_nanos = self.ticker.now_nanos();
+        let packed = PackedLevel::unpack(self.level_word.load(Ordering::Acquire));
+        ShedSnapshot {
+            level: packed.effective(),
+            forced: packed.forced,
+            load: load_f64(&self.load_bits),
+            in_flight: self.counters.in_flight.load(Ordering::Relaxed),
+            concurrency_limit: load_f64(&self.limit_bits) as u64,
+            throughput_rps: load_f64(&self.throughput_rps_bits),
+            latency_ms: load_f64(&self.short_latency_nanos_bits) / 1e6,
+            baseline_latency_ms: load_f64(&self.long_latency_nanos_bits) / 1e6,
+            level_since_ms: now_nanos.saturating_sub(packed.since_nanos) / 1_000_000,
+            thresholds: self.config.thresholds,
+        }
+    }
+
+    pub fn config(&self) -> &ShedConfig {
+        &self.config
+    }
+
+    /// Closes the interval `(previous_nanos, now_nanos]`: turns its counters into a load and
+    /// feeds the controller. Only the CAS winner runs it, so its plain load/store pairs are
+    /// single-writer (a thread paused for a whole interval could overlap the next evaluator and
+    /// lose one limit update, which the next interval repairs).
+    fn evaluate(&self, previous_nanos: u64, now_nanos: u64) {
+        let elapsed_nanos = now_nanos.saturating_sub(previous_nanos).max(1);
+        let completed = self.counters.completed.swap(0, Ordering::Relaxed);
+        let latency_sum_nanos = self.counters.latency_sum_nanos.swap(0, Ordering::Relaxed);
+        let peak_in_flight = self.counters.peak_in_flight.swap(
+            self.counters.in_flight.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+
+        let throughput_rps = completed as f64 * 1e9 / elapsed_nanos as f64;
+        self.throughput_rps_bits
+            .store(throughput_rps.to_bits(), Ordering::Relaxed);
+        if completed > 0 {
+            self.update_latency_and_limit(
+                latency_sum_nanos as f64 / completed as f64,
+                peak_in_flight,
+            );
+        }
+
+        let throughput_ratio = if self.config.capacity_rps == 0 {
+            0.0
+        } else {
+            throughput_rps / f64::from(self.config.capacity_rps)
+        };
+        let concurrency_ratio = peak_in_flight as f64 / load_f64(&self.limit_bits);
+        let load = throughput_ratio.max(concurrency_ratio);
+        self.load_bits.store(load.to_bits(), Ordering::Relaxed);
+        self.apply_load(load, now_nanos);
+    }
+
+    /// One Gradient2 step from an interval's mean latency.
+    fn update_latency_and_limit(&self, short_nanos: f64, peak_in_flight: u64) {
+        let previous_long_nanos = load_f64(&self.long_latency_nanos_bits);
+        let mut long_nanos = if previous_long_nanos > 0.0 {
+            previous_long_nanos + LONG_LATENCY_ALPHA * (short_nanos - previous_long_nanos)
+        } else {
+            // Seeded by the first interval that measured anything.
+            short_nanos
+        };
+        if short_nanos > 0.0 && long_nanos / short_nanos > 2.0 {
+            // Latency is back to normal after a long bad spell: forget the bad baseline faster
+            // than the EWMA would, or a new slowdown would go unnoticed for minutes.
+            long_nanos *= 0.95;
+        }
+        self.short_latency_nanos_bits
+            .store(short_nanos.to_bits(), Ordering::Relaxed);
+        self.long_latency_nanos_bits
+            .store(long_nanos.to_bits(), Ordering::Relaxed);
+        if !self.config.adaptive {
+            return;
+        }
+        let limit = next_limit(
+            load_f64(&self.limit_bits),
+            short_nanos,
+            long_nanos,
+            peak_in_flight,
+            f64::from(self.config.min_in_flight),
+            f64::from(self.config.max_in_flight),
+        );
+        self.limit_bits.store(limit.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Runs the controller on the packed state until the CAS sticks (it races only with
+    /// [`LoadShedder::force`] and [`LoadShedder::observe_load`]). Returns the effective level.
+    fn apply_load(&self, load: f64, now_nanos: u64) -> ShedLevel {
+        let mut word = self.level_word.load(Ordering::Acquire);
+        loop {
+            let current = PackedLevel::unpack(word);
+            let (measured, since_nanos) =
+                self.controller
+                    .step(current.measured, current.since_nanos, load, now_nanos);
+            if measured == current.measured {
+                // Same level (dwell and since only change with the level): nothing to write.
+                return current.effective();
+            }
+            let next = PackedLevel {
+                measured,
+                since_nanos,
+                ..current
+            };
+            match self.level_word.compare_exchange_weak(
+                word,
+                next.pack(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    tracing::info!(
+                        from = current.measured.as_str(),
+                        to = measured.as_str(),
+                        load,
+                        forced = next.forced.map(ShedLevel::as_str),
+                        "shed level changed"
+                    );
+                    return next.effective();
+                }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+}
+
+/// The counters every request writes, on cache lines of their own: sharing a line with the
+/// read-mostly level word would make each admission on one core a cache miss on the others.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct RequestCounters {
+    in_flight: AtomicU64,
+    /// Highest `in_flight` since the last evaluation.
+    peak_in_flight: AtomicU64,
+    /// Completions since the last evaluation and the sum of their latencies.
+    completed: AtomicU64,
+    latency_sum_nanos: AtomicU64,
+}
+
+/// The next adaptive concurrency limit (Gradient2): shrinks when the interval's latency `short`
+/// exceeds the tolerated multiple of the baseline `long`, grows by a √limit queue allowance
+/// otherwise, and never grows while less than half of it was used.
+fn next_limit(
+    limit: f64,
+    short_nanos: f64,
+    long_nanos: f64,
+    peak_in_flight: u64,
+    min: f64,
+    max: f64,
+) -> f64 {
+    let gradient = if short_nanos > 0.0 {
+        (LATENCY_TOLERANCE * long_nanos / short_nanos).clamp(MIN_GRADIENT, 1.0)
+    } else {
+        1.0
+    };
+    let estimate = limit * gradient + limit.sqrt();
+    let mut smoothed = limit * (1.0 - LIMIT_SMOOTHING) + estimate * LIMIT_SMOOTHING;
+    if (peak_in_flight as f64) < limit / 2.0 {
+        smoothed = smoothed.min(limit);
+    }
+    smoothed.clamp(min, max)
+}
+
+fn load_f64(bits: &AtomicU64) -> f64 {
+    f64::from_bits(bits.load(Ordering::Relaxed))
+}
+
+/// The measured level, the forced level and when the measured level was entered, in one `u64`
+/// so that `admit` needs one load and no update can tear them apart.
+///
+/// Bits 0–1: measured level; bits 2–4: forced level + 1 (0 = none); bits 5–63: since, in ticker
+/// nanoseconds (saturating after 18 years of uptime, after which the dwell is always met).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PackedLevel {
+    measured: ShedLevel,
+    forced: Option<ShedLevel>,
+    since_nanos: u64,
+}
+
+impl PackedLevel {
+    const FORCED_SHIFT: u32 = 2;
+    const SINCE_SHIFT: u32 = 5;
+    const SINCE_MAX: u64 = u64::MAX >> Self::SINCE_SHIFT;
+
+    fn pack(self) -> u64 {
+        let forced = self.forced.map_or(0, |level| u64::from(level.as_u8()) + 1);
+        u64::from(self.measured.as_u8())
+            | forced << Self::FORCED_SHIFT
+            | self.since_nanos.min(Self::SINCE_MAX) << Self::SINCE_SHIFT
+    }
+
+    fn unpack(word: u64) -> Self {
+        let level_at = |bits: u64| ShedLevel::ALL[(bits & 0b11) as usize];
+        let forced_bits = (word >> Self::FORCED_SHIFT) & 0b111;
+        Self {
+            measured: level_at(word),
+            forced: forced_bits.checked_sub(1).map(level_at),
+            since_nanos: word >> Self::SINCE_SHIFT,
+        }
+    }
+
+    fn effective(self) -> ShedLevel {
+        self.forced.unwrap_or(self.measured)
+    }
+}
+
+/// One admitted request; dropping it records its completion and latency.
+#[must_use = "the request counts as in flight until the admission drops"]
+pub struct Admission<'a> {
+    shedder: &'a LoadShedder,
+    level: ShedLevel,
+    admitted_at_nanos: u64,
+}
+
+impl Admission<'_> {
+    /// The level to serve this request at, fixed at admission.
+    pub fn level(&self) -> ShedLevel {
+        self.level
+    }
+}
+
+impl fmt::Debug for Admission<'_> {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("Admission")
+            .field("level", &self.level)
+            .field("admitted_at_nanos", &self.admitted_at_nanos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        let shedder = self.shedder;
+        let latency_nanos = shedder
+            .ticker
+            .now_nanos()
+            .saturating_sub(self.admitted_at_nanos);
+        shedder.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        shedder
+            .counters
+            .latency_sum_nanos
+            .fetch_add(latency_nanos, Ordering::Relaxed);
+        shedder.counters.completed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// What the status page and metrics show about shedding.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShedSnapshot {
+    /// The level new requests are served at.
+    pub level: ShedLevel,
+    /// The operator's override, if any.
+    pub forced: Option<ShedLevel>,
+    /// The last load fed to the controller (1.0 = at capacity).
+    pub load: f64,
+    pub in_flight: u64,
+    pub concurrency_limit: u64,
+    /// Completions per second over the last interval.
+    pub throughput_rps: f64,
+    /// Mean latency of the last interval that completed anything.
+    pub latency_ms: f64,
+    /// The long-term (slow EWMA) latency the current one is compared with.
+    pub baseline_latency_ms: f64,
+    /// How long the measured level has been held (a forced level does not reset it).
+    pub level_since_ms: u64,
+    pub thresholds: [f64; 3],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ticker::ManualTicker;
+    use proptest::prelude::*;
+
+    const SECOND: u64 = 1_000_000_000;
+    const DWELL: Duration = Duration::from_secs(2);
+    const INTERVAL: Duration = Duration::from_millis(250);
+
+    fn default_controller() -> LevelController {
+        LevelController::new([0.70, 0.85, 1.00], 0.05, DWELL)
+    }
+
+    /// Feeds `(load, nanos)` pairs and returns every level change as `(nanos, level)`, starting
+    /// with the initial level at nanos 0.
+    fn changes(
+        controller: &mut LevelController,
+        inputs: impl IntoIterator<Item = (f64, u64)>,
+    ) -> Vec<(u64, ShedLevel)> {
+        let mut history = vec![(0, controller.level())];
+        for (load, now_nanos) in inputs {
+            let before = controller.level();
+            let after = controller.observe(load, now_nanos);
+            if after != before {
+                history.push((now_nanos, after));
+            }
+        }
+        history
+    }
+
+    fn levels(changes: &[(u64, ShedLevel)]) -> Vec<ShedLevel> {
+        changes.iter().map(|(_, level)| *level).collect()
+    }
+
+    use ShedLevel::{CacheOnly, DropExtras, Normal, ShortTimeouts};
+
+    #[test]
+    fn level_names_and_numbers_round_trip() {
+        for level in ShedLevel::ALL {
+            assert_eq!(ShedLevel::from_u8(level.as_u8()), Some(level));
+        }
+        assert_eq!(ShedLevel::from_u8(4), None);
+        assert_eq!(ShortTimeouts.as_str(), "short_timeouts");
+        assert!(Normal < DropExtras && ShortTimeouts < CacheOnly);
+    }
+
+    #[test]
+    fn a_rising_load_walks_up_through_every_level_in_order() {
+        let mut controller = default_controller();
+        let ramp = (0..=24_u32).map(|step| {
+            (
+                f64::from(step) * 0.05,
+                SECOND + u64::from(step) * SECOND / 10,
+            )
+        });
+        assert_eq!(
+            levels(&changes(&mut controller, ramp)),
+            [Normal, DropExtras, ShortTimeouts, CacheOnly]
+        );
+    }
+
+    #[test]
+    fn a_falling_load_walks_down_one_level_at_a_time_in_order() {
+        let mut controller = default_controller();
+        controller.observe(1.2, SECOND);
+        let dwell = saturating_nanos(DWELL);
+        let ramp = (1..=24_u32).map(|step| {
+            (
+                1.2 - f64::from(step) * 0.05,
+                SECOND + u64::from(step) * dwell,
+            )
+        });
+        assert_eq!(
+            levels(&changes(&mut controller, ramp)),
+            [CacheOnly, ShortTimeouts, DropExtras, Normal]
+        );
+    }
+
+    #[test]
+    fn a_load_that_collapses_still_steps_down_one_level_per_dwell() {
+        let mut controller = default_controller();
+        controller.observe(1.5, SECOND);
+        let quiet = (1..=100).map(|step| (0.0, SECOND + step * SECOND / 10));
+        let history = changes(&mut controller, quiet);
+        assert_eq!(
+            levels(&history),
+            [CacheOnly, ShortTimeouts, DropExtras, Normal]
+        );
+        let at: Vec<u64> = history.iter().skip(1).map(|(nanos, _)| *nanos).collect();
+        assert_eq!(at, [3 * SECOND, 5 * SECOND, 7 * SECOND]);
+    }
+
+    #[test]
+    fn a_jump_goes_straight_to_the_level_it_reaches() {
+        let mut controller = default_controller();
+        assert_eq!(controller.observe(0.0, SECOND), Normal);
+        assert_eq!(controller.observe(1.3, SECOND + 1), CacheOnly);
+        let mut from_level_two = default_controller();
+        assert_eq!(from_level_two.observe(0.9, SECOND), ShortTimeouts);
+        assert_eq!(
+            from_level_two.observe(0.7, 2 * SECOND),
+            ShortTimeouts,
+            "dwell"
+        );
+    }
+
+    #[test]
+    fn thresholds_are_inclusive_and_leaving_needs_the_hysteresis() {
+        let mut controller = default_controller();
+        assert_eq!(controller.observe(0.70, SECOND), DropExtras);
+        assert_eq!(controller.observe(0.66, 10 * SECOND), DropExtras);
+        assert_eq!(controller.observe(0.64, 10 * SECOND), Normal);
+    }
+
+    #[test]
+    fn a_load_oscillating_across_a_threshold_changes_level_once() {
+        let mut controller = default_controller();
+        let oscillation = (0..600).map(|step| {
+            let load = if step % 2 == 0 { 0.69 } else { 0.71 };
+            (load, SECOND + step * SECOND / 10)
+        });
+        assert_eq!(
+            levels(&changes(&mut controller, oscillation)),
+            [Normal, DropExtras]
+        );
+    }
+
+    #[test]
+    fn a_wide_oscillation_leaves_a_level_only_after_the_dwell() {
+        let mut controller = default_controller();
+        let oscillation = (0..600).map(|step| {
+            let load = if step % 2 == 0 { 0.60 } else { 0.75 };
+            (load, SECOND + step * SECOND / 10)
+        });
+        let history = changes(&mut controller, oscillation);
+        let dwell = saturating_nanos(DWELL);
+        let mut drops = 0;
+        // The first pair is the initial level, whose entry time the controller does not know.
+        for pair in history.windows(2).skip(1) {
+            let ((entered, from), (left, to)) = (pair[0], pair[1]);
+            if to < from {
+                drops += 1;
+                let held = left - entered;
+                assert!(held >= dwell, "{from:?} held {held} ns");
+            }
+        }
+        // Over 60 s: at most one drop per dwell, each followed at once by the rise the load asks
+        // for (going up never waits).
+        assert!((20..=30).contains(&drops), "{drops} drops");
+        assert_eq!(
+            history.len() - 1,
+            2 * drops + 1,
+            "rises and drops alternate"
+        );
+    }
+
+    #[test]
+    fn nan_and_negative_loads_count_as_zero() {
+        let mut controller = default_controller();
+        assert_eq!(controller.observe(f64::NAN, SECOND), Normal);
+        assert_eq!(controller.observe(-3.0, SECOND), Normal);
+        assert_eq!(controller.observe(f64::INFINITY, SECOND), CacheOnly);
+        assert_eq!(controller.observe(f64::NAN, 4 * SECOND), ShortTimeouts);
+    }
+
+    proptest! {
+        #[test]
+        fn the_controller_never_lags_up_skips_down_or_leaves_early(
+            steps in proptest::collection::vec((-0.5f64..1.6, 0u64..3 * SECOND), 1..200),
+        ) {
+            let mut controller = default_controller();
+            let dwell = saturating_nanos(DWELL);
+            let mut now = SECOND;
+            let mut entered = 0;
+            for (load, advance) in steps {
+                now += advance;
+                let before = controller.level();
+                let after = controller.observe(load, now);
+                prop_assert!(after >= controller.level_reached_by(load.max(0.0)));
+                if after < before {
+                    prop_assert_eq!(after.as_u8() + 1, before.as_u8());
+                    prop_assert!(now - entered >= dwell);
+                }
+                if after != before {
+                    entered = now;
+                }
+            }
+        }
+
+        #[test]
+        fn the_adaptive_limit_stays_within_its_bounds(
+            samples in proptest::collection::vec((0u64..10_000_000_000, 0u64..10_000), 1..100),
+        ) {
+            let (min, max) = (16.0, 512.0);
+            let mut limit = max;
+            let mut long = 0.0;
+            for (short, peak) in samples {
+                let short = short as f64;
+                long = if long > 0.0 { long + LONG_LATENCY_ALPHA * (short - long) } else { short };
+                limit = next_limit(limit, short, long, peak, min, max);
+                prop_assert!((min..=max).contains(&limit), "{}", limit);
+            }
+        }
+    }
+
+    fn manual_shedder(config: ShedConfig) -> (LoadShedder, ManualTicker) {
+        config.validate().unwrap();
+        let ticker = ManualTicker::new();
+        (LoadShedder::new(config, Arc::new(ticker.clone())), ticker)
+    }
+
+    /// One interval of traffic: `requests` admitted together (the first closes the previous
+    /// interval) and held for `latency`, then time moves to the end of the interval.
+    fn interval_of_traffic(
+        shedder: &LoadShedder,
+        ticker: &ManualTicker,
+        requests: usize,
+        latency: Duration,
+    ) {
+        let admissions: Vec<_> = (0..requests).map(|_| shedder.admit()).collect();
+        ticker.advance(latency);
+        drop(admissions);
+        ticker.advance(shedder.config().interval.saturating_sub(latency));
+    }
+
+    #[test]
+    fn the_packed_level_round_trips() {
+        for measured in ShedLevel::ALL {
+            for forced in [None, Some(Normal), Some(ShortTimeouts), Some(CacheOnly)] {
+                for since_nanos in [0, SECOND, PackedLevel::SINCE_MAX] {
+                    let packed = PackedLevel {
+                        measured,
+                        forced,
+                        since_nanos,
+                    };
+                    assert_eq!(PackedLevel::unpack(packed.pack()), packed);
+                }
+            }
+        }
+        let far_future = PackedLevel {
+            measured: CacheOnly,
+            forced: None,
+            since_nanos: u64::MAX,
+        };
+        assert_eq!(
+            PackedLevel::unpack(far_future.pack()),
+            PackedLevel {
+                since_nanos: PackedLevel::SINCE_MAX,
+                ..far_future
+            }
+        );
+    }
+
+    #[test]
+    fn an_injected_load_walks_the_shedder_up_and_down_in_order() {
+        let (shedder, ticker) = manual_shedder(ShedConfig::default());
+        let mut walked = vec![shedder.level()];
+        for load in [0.5, 0.72, 0.9, 1.1, 1.1, 0.9, 0.7, 0.5, 0.0] {
+            ticker.advance(DWELL);
+            let level = shedder.observe_load(load);
+            if walked.last() != Some(&level) {
+                walked.push(level);
+            }
+        }
+        assert_eq!(
+            walked,
+            [
+                Normal,
+                DropExtras,
+                ShortTimeouts,
+                CacheOnly,
+                ShortTimeouts,
+                DropExtras,
+                Normal
+            ]
+        );
+        let snapshot = shedder.snapshot();
+        assert_eq!((snapshot.load, snapshot.level_since_ms), (0.0, 2000));
+        assert_eq!(shedder.observe_load(f64::NAN), Normal);
+        assert_eq!(shedder.snapshot().load, 0.0, "the load the controller used");
+    }
+
+    #[test]
+    fn throughput_over_capacity_sheds_and_quiet_intervals_walk_back_down() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            capacity_rps: 100,
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        for _ in 0..50 {
+            drop(shedder.admit());
+        }
+        ticker.advance(INTERVAL);
+        // 50 completions in 250 ms = 200 rps = load 2.0.
+        assert_eq!(shedder.admit().level(), CacheOnly);
+        let snapshot = shedder.snapshot();
+        assert_eq!(snapshot.throughput_rps, 200.0);
+        assert_eq!(snapshot.load, 2.0);
+
+        let mut walked = vec![shedder.level()];
+        for _ in 0..4 {
+            ticker.advance(DWELL);
+            let level = shedder.admit().level();
+            assert!(shedder.snapshot().load < 0.01);
+            walked.push(level);
+        }
+        assert_eq!(
+            walked,
+            [CacheOnly, ShortTimeouts, DropExtras, Normal, Normal]
+        );
+    }
+
+    #[test]
+    fn concurrency_near_the_limit_sheds_until_released() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            max_in_flight: 10,
+            min_in_flight: 1,
+            adaptive: false,
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        let mut open: Vec<_> = (0..9).map(|_| shedder.admit()).collect();
+        assert!(open.iter().all(|admission| admission.level() == Normal));
+        ticker.advance(INTERVAL);
+        // Swap one request for another, so nine stay open while the new one closes the interval.
+        drop(open.pop());
+        open.push(shedder.admit());
+        assert_eq!(
+            open.last().map(Admission::level),
+            Some(ShortTimeouts),
+            "0.9 ≥ 0.85"
+        );
+        assert_eq!(shedder.snapshot().in_flight, 9);
+
+        drop(open);
+        assert_eq!(shedder.snapshot().in_flight, 0);
+        let mut walked = vec![shedder.level()];
+        for _ in 0..4 {
+            ticker.advance(DWELL);
+            walked.push(shedder.admit().level());
+        }
+        assert_eq!(
+            walked,
+            [ShortTimeouts, ShortTimeouts, DropExtras, Normal, Normal]
+        );
+    }
+
+    #[test]
+    fn the_adaptive_limit_follows_the_latency_trend_within_its_bounds() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            max_in_flight: 64,
+            min_in_flight: 16,
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        let baseline = Duration::from_millis(10);
+        for _ in 0..20 {
+            interval_of_traffic(&shedder, &ticker, 40, baseline);
+        }
+        drop(shedder.admit());
+        let steady = shedder.snapshot();
+        assert_eq!(steady.concurrency_limit, 64, "already at its ceiling");
+        assert_eq!(
+            (steady.latency_ms, steady.baseline_latency_ms),
+            (10.0, 10.0)
+        );
+        assert_eq!(steady.level, Normal, "40 of 64");
+
+        // A jump to ten times the baseline shrinks the limit.
+        interval_of_traffic(&shedder, &ticker, 40, 10 * baseline);
+        drop(shedder.admit());
+        assert!(shedder.snapshot().concurrency_limit < 64);
+
+        // Latency that keeps rising drives it to its floor and no further, and the same 40
+        // requests in flight become overload.
+        let mut latency = 10 * baseline;
+        let mut previous_limit = shedder.snapshot().concurrency_limit;
+        for _ in 0..40 {
+            latency = latency * 3 / 2;
+            interval_of_traffic(&shedder, &ticker, 40, latency);
+            drop(shedder.admit());
+            let limit = shedder.snapshot().concurrency_limit;
+            assert!(
+                (16..=previous_limit).contains(&limit),
+                "{limit} after {previous_limit}"
+            );
+            previous_limit = limit;
+        }
+        assert_eq!(previous_limit, 16);
+        assert_eq!(
+            shedder.level(),
+            CacheOnly,
+            "40 in flight against a limit of 16"
+        );
+
+        // Back to normal latency, the limit regrows to its ceiling and no further.
+        for _ in 0..200 {
+            interval_of_traffic(&shedder, &ticker, 40, baseline);
+            drop(shedder.admit());
+            assert!(shedder.snapshot().concurrency_limit <= 64);
+        }
+        assert_eq!(shedder.snapshot().concurrency_limit, 64);
+        assert_eq!(shedder.level(), Normal);
+    }
+
+    #[test]
+    fn the_limit_does_not_grow_while_mostly_unused() {
+        assert_eq!(next_limit(100.0, 1.0, 1.0, 10, 16.0, 512.0), 100.0);
+        assert!(next_limit(100.0, 1.0, 1.0, 60, 16.0, 512.0) > 100.0);
+        assert!(next_limit(100.0, 10.0, 1.0, 10, 16.0, 512.0) < 100.0);
+        assert_eq!(
+            next_limit(100.0, 0.0, 0.0, 60, 16.0, 512.0),
+            102.0,
+            "no latency: no queue"
+        );
+    }
+
+    #[test]
+    fn a_forced_level_applies_at_once_and_none_returns_to_measured() {
+        let (shedder, ticker) = manual_shedder(ShedConfig::default());
+        shedder.force(Some(CacheOnly));
+        assert_eq!(shedder.admit().level(), CacheOnly);
+        assert_eq!(
+            shedder.observe_load(0.9),
+            CacheOnly,
+            "forced wins over measured"
+        );
+        let snapshot = shedder.snapshot();
+        assert_eq!(
+            (snapshot.level, snapshot.forced),
+            (CacheOnly, Some(CacheOnly))
+        );
+
+        shedder.force(None);
+        assert_eq!(
+            shedder.level(),
+            ShortTimeouts,
+            "the measured level kept being tracked"
+        );
+        ticker.advance(DWELL);
+        assert_eq!(shedder.observe_load(0.0), DropExtras);
+        assert_eq!(shedder.snapshot().forced, None);
+    }
+
+    #[test]
+    fn the_snapshot_agrees_with_the_shedder() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            capacity_rps: 500,
+            adaptive: false,
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(20));
+        let held = shedder.admit();
+        ticker.advance(Duration::from_millis(300));
+        let snapshot = shedder.snapshot();
+        assert_eq!(
+            snapshot,
+            ShedSnapshot {
+                level: DropExtras,
+                forced: None,
+                load: 0.8,
+                in_flight: 1,
+                concurrency_limit: 512,
+                throughput_rps: 400.0,
+                latency_ms: 20.0,
+                baseline_latency_ms: 20.0,
+                level_since_ms: 300,
+                thresholds: [0.70, 0.85, 1.00],
+            }
+        );
+        assert_eq!(held.level(), snapshot.level);
+        assert_eq!(shedder.level(), snapshot.level);
+    }
+
+    #[test]
+    fn config_validation_names_the_field() {
+        let valid = ShedConfig::default();
+        assert_eq!(valid.validate(), Ok(()));
+        let cases = [
+            (
+                ShedConfig {
+                    max_in_flight: 0,
+                    ..valid.clone()
+                },
+                "max_in_flight must be at least 1, got 0",
+            ),
+            (
+                ShedConfig {
+                    min_in_flight: 600,
+                    ..valid.clone()
+                },
+                "min_in_flight must be in [1, max_in_flight = 512], got 600",
+            ),
+            (
+                ShedConfig {
+                    thresholds: [0.7, f64::NAN, 1.0],
+                    ..valid.clone()
+                },
+                "thresholds must be finite and > 0, got [0.7, NaN, 1.0]",
+            ),
+            (
+                ShedConfig {
+                    thresholds: [0.7, 0.7, 1.0],
+                    ..valid.clone()
+                },
+                "thresholds must be strictly increasing, got [0.7, 0.7, 1.0]",
+            ),
+            (
+                ShedConfig {
+                    hysteresis: 0.7,
+                    ..valid.clone()
+                },
+                "hysteresis must be in [0, thresholds[0] = 0.7), got 0.7",
+            ),
+            (
+                ShedConfig {
+                    interval: Duration::ZERO,
+                    ..valid.clone()
+                },
+                "interval must be at least 1ms (every admission would re-evaluate), got 0ns",
+            ),
+        ];
+        for (config, message) in cases {
+            assert_eq!(config.validate(), Err(message.to_owned()));
+        }
+    }
+
+    #[test]
+    fn concurrent_admissions_balance_out() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            interval: Duration::from_millis(1),
+            ..ShedConfig::default()
+        });
+        std::thread::scope(|scope| {
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    for round in 0..100_000 {
+                        let admission = shedder.admit();
+                        if round % 1000 == 0 {
+                            // Evaluations race with admissions on the other thread.
+                            ticker.advance(Duration::from_millis(1));
+                        }
+                        drop(admission);
+                    }
+                });
+            }
+        });
+        assert_eq!(shedder.snapshot().in_flight, 0);
+        assert!(shedder.snapshot().concurrency_limit >= 16);
+    }
+}

@@ -1,0 +1,389 @@
+//! Protection against the real service: breakers, bulkheads, quotas and retries against the
+//! upstream simulator's faults; the three shed levels; the per-client limit; the admin status.
+//! Breaker cool-downs pass on the test's ticker, never by sleeping.
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use rebate_tests::{TestApp, spawn_app_with};
+use serde_json::{Value, json};
+use upstream_sim::{Endpoint, Fault};
+
+async fn json_of(response: reqwest::Response) -> Value {
+    response.json().await.expect("a JSON body")
+}
+
+/// The coupon part's degradation in a quote, as `(served, reason)`, or `None` when live.
+fn coupon_degradation(quote: &Value) -> Option<(String, String)> {
+    quote["degraded_parts"]
+        .as_array()
+        .expect("degraded_parts")
+        .iter()
+        .find(|part| part["part"] == "coupons")
+        .map(|part| {
+            (
+                part["served"].as_str().unwrap().to_owned(),
+                part["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+}
+
+fn assert_core_intact(quote: &Value) {
+    assert_eq!(quote["rebate"]["source"], "live", "{quote}");
+    assert!(quote["rebate"]["rate_bps"].is_u64(), "{quote}");
+    assert!(quote["item"]["title"].is_string(), "{quote}");
+}
+
+async fn coupon_breaker(app: &TestApp) -> Value {
+    let status = json_of(app.admin_get("/admin/v1/status").await).await;
+    status["protection"]["dependencies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|dependency| dependency["name"] == "coupons")
+        .expect("the coupon dependency is in the status")["breaker"]
+        .clone()
+}
+
+/// Quotes `ids` concurrently (each a cold item) and returns each body with its latency.
+async fn quote_all(app: &TestApp, ids: impl Iterator<Item = u64>) -> Vec<(Value, Duration)> {
+    join_all(ids.map(|id| async move {
+        let started = Instant::now();
+        let response = app.get_item("jd", &id.to_string()).await;
+        assert_eq!(response.status(), 200);
+        (json_of(response).await, started.elapsed())
+    }))
+    .await
+}
+
+#[tokio::test]
+async fn a_slow_coupon_api_trips_its_breaker_relieves_it_and_recovers_without_a_second_trip() {
+    let app = spawn_app_with(|settings| {
+        settings.resilience.coupons.min_calls = Some(10);
+    })
+    .await;
+    // 800 ms latency, 20 % of calls hanging: every call overruns the 500 ms coupon tier.
+    app.simulator
+        .set_fault(
+            Endpoint::Coupons,
+            Fault {
+                latency_ms: 800,
+                hang_rate: 0.2,
+                ..Fault::default()
+            },
+        )
+        .unwrap();
+
+    // Wave 1: twelve cold items at once. Each waits the coupon tier, then degrades.
+    let wave = quote_all(&app, 100_001..100_013).await;
+    for (quote, latency) in &wave {
+        assert_core_intact(quote);
+        assert_eq!(
+            coupon_degradation(quote),
+            Some(("template".to_owned(), "timeout".to_owned()))
+        );
+        // The coupon tier (500 ms) plus a margin for this 2-core machine.
+        assert!(*latency < Duration::from_millis(900), "{latency:?}");
+    }
+    let breaker = coupon_breaker(&app).await;
+    assert_eq!(breaker["state"], "open", "{breaker}");
+    let calls_when_open = app.upstream_calls(Endpoint::Coupons);
+    assert_eq!(calls_when_open, 12);
+
+    // Wave 2: the breaker answers for the API at once; the API sees no call.
+    let wave = quote_all(&app, 100_101..100_131).await;
+    for (quote, latency) in &wave {
+        assert_core_intact(quote);
+        assert_eq!(
+            coupon_degradation(quote),
+            Some(("template".to_owned(), "breaker_open".to_owned()))
+        );
+        assert!(*latency < Duration::from_millis(400), "{latency:?}");
+    }
+    assert_eq!(app.upstream_calls(Endpoint::Coupons), calls_when_open);
+
+    // The API heals; after the cool-down the breaker probes 1, 2, then 4 calls and closes.
+    app.simulator
+        .set_fault(Endpoint::Coupons, Fault::default())
+        .unwrap();
+    app.ticker.advance(Duration::from_secs(5));
+    for id in 100_201..100_211u64 {
+        let quote = json_of(app.get_item("jd", &id.to_string()).await).await;
+        assert_core_intact(&quote);
+        assert_eq!(coupon_degradation(&quote), None, "{quote}");
+    }
+    let breaker = coupon_breaker(&app).await;
+    assert_eq!(breaker["state"], "closed", "{breaker}");
+    assert_eq!(breaker["trips"], 1, "{breaker}");
+    assert_eq!(app.upstream_calls(Endpoint::Coupons), calls_when_open + 10);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_failing_api_costs_at_most_three_attempts_per_request_and_a_tenth_more_overall() {
+    let app = spawn_app_with(|settings| {
+        settings.resilience.retry.base_backoff_ms = 1;
+        settings.resilience.retry.max_backoff_ms = 2;
+    })
+    .await;
+    app.simulator
+        .set_fault(
+            Endpoint::Coupons,
+            Fault {
+                outage: true,
+                ..Fault::default()
+            },
+        )
+        .unwrap();
+    let requests = 60u64;
+    let mut most = 0;
+    for id in 100_001..100_001 + requests {
+        let before = app.upstream_calls(Endpoint::Coupons);
+        let quote = json_of(app.get_item("jd", &id.to_string()).await).await;
+        assert_core_intact(&quote);
+        let (served, reason) = coupon_degradation(&quote).expect("coupons degraded");
+        assert_eq!(served, "template");
+        assert!(reason == "error" || reason == "breaker_open", "{reason}");
+        most = most.max(app.upstream_calls(Endpoint::Coupons) - before);
+    }
+    let calls = app.upstream_calls(Endpoint::Coupons);
+    assert!(most <= 3, "{most} attempts for one request");
+    assert!(
+        calls as f64 <= 1.1 * requests as f64,
+        "{calls} upstream calls for {requests} requests"
+    );
+    let breaker = coupon_breaker(&app).await;
+    assert_eq!(breaker["state"], "open", "{breaker}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_bulkhead_and_a_spent_quota_degrade_at_once() {
+    let app = spawn_app_with(|settings| {
+        settings.resilience.coupons.max_concurrent = 2;
+        settings.resilience.extras.quota_per_sec = Some(1.0);
+        settings.resilience.extras.quota_burst = Some(3);
+    })
+    .await;
+    app.simulator
+        .set_fault(
+            Endpoint::Coupons,
+            Fault {
+                latency_ms: 200,
+                ..Fault::default()
+            },
+        )
+        .unwrap();
+    let wave = quote_all(&app, 100_001..100_007).await;
+    let reasons: Vec<Option<(String, String)>> = wave
+        .iter()
+        .map(|(quote, _)| coupon_degradation(quote))
+        .collect();
+    let live = reasons.iter().filter(|reason| reason.is_none()).count();
+    let full = reasons
+        .iter()
+        .filter(|reason| {
+            reason
+                .as_ref()
+                .is_some_and(|(_, reason)| reason == "bulkhead_full")
+        })
+        .count();
+    assert_eq!((live, full), (2, 4), "{reasons:?}");
+    assert_eq!(app.upstream_calls(Endpoint::Coupons), 2);
+
+    // Six extras loads against a burst of 3 (the ticker does not move: no refill).
+    let quota_refused = wave
+        .iter()
+        .filter(|(quote, _)| {
+            quote["degraded_parts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|part| part["part"] == "extras" && part["reason"] == "quota")
+        })
+        .count();
+    assert_eq!(quota_refused, 3);
+    assert_eq!(app.upstream_calls(Endpoint::Extras), 3);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn each_shed_level_gives_up_what_it_should() {
+    let app = spawn_app_with(|_| {}).await;
+    // Warm one item at level 0.
+    assert_eq!(app.get_item("jd", "100001").await.status(), 200);
+    let coupons_before = app.upstream_calls(Endpoint::Coupons);
+    let extras_before = app.upstream_calls(Endpoint::Extras);
+
+    // Level 1: a cold item gets everything but extras, and extras are not called.
+    let forced = app
+        .admin_put("/admin/v1/shedding", &json!({"level": "drop_extras"}))
+        .await;
+    assert_eq!(forced.status(), 200);
+    let response = app.get_item("jd", "100002").await;
+    assert_eq!(response.headers()["x-shed-level"], "1");
+    let quote = json_of(response).await;
+    assert_core_intact(&quote);
+    assert_eq!(quote["extras"], Value::Null);
+    assert!(
+        quote["degraded_parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|part| part["part"] == "extras" && part["reason"] == "shed")
+    );
+    assert_eq!(app.upstream_calls(Endpoint::Extras), extras_before);
+    assert_eq!(app.upstream_calls(Endpoint::Coupons), coupons_before + 1);
+
+    // Level 2: the coupon tier is halved (500 → 250 ms).
+    app.simulator
+        .set_fault(
+            Endpoint::Coupons,
+            Fault {
+                latency_ms: 400,
+                ..Fault::default()
+            },
+        )
+        .unwrap();
+    app.admin_put("/admin/v1/shedding", &json!({"level": "short_timeouts"}))
+        .await;
+    let started = Instant::now();
+    let quote = json_of(app.get_item("jd", "100003").await).await;
+    let latency = started.elapsed();
+    assert_core_intact(&quote);
+    assert_eq!(
+        coupon_degradation(&quote),
+        Some(("template".to_owned(), "timeout".to_owned()))
+    );
+    assert!(latency < Duration::from_millis(390), "{latency:?}");
+
+    // Level 3: cached items are served from L1; a cold one is 503 with a jittered Retry-After.
+    app.admin_put("/admin/v1/shedding", &json!({"level": "cache_only"}))
+        .await;
+    let loads_before = app.product_loads();
+    let response = app.get_item("jd", "100001").await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-shed-level"], "3");
+    let quote = json_of(response).await;
+    assert_eq!(quote["degraded"], false, "{quote}");
+    let response = app.get_item("jd", "100009").await;
+    assert_eq!(response.status(), 503);
+    let retry_after: u32 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=5).contains(&retry_after), "{retry_after}");
+    let body = response.bytes().await.unwrap();
+    assert!(body.len() < 200, "{} bytes", body.len());
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"]["code"], "overloaded");
+    assert_eq!(app.product_loads(), loads_before);
+
+    // A batch at level 3: per-item answers, the cold one 503.
+    let batch = json_of(
+        app.post_batch(&json!({"items": [
+            {"platform": "jd", "item_id": "100001"},
+            {"platform": "jd", "item_id": "100010"},
+        ]}))
+        .await,
+    )
+    .await;
+    assert_eq!(batch["results"][0]["status"], 200);
+    assert_eq!(batch["results"][1]["status"], 503);
+    assert_eq!(batch["results"][1]["error"]["code"], "overloaded");
+
+    // Back to the measured level.
+    app.admin_put("/admin/v1/shedding", &json!({"level": null}))
+        .await;
+    let response = app.get_item("jd", "100009").await;
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().get("x-shed-level").is_none());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn clients_over_their_limit_get_429_with_retry_after() {
+    let app = spawn_app_with(|settings| {
+        settings.resilience.client_limit.enabled = true;
+        settings.resilience.client_limit.per_sec = 1.0;
+        settings.resilience.client_limit.burst = 3;
+    })
+    .await;
+    let get = |client_id: &'static str| {
+        app.client
+            .get(app.item_url("jd", "100001"))
+            .header("x-client-id", client_id)
+            .send()
+    };
+    for _ in 0..3 {
+        assert_eq!(get("app-ios").await.unwrap().status(), 200);
+    }
+    let refused = get("app-ios").await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body = json_of(refused).await;
+    assert_eq!(body["error"]["code"], "rate_limited");
+    assert!(body["trace_id"].is_string());
+    // Another client has a bucket of its own; so does the peer address without a client id.
+    assert_eq!(get("h5-web").await.unwrap().status(), 200);
+    assert_eq!(app.get_item("jd", "100001").await.status(), 200);
+    // A token comes back after a second.
+    app.ticker.advance(Duration::from_secs(1));
+    assert_eq!(get("app-ios").await.unwrap().status(), 200);
+
+    let malformed = app
+        .client
+        .get(app.item_url("jd", "100001"))
+        .header("x-client-id", "has spaces")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(malformed.status(), 400);
+    assert_eq!(
+        json_of(malformed).await["error"]["code"],
+        "invalid_client_id"
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_admin_status_shows_levels_breakers_and_thresholds_behind_a_token() {
+    let app = spawn_app_with(|settings| {
+        settings.resilience.coupons.quota_per_sec = Some(45.0);
+    })
+    .await;
+    let anonymous = app
+        .client
+        .get(format!("{}/admin/v1/status", app.admin_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 401);
+
+    let status = json_of(app.admin_get("/admin/v1/status").await).await;
+    assert_eq!(status["shed_level"], "normal");
+    let protection = &status["protection"];
+    assert_eq!(
+        protection["shedding"]["thresholds"],
+        json!([0.7, 0.85, 1.0])
+    );
+    let names: Vec<&str> = protection["dependencies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|dependency| dependency["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["mysql", "redis", "coupons", "extras"]);
+    let coupons = &protection["dependencies"][2];
+    assert_eq!(coupons["breaker"]["state"], "closed");
+    assert_eq!(coupons["quota"]["per_second"], 45.0);
+    assert_eq!(coupons["retry"]["max_per_request"], 2);
+    assert!(status["caches"]["product"]["hits"].is_u64());
+
+    let bad = app
+        .admin_put("/admin/v1/shedding", &json!({"level": "panic"}))
+        .await;
+    assert_eq!(bad.status(), 400);
+    app.stop().await;
+}
