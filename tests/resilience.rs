@@ -45,6 +45,19 @@ async fn coupon_breaker(app: &TestApp) -> Value {
         .clone()
 }
 
+/// The coupon breaker once it reaches `state`, or as it is after two seconds: loads record their
+/// outcome a moment after the callers that gave up on them have been answered.
+async fn settled_breaker(app: &TestApp, state: &str) -> Value {
+    for _ in 0..200 {
+        let breaker = coupon_breaker(app).await;
+        if breaker["state"] == state {
+            return breaker;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    coupon_breaker(app).await
+}
+
 /// Quotes `ids` concurrently (each a cold item) and returns each body with its latency.
 async fn quote_all(app: &TestApp, ids: impl Iterator<Item = u64>) -> Vec<(Value, Duration)> {
     join_all(ids.map(|id| async move {
@@ -85,7 +98,8 @@ async fn a_slow_coupon_api_trips_its_breaker_relieves_it_and_recovers_without_a_
         // The coupon tier (500 ms) plus a margin for this 2-core machine.
         assert!(*latency < Duration::from_millis(900), "{latency:?}");
     }
-    let breaker = coupon_breaker(&app).await;
+    // Each load's own attempt timeout fires a moment after its caller stopped waiting.
+    let breaker = settled_breaker(&app, "open").await;
     assert_eq!(breaker["state"], "open", "{breaker}");
     let calls_when_open = app.upstream_calls(Endpoint::Coupons);
     assert_eq!(calls_when_open, 12);
@@ -152,7 +166,7 @@ async fn a_failing_api_costs_at_most_three_attempts_per_request_and_a_tenth_more
         calls as f64 <= 1.1 * requests as f64,
         "{calls} upstream calls for {requests} requests"
     );
-    let breaker = coupon_breaker(&app).await;
+    let breaker = settled_breaker(&app, "open").await;
     assert_eq!(breaker["state"], "open", "{breaker}");
     app.stop().await;
 }
@@ -385,5 +399,111 @@ async fn the_admin_status_shows_levels_breakers_and_thresholds_behind_a_token() 
         .admin_put("/admin/v1/shedding", &json!({"level": "panic"}))
         .await;
     assert_eq!(bad.status(), 400);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn measured_load_walks_the_shed_levels_up_and_back_down_one_dwell_at_a_time() {
+    let app = spawn_app_with(|settings| {
+        let shedding = &mut settings.resilience.shedding;
+        shedding.capacity_rps = 100;
+        shedding.interval_ms = 250;
+        shedding.min_dwell_ms = 2_000;
+    })
+    .await;
+    let level_of = |response: &reqwest::Response| {
+        response
+            .headers()
+            .get("x-shed-level")
+            .map_or(0, |level| level.to_str().unwrap().parse::<u8>().unwrap())
+    };
+    // 40 requests inside one 250 ms interval: 160 requests/s against a capacity of 100.
+    for _ in 0..40 {
+        let response = app.get_item("jd", "100001").await;
+        assert_eq!(level_of(&response), 0);
+    }
+    app.ticker.advance(Duration::from_millis(250));
+    let response = app.get_item("jd", "100001").await;
+    assert_eq!(level_of(&response), 3);
+    assert_eq!(response.status(), 200, "a cached item is still served");
+    let cold = app.get_item("jd", "100777").await;
+    assert_eq!((cold.status().as_u16(), level_of(&cold)), (503, 3));
+
+    // Quiet: each dwell steps down one level, never more.
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        app.ticker.advance(Duration::from_secs(2));
+        seen.push(level_of(&app.get_item("jd", "100001").await));
+    }
+    assert_eq!(seen, [2, 1, 0, 0]);
+    let status = json_of(app.admin_get("/admin/v1/status").await).await;
+    assert_eq!(status["shed_level"], "normal");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_batch_spends_one_request_allowance_of_retries() {
+    let app = spawn_app_with(|settings| {
+        // Only the per-request allowance may limit retries here.
+        settings.resilience.retry.ratio = 1.0;
+        settings.resilience.retry.max_saved = 1_000;
+        settings.resilience.retry.base_backoff_ms = 1;
+        settings.resilience.retry.max_backoff_ms = 2;
+        settings.resilience.coupons.min_calls = Some(1_000);
+    })
+    .await;
+    // Earn the global budget some tokens first.
+    for id in 100_001..100_021u64 {
+        assert_eq!(app.get_item("jd", &id.to_string()).await.status(), 200);
+    }
+    app.simulator
+        .set_fault(
+            Endpoint::Coupons,
+            Fault {
+                outage: true,
+                ..Fault::default()
+            },
+        )
+        .unwrap();
+    let before = app.upstream_calls(Endpoint::Coupons);
+    let items: Vec<Value> = (100_101..100_111u64)
+        .map(|id| json!({"platform": "jd", "item_id": id.to_string()}))
+        .collect();
+    let batch = json_of(app.post_batch(&json!({ "items": items })).await).await;
+    for result in batch["results"].as_array().unwrap() {
+        assert_eq!(result["status"], 200);
+    }
+    // Ten first attempts and at most two retries for the whole batch.
+    let calls = app.upstream_calls(Endpoint::Coupons) - before;
+    assert!((10..=12).contains(&calls), "{calls} coupon calls");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn shortened_timeouts_still_count_against_the_breaker() {
+    let app = spawn_app_with(|settings| {
+        settings.resilience.coupons.min_calls = Some(5);
+    })
+    .await;
+    app.simulator
+        .set_fault(
+            Endpoint::Coupons,
+            Fault {
+                latency_ms: 400,
+                ..Fault::default()
+            },
+        )
+        .unwrap();
+    app.admin_put("/admin/v1/shedding", &json!({"level": "short_timeouts"}))
+        .await;
+    // Five cold items time out at the halved coupon tier (250 ms): the breaker hears of each.
+    for (quote, _) in quote_all(&app, 100_001..100_006).await {
+        assert_eq!(
+            coupon_degradation(&quote),
+            Some(("template".to_owned(), "timeout".to_owned()))
+        );
+    }
+    let breaker = settled_breaker(&app, "open").await;
+    assert_eq!(breaker["state"], "open", "{breaker}");
     app.stop().await;
 }

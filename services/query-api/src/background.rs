@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use rebate_cache::ItemFilter;
 use rebate_domain::ItemKey;
-use rebate_engine::QueryEngine;
+use rebate_engine::{QueryEngine, ShedLevel};
 use rebate_store::CatalogRepository;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
+
+use crate::protection::Protection;
 
 /// Builds the filter from the store now, then again every `interval`, until shutdown. A failed
 /// build keeps the previous filter (or fail-open) and is retried at the next interval.
@@ -55,10 +57,12 @@ pub struct WarmupPlan {
 }
 
 /// Loads the plan's keys through the normal query path (so L1 and L2 both fill) at a bounded
-/// rate, at start and then every `interval`, until shutdown.
+/// rate, at start and then every `interval`, until shutdown. Warm-up is optional work: while the
+/// service sheds load (level ≥ 1) keys are skipped rather than loaded.
 pub async fn warm_up(
     engine: QueryEngine,
     store: Arc<dyn CatalogRepository>,
+    protection: Arc<Protection>,
     plan: WarmupPlan,
     shutdown: CancellationToken,
 ) {
@@ -76,10 +80,15 @@ pub async fn warm_up(
         let mut ticks = tokio::time::interval(Duration::from_secs(1) / plan.rate_per_sec.max(1));
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut warmed = 0u64;
+        let mut skipped = 0u64;
         for key in &keys {
             tokio::select! {
                 _ = ticks.tick() => {}
                 () = shutdown.cancelled() => return,
+            }
+            if protection.level() != ShedLevel::Normal {
+                skipped += 1;
+                continue;
             }
             if engine
                 .quote(*key, Instant::now() + plan.deadline)
@@ -92,6 +101,7 @@ pub async fn warm_up(
         tracing::info!(
             keys = keys.len(),
             warmed,
+            skipped_while_shedding = skipped,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "warm-up done"
         );

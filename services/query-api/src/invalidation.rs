@@ -12,11 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rebate_engine::QueryEngine;
+use rebate_engine::{QueryEngine, ShedLevel};
 use rebate_events::{Deduplicator, EventHandler, HandlerError, InvalidationEvent};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use crate::protection::Protection;
 
 /// How an instance applies events.
 #[derive(Debug, Clone)]
@@ -32,6 +34,9 @@ pub struct InvalidationSettings {
 #[derive(Debug)]
 pub struct Invalidator {
     engine: QueryEngine,
+    /// Re-warming is skipped while the service sheds load: the fence is what matters, and the
+    /// next request reloads.
+    protection: Arc<Protection>,
     settings: InvalidationSettings,
     applied: Deduplicator,
     /// Second passes and re-warms run here, stopped with the service.
@@ -42,12 +47,14 @@ pub struct Invalidator {
 impl Invalidator {
     pub fn new(
         engine: QueryEngine,
+        protection: Arc<Protection>,
         settings: InvalidationSettings,
         tasks: TaskTracker,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
         Arc::new(Self {
             engine,
+            protection,
             settings,
             applied: Deduplicator::new(100_000, Duration::from_secs(3_600)),
             tasks,
@@ -103,11 +110,15 @@ impl EventHandler for Invalidator {
             return Err(error);
         }
         let engine = self.engine.clone();
+        let protection = Arc::clone(&self.protection);
         let event = event.clone();
         let settings = self.settings.clone();
         let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {
             for key in event.keys() {
+                if protection.level() != ShedLevel::Normal {
+                    break;
+                }
                 let _ = engine
                     .quote(key, Instant::now() + settings.rewarm_deadline)
                     .await;

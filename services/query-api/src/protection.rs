@@ -143,7 +143,7 @@ impl ResilienceSettings {
             min_calls: dependency.min_calls.unwrap_or(defaults.min_calls),
             slow_call: Duration::from_millis(dependency.slow_call_ms),
             cool_down,
-            max_cool_down: Duration::from_millis(defaults.max_cool_down_ms).max(cool_down),
+            max_cool_down: Duration::from_millis(defaults.max_cool_down_ms),
             probe_stages: defaults.probe_stages,
         }
     }
@@ -162,9 +162,10 @@ impl ResilienceSettings {
     fn quota(dependency: &DependencyConfig) -> Option<RateConfig> {
         dependency.quota_per_sec.map(|per_second| RateConfig {
             per_second,
+            // A tenth of a second's worth unless set: burst + rate stays near the contract.
             burst: dependency
                 .quota_burst
-                .unwrap_or_else(|| (per_second.ceil() as u32).max(1)),
+                .unwrap_or_else(|| ((per_second / 10.0).ceil() as u32).max(1)),
         })
     }
 
@@ -212,11 +213,22 @@ impl ResilienceSettings {
                     .map_err(|reason| invalid(field, format!("quota: {reason}")))?;
             }
         }
-        if self.mysql.retry || self.redis.retry {
+        for (field, retry) in [
+            ("resilience.mysql.retry", self.mysql.retry),
+            ("resilience.redis.retry", self.redis.retry),
+        ] {
+            if retry {
+                return Err(invalid(
+                    field,
+                    "retry is only for idempotent upstream reads (coupons, extras); the store and \
+                     the cache tier are never retried",
+                ));
+            }
+        }
+        if self.retry.max_saved == 0 {
             return Err(invalid(
-                "resilience.mysql",
-                "retry is only for idempotent upstream reads (coupons, extras); the store and the \
-                 cache tier are never retried",
+                "resilience.retry.max_saved",
+                "must be at least 1 (0 would forbid every retry; set max_per_request = 0 for that)",
             ));
         }
         self.retry_config()
@@ -370,8 +382,20 @@ impl Protection {
     }
 
     pub fn status(&self) -> ProtectionStatus {
+        let shedding = &self.settings.shedding;
         ProtectionStatus {
             shedding: self.shedder.as_ref().map(LoadShedder::snapshot),
+            shedding_thresholds: ShedThresholds {
+                enabled: shedding.enabled,
+                capacity_rps: shedding.capacity_rps,
+                max_in_flight: shedding.max_in_flight,
+                min_in_flight: shedding.min_in_flight,
+                adaptive: shedding.adaptive,
+                thresholds: shedding.thresholds,
+                hysteresis: shedding.hysteresis,
+                min_dwell_ms: shedding.min_dwell_ms,
+                interval_ms: shedding.interval_ms,
+            },
             dependencies: self
                 .dependencies()
                 .iter()
@@ -409,11 +433,26 @@ pub struct DependencyTimeouts {
 #[derive(Debug, Serialize)]
 pub struct ProtectionStatus {
     pub shedding: Option<ShedSnapshot>,
+    pub shedding_thresholds: ShedThresholds,
     pub dependencies: Vec<DependencySnapshot>,
     pub client_limit: Option<ClientLimitStatus>,
     /// Core, normal and edge timeout factors at level 2.
     pub level2_timeout_factors: [f64; 3],
     pub shed_retry_after_secs: [u32; 2],
+}
+
+/// `[resilience.shedding]` as configured.
+#[derive(Debug, Serialize)]
+pub struct ShedThresholds {
+    pub enabled: bool,
+    pub capacity_rps: u32,
+    pub max_in_flight: u32,
+    pub min_in_flight: u32,
+    pub adaptive: bool,
+    pub thresholds: [f64; 3],
+    pub hysteresis: f64,
+    pub min_dwell_ms: u64,
+    pub interval_ms: u64,
 }
 
 #[derive(Debug, Serialize)]

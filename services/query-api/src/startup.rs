@@ -195,6 +195,13 @@ impl Application {
             None
         };
         let shedding = &settings.resilience.shedding;
+        if shedding.enabled && shedding.capacity_rps == 0 {
+            tracing::warn!(
+                "resilience.shedding.capacity_rps is 0: shedding follows concurrency alone, which \
+                 drops as soon as cache-only answers are fast, so sustained overload cycles between \
+                 levels 2 and 3; set it from a load test"
+            );
+        }
         let engine_settings = EngineSettings {
             timeouts,
             short_timeouts: timeouts.scaled(
@@ -219,6 +226,7 @@ impl Application {
             tasks.spawn(background::warm_up(
                 engine.clone(),
                 Arc::clone(&store),
+                Arc::clone(&protection),
                 background::WarmupPlan {
                     items: settings.warmup_items()?,
                     hot_items_limit: settings.warmup.hot_items_limit,
@@ -232,6 +240,7 @@ impl Application {
 
         let invalidator = Invalidator::new(
             engine.clone(),
+            Arc::clone(&protection),
             InvalidationSettings {
                 fence_for: Duration::from_secs(settings.events.fence_secs),
                 second_pass_after: Duration::from_millis(settings.events.second_pass_ms),

@@ -1,13 +1,18 @@
-//! What the request that started a load allows it: a deadline and a share of retries.
+//! What the request that started a load allows it: an attempt timeout, a deadline for retries
+//! and a share of retries.
 //!
 //! A load runs in its own task (so a caller that gives up does not waste it), which would cut it
 //! off from the request that asked for it. [`PartCache`](crate::PartCache) therefore carries the
 //! starting caller's [`LoadContext`] into the load task, where a loader reads it with
-//! [`LoadContext::current`] to cap each attempt at the deadline and to spend the request's
-//! retries (at most two per request, shared by all its parts).
+//! [`LoadContext::current`]: each attempt may take the part's timeout at the request's shed level
+//! (measured from when the attempt starts, so that callers joining the load later are not cut off
+//! by the starter's deadline), a retry is only started if it can end before the request's
+//! deadline, and the request's retries (at most two, shared by all its parts and items) are spent.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -18,6 +23,7 @@ tokio::task_local! {
 #[derive(Debug, Clone)]
 pub struct LoadContext {
     deadline: Option<Instant>,
+    attempt_timeout: Option<Duration>,
     retries_left: Arc<AtomicU32>,
 }
 
@@ -26,16 +32,24 @@ impl LoadContext {
     pub fn new(deadline: Option<Instant>, retries: u32) -> Self {
         Self {
             deadline,
+            attempt_timeout: None,
             retries_left: Arc::new(AtomicU32::new(retries)),
         }
     }
 
-    /// The same request's retry allowance under another deadline (one per part).
-    pub fn with_deadline(&self, deadline: Instant) -> Self {
+    /// The same request (deadline, shared retries) for one part, whose attempts may each take
+    /// `attempt_timeout`.
+    pub fn for_part(&self, attempt_timeout: Duration) -> Self {
         Self {
-            deadline: Some(deadline),
+            deadline: self.deadline,
+            attempt_timeout: Some(attempt_timeout),
             retries_left: Arc::clone(&self.retries_left),
         }
+    }
+
+    /// How long one attempt may take, when the request set it (its part's tier at its shed level).
+    pub fn attempt_timeout(&self) -> Option<Duration> {
+        self.attempt_timeout
     }
 
     /// The context of the running task, if a request set one.
@@ -50,6 +64,11 @@ impl LoadContext {
 
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
+    }
+
+    /// Gives back a retry taken with [`LoadContext::take_retry`] that was not made after all.
+    pub fn refund_retry(&self) {
+        self.retries_left.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Takes one of the request's retries; false when none is left.
@@ -69,17 +88,19 @@ impl LoadContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[tokio::test]
     async fn retries_are_shared_by_every_part_of_a_request() {
         let request = LoadContext::new(None, 2);
-        let coupons = request.with_deadline(Instant::now() + Duration::from_millis(500));
-        let extras = request.with_deadline(Instant::now() + Duration::from_millis(250));
+        let coupons = request.for_part(Duration::from_millis(500));
+        let extras = request.for_part(Duration::from_millis(250));
+        assert_eq!(extras.attempt_timeout(), Some(Duration::from_millis(250)));
         assert!(coupons.take_retry());
         assert!(extras.take_retry());
         assert!(!coupons.take_retry());
         assert_eq!(request.retries_left(), 0);
+        extras.refund_retry();
+        assert!(coupons.take_retry());
     }
 
     #[tokio::test]

@@ -195,7 +195,13 @@ impl QueryEngine {
             self.prefetch_shared_tier(&[key]).await;
             return self.quote_cached(key);
         }
-        self.quote_admitted(key, deadline, level).await
+        let request = self.request_context(deadline);
+        self.quote_admitted(key, deadline, level, &request).await
+    }
+
+    /// One request's deadline and retry allowance, shared by every part of every item in it.
+    fn request_context(&self, deadline: Instant) -> LoadContext {
+        LoadContext::new(Some(deadline), self.inner.settings.retries_per_request)
     }
 
     /// The fan-out for a key that passed the filter.
@@ -204,9 +210,9 @@ impl QueryEngine {
         key: ItemKey,
         deadline: Instant,
         level: ShedLevel,
+        request: &LoadContext,
     ) -> Result<Quote, QueryError> {
         let parts = &self.inner.parts;
-        let request = LoadContext::new(Some(deadline), self.inner.settings.retries_per_request);
         let (product, rate, coupons, extras) = tokio::join!(
             self.fetch(
                 &parts.product,
@@ -214,16 +220,16 @@ impl QueryEngine {
                 key,
                 deadline,
                 level,
-                &request
+                request
             ),
-            self.fetch(&parts.rate, PartKind::Rate, key, deadline, level, &request),
+            self.fetch(&parts.rate, PartKind::Rate, key, deadline, level, request),
             self.fetch(
                 &parts.coupons,
                 PartKind::Coupons,
                 key,
                 deadline,
                 level,
-                &request
+                request
             ),
             self.fetch(
                 &parts.extras,
@@ -231,7 +237,7 @@ impl QueryEngine {
                 key,
                 deadline,
                 level,
-                &request
+                request
             ),
         );
         let result = assemble(product, rate, coupons, extras, self.inner.clock.now());
@@ -320,9 +326,11 @@ impl QueryEngine {
                 })
                 .collect();
         }
+        // One allowance of retries for the whole batch, as for any one request.
+        let request = &self.request_context(deadline);
         join_all(keys.iter().zip(admitted).map(|(key, admitted)| async move {
             if admitted {
-                self.quote_admitted(*key, deadline, level).await
+                self.quote_admitted(*key, deadline, level, request).await
             } else {
                 Err(QueryError::NotFound { delisted: false })
             }
@@ -401,13 +409,12 @@ impl QueryEngine {
         } else {
             &settings.timeouts
         };
-        let now = Instant::now();
-        let budget = timeouts
-            .get(part)
-            .min(deadline.saturating_duration_since(now));
-        // A load this call starts keeps the part's deadline and the request's retry allowance.
+        let timeout = timeouts.get(part);
+        let budget = timeout.min(deadline.saturating_duration_since(Instant::now()));
+        // A load this call starts keeps the part's timeout at this level, the request's deadline
+        // (for retries) and its retry allowance.
         let outcome = request
-            .with_deadline(now + budget)
+            .for_part(timeout)
             .scope(cache.get(key, budget))
             .await;
         match outcome {

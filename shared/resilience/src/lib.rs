@@ -1,6 +1,8 @@
 //! Protection that costs almost nothing on the hot path.
 //!
-//! Every guard here is a handful of atomics; none takes a lock or allocates per call:
+//! Every guard here is a handful of atomics and takes no lock and allocates nothing per call —
+//! except [`KeyedLimiter`], whose per-client buckets live in a bounded moka cache (a lookup per
+//! call, an insert per new client):
 //! - [`CircuitBreaker`]: a rolling window of failure buckets, open → half-open with slow-start
 //!   probes, cool-downs that grow on repeated trips;
 //! - [`Bulkhead`]: a bound on concurrent calls that fails at once when full;

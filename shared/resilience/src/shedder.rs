@@ -459,13 +459,19 @@ impl LoadShedder {
     /// One Gradient2 step from an interval's mean latency.
     fn update_latency_and_limit(&self, short_nanos: f64, peak_in_flight: u64) {
         let previous_long_nanos = load_f64(&self.long_latency_nanos_bits);
-        let mut long_nanos = if previous_long_nanos > 0.0 {
+        let cache_only = PackedLevel::unpack(self.level_word.load(Ordering::Acquire)).measured
+            == ShedLevel::CacheOnly;
+        let mut long_nanos = if cache_only && previous_long_nanos > 0.0 {
+            // Cache-only answers take microseconds: learning them as the baseline would make
+            // real work look slow when it resumes and shrink the limit back into overload.
+            previous_long_nanos
+        } else if previous_long_nanos > 0.0 {
             previous_long_nanos + LONG_LATENCY_ALPHA * (short_nanos - previous_long_nanos)
         } else {
             // Seeded by the first interval that measured anything.
             short_nanos
         };
-        if short_nanos > 0.0 && long_nanos / short_nanos > 2.0 {
+        if !cache_only && short_nanos > 0.0 && long_nanos / short_nanos > 2.0 {
             // Latency is back to normal after a long bad spell: forget the bad baseline faster
             // than the EWMA would, or a new slowdown would go unnoticed for minutes.
             long_nanos *= 0.95;
@@ -640,12 +646,12 @@ impl Drop for Admission<'_> {
             .ticker
             .now_nanos()
             .saturating_sub(self.admitted_at_nanos);
-        shedder.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-        shedder
-            .counters
+        let counters = &shedder.counters;
+        counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        counters
             .latency_sum_nanos
             .fetch_add(latency_nanos, Ordering::Relaxed);
-        shedder.counters.completed.fetch_add(1, Ordering::Relaxed);
+        counters.completed.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -1075,6 +1081,30 @@ mod tests {
         }
         assert_eq!(shedder.snapshot().concurrency_limit, 64);
         assert_eq!(shedder.level(), Normal);
+    }
+
+    #[test]
+    fn cache_only_answers_do_not_become_the_latency_baseline() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            interval: INTERVAL,
+            min_dwell: Duration::from_secs(10),
+            ..ShedConfig::default()
+        });
+        for _ in 0..10 {
+            interval_of_traffic(&shedder, &ticker, 20, Duration::from_millis(10));
+        }
+        drop(shedder.admit());
+        assert_eq!(shedder.snapshot().baseline_latency_ms, 10.0);
+        assert_eq!(shedder.observe_load(1.5), CacheOnly);
+        // Served from cache in microseconds, for less than the dwell: still level 3.
+        for _ in 0..8 {
+            interval_of_traffic(&shedder, &ticker, 20, Duration::from_micros(5));
+        }
+        drop(shedder.admit());
+        let snapshot = shedder.snapshot();
+        assert_eq!(snapshot.level, CacheOnly);
+        assert_eq!(snapshot.baseline_latency_ms, 10.0, "{snapshot:?}");
+        assert!(snapshot.latency_ms < 0.01, "{snapshot:?}");
     }
 
     #[test]

@@ -42,9 +42,17 @@ impl LoadLimiter {
             .expect("the load limiter's semaphore is never closed");
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.max_in_flight.fetch_max(now, Ordering::Relaxed);
-        let result = load.await;
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        result
+        // Counted out on drop too: the guard's attempt timeout cancels loads mid-query.
+        let _counted = InFlight(&self.in_flight);
+        load.await
+    }
+}
+
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -78,6 +78,16 @@ pub struct Dependency {
     timeout: Option<Duration>,
     ticker: Arc<dyn Ticker>,
     counters: Counters,
+    refusals: Refusals,
+}
+
+/// The details of the guard's own refusals, built once: refusing must cost no allocation, since
+/// an open breaker refuses every call.
+#[derive(Debug)]
+struct Refusals {
+    breaker_open: Arc<str>,
+    bulkhead_full: Arc<str>,
+    quota: Arc<str>,
 }
 
 #[derive(Debug, Default)]
@@ -115,6 +125,15 @@ impl Dependency {
             timeout: settings.timeout,
             ticker,
             counters: Counters::default(),
+            refusals: Refusals {
+                breaker_open: format!("{name}: circuit breaker open").into(),
+                bulkhead_full: format!(
+                    "{name}: all {} slots for concurrent calls taken",
+                    settings.max_concurrent
+                )
+                .into(),
+                quota: format!("{name}: outbound quota spent").into(),
+            },
         }
     }
 
@@ -134,16 +153,14 @@ impl Dependency {
         Fut: Future<Output = Result<T, AttemptFailure>>,
     {
         let context = LoadContext::current();
-        let deadline = context.as_ref().and_then(LoadContext::deadline);
+        let budget = self.attempt_budget(context.as_ref());
         let mut retries = 0u32;
         loop {
-            let budget = self.attempt_budget(deadline)?;
             let failure = match self.attempt_once(budget, &mut attempt, retries == 0).await {
                 Ok(value) => return Ok(value),
                 Err(failure) => failure,
             };
-            let Some(delay) = self.retry_delay(&failure, retries, context.as_ref(), deadline)
-            else {
+            let Some(delay) = self.retry_delay(&failure, retries, budget, context.as_ref()) else {
                 return Err(failure.failure);
             };
             retries += 1;
@@ -152,19 +169,14 @@ impl Dependency {
         }
     }
 
-    /// The time one attempt may take: the dependency's timeout capped by the deadline.
-    fn attempt_budget(&self, deadline: Option<Instant>) -> Result<Option<Duration>, LoadFailure> {
-        let left = deadline.map(|deadline| deadline.saturating_duration_since(Instant::now()));
-        if left.is_some_and(|left| left.is_zero()) {
-            return Err(LoadFailure::timeout(format!(
-                "{}: the request deadline passed before the call",
-                self.name
-            )));
+    /// The time one attempt may take: the dependency's timeout, shortened to the part's timeout at
+    /// the request's shed level. Measured from the attempt's start, not from the request's: a
+    /// load shared by later callers must not be cut off by its starter's deadline.
+    fn attempt_budget(&self, context: Option<&LoadContext>) -> Option<Duration> {
+        match (self.timeout, context.and_then(LoadContext::attempt_timeout)) {
+            (Some(timeout), Some(part)) => Some(timeout.min(part)),
+            (timeout, part) => timeout.or(part),
         }
-        Ok(match (self.timeout, left) {
-            (Some(timeout), Some(left)) => Some(timeout.min(left)),
-            (timeout, left) => timeout.or(left),
-        })
     }
 
     async fn attempt_once<T, F, Fut>(
@@ -178,27 +190,29 @@ impl Dependency {
         Fut: Future<Output = Result<T, AttemptFailure>>,
     {
         let counters = &self.counters;
-        let permit = self.breaker.try_acquire().map_err(|open| {
+        let refusals = &self.refusals;
+        let permit = self.breaker.try_acquire().map_err(|_| {
             bump(&counters.rejected_breaker);
-            AttemptFailure::permanent(LoadFailure::new(FailureKind::BreakerOpen, open.to_string()))
+            AttemptFailure::permanent(LoadFailure::new(
+                FailureKind::BreakerOpen,
+                Arc::clone(&refusals.breaker_open),
+            ))
         })?;
-        let _slot = self.bulkhead.try_acquire().map_err(|full| {
+        let _slot = self.bulkhead.try_acquire().map_err(|_| {
             bump(&counters.rejected_bulkhead);
             AttemptFailure::permanent(LoadFailure::new(
                 FailureKind::BulkheadFull,
-                full.to_string(),
+                Arc::clone(&refusals.bulkhead_full),
             ))
         })?;
-        if let Some((_, bucket)) = &self.quota {
-            bucket
-                .try_acquire_at(self.ticker.now_nanos())
-                .map_err(|exceeded| {
-                    bump(&counters.rejected_quota);
-                    AttemptFailure::permanent(LoadFailure::new(
-                        FailureKind::Quota,
-                        format!("{} quota spent: {exceeded}", self.name),
-                    ))
-                })?;
+        if let Some((_, bucket)) = &self.quota
+            && bucket.try_acquire_at(self.ticker.now_nanos()).is_err()
+        {
+            bump(&counters.rejected_quota);
+            return Err(AttemptFailure::permanent(LoadFailure::new(
+                FailureKind::Quota,
+                Arc::clone(&refusals.quota),
+            )));
         }
         if first && let Some((_, budget, _)) = &self.retry {
             budget.deposit();
@@ -220,57 +234,71 @@ impl Dependency {
                 bump(&counters.successes);
                 permit.success();
             }
-            Err(failure) if failure.failure.kind == FailureKind::Timeout => {
-                bump(&counters.timeouts);
-                // Cut short by the caller's deadline, before even the slow-call threshold: that
-                // says nothing about the dependency, so the breaker does not hear of it.
-                let cut_by_caller = budget.is_some_and(|budget| {
-                    self.timeout.is_none_or(|timeout| budget < timeout)
-                        && budget < self.breaker.config().slow_call
-                });
-                if cut_by_caller {
-                    drop(permit);
+            Err(failure) => {
+                if failure.failure.kind == FailureKind::Timeout {
+                    bump(&counters.timeouts);
                 } else {
-                    permit.failure();
+                    bump(&counters.failures);
                 }
-            }
-            Err(_) => {
-                bump(&counters.failures);
                 permit.failure();
             }
         }
         outcome
     }
 
-    /// How long to wait before retrying `failure`, or `None` when it must not be retried.
+    /// How long to wait before retrying `failure`, or `None` when it must not be retried: not
+    /// transient, no retries configured, the request's allowance or the global budget spent, or
+    /// no time left before the request's deadline for the back-off and another attempt.
     fn retry_delay(
         &self,
         failure: &AttemptFailure,
         retries: u32,
+        budget: Option<Duration>,
         context: Option<&LoadContext>,
-        deadline: Option<Instant>,
     ) -> Option<Duration> {
-        let (config, budget, backoff) = self.retry.as_ref()?;
+        let (config, global, backoff) = self.retry.as_ref()?;
         if !failure.retryable || retries >= config.max_per_request {
             return None;
         }
         let delay = backoff.delay(retries + 1);
-        // A retry that could not even start before the deadline is pointless.
-        if deadline.is_some_and(|deadline| Instant::now() + delay >= deadline) {
+        let deadline = context.and_then(LoadContext::deadline);
+        // The retry must be able to start before the deadline; it may then take its own budget,
+        // capped by the load's timeout like any attempt.
+        let earliest_end = Instant::now() + delay + budget.unwrap_or_default().min(delay);
+        if deadline.is_some_and(|deadline| earliest_end >= deadline) {
             return None;
         }
+        // The request's allowance first (shared by its parts), then the process-wide budget; a
+        // refusal by the budget gives the request its retry back.
         if context.is_some_and(|context| !context.take_retry()) {
             return None;
         }
-        budget.try_withdraw().then_some(delay)
+        if !global.try_withdraw() {
+            if let Some(context) = context {
+                context.refund_retry();
+            }
+            return None;
+        }
+        Some(delay)
     }
 
     pub fn snapshot(&self) -> DependencySnapshot {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let counters = &self.counters;
+        let config = self.breaker.config();
         DependencySnapshot {
             name: self.name,
             breaker: self.breaker.snapshot(),
+            breaker_thresholds: BreakerThresholds {
+                window_ms: millis(config.window),
+                buckets: config.buckets,
+                failure_ratio: config.failure_ratio,
+                min_calls: config.min_calls,
+                slow_call_ms: millis(config.slow_call),
+                cool_down_ms: millis(config.cool_down),
+                max_cool_down_ms: millis(config.max_cool_down),
+                probe_stages: config.probe_stages,
+            },
             bulkhead: self.bulkhead.snapshot(),
             quota: self.quota.as_ref().map(|(rate, bucket)| {
                 let (granted, refused) = bucket.counts();
@@ -291,7 +319,7 @@ impl Dependency {
                     refused,
                 }
             }),
-            timeout_ms: self.timeout.map(|timeout| timeout.as_millis() as u64),
+            timeout_ms: self.timeout.map(millis),
             attempts: read(&counters.attempts),
             successes: read(&counters.successes),
             failures: read(&counters.failures),
@@ -307,11 +335,18 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A dependency's guards and counters, for the admin status (and metrics).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DependencySnapshot {
     pub name: &'static str,
+    /// Live state: window counts, observed failure ratio, trips, cool-down left, probe stage.
     pub breaker: BreakerSnapshot,
+    /// The configuration the live state is judged against.
+    pub breaker_thresholds: BreakerThresholds,
     pub bulkhead: BulkheadSnapshot,
     pub quota: Option<QuotaSnapshot>,
     pub retry: Option<RetrySnapshot>,
@@ -324,6 +359,19 @@ pub struct DependencySnapshot {
     pub rejected_breaker: u64,
     pub rejected_bulkhead: u64,
     pub rejected_quota: u64,
+}
+
+/// A breaker's configuration, in the units of the config file.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BreakerThresholds {
+    pub window_ms: u64,
+    pub buckets: u32,
+    pub failure_ratio: f64,
+    pub min_calls: u32,
+    pub slow_call_ms: u64,
+    pub cool_down_ms: u64,
+    pub max_cool_down_ms: u64,
+    pub probe_stages: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -344,7 +392,10 @@ pub struct RetrySnapshot {
 }
 
 /// The shared L2 tier behind the Redis dependency's guard: while its breaker is open, cache
-/// reads skip L2 at once (straight to the source) instead of paying a command timeout per miss.
+/// reads and leases skip L2 at once (straight to the source) instead of paying a command timeout
+/// per miss. Writes — version-fenced values and invalidation tombstones — and lease releases go to
+/// the tier directly: they are off the request path, and an invalidation fence must reach Redis
+/// whenever Redis answers, whatever the breaker last saw.
 #[derive(Debug)]
 pub struct GuardedTier {
     tier: Arc<dyn SharedTier>,
@@ -374,6 +425,7 @@ impl GuardedTier {
                 }
             })
             .await
+            // The tier treats every error alike (skip L2); the detail keeps what happened.
             .map_err(|failure| TierError::Backend(failure.detail.to_string()))
     }
 }
@@ -390,7 +442,7 @@ impl SharedTier for GuardedTier {
         entry: &TierEntry,
         ttl: Duration,
     ) -> Result<FenceOutcome, TierError> {
-        self.guarded(|| self.tier.put_fenced(key, entry, ttl)).await
+        self.tier.put_fenced(key, entry, ttl).await
     }
 
     async fn try_lease(&self, key: TierKey, token: u64, ttl: Duration) -> Result<bool, TierError> {
@@ -398,7 +450,7 @@ impl SharedTier for GuardedTier {
     }
 
     async fn release_lease(&self, key: TierKey, token: u64) -> Result<(), TierError> {
-        self.guarded(|| self.tier.release_lease(key, token)).await
+        self.tier.release_lease(key, token).await
     }
 
     /// Readiness asks the tier itself, whatever the breaker thinks.

@@ -132,13 +132,18 @@ struct BatchResult {
 struct BatchError {
     code: rebate_domain::ErrorCode,
     message: String,
+    /// For `overloaded` items: when asking again may help.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_secs: Option<u32>,
 }
 
-impl From<ErrorBody> for BatchError {
-    fn from(body: ErrorBody) -> Self {
+impl From<&ApiError> for BatchError {
+    fn from(error: &ApiError) -> Self {
+        let ErrorBody { code, message } = error.body();
         Self {
-            code: body.code,
-            message: body.message,
+            code,
+            message,
+            retry_after_secs: error.retry_after_secs(),
         }
     }
 }
@@ -183,6 +188,17 @@ async fn batch_rebate(
             .map_err(|error| query_error(&state, error))
     });
 
+    let answers: Vec<Result<Quote, ApiError>> = answers.collect();
+    // Shedding with nothing cached for any item: the batch as a whole is overloaded, so that
+    // clients see one 503 with one Retry-After rather than a 200 full of refusals.
+    if answers
+        .iter()
+        .all(|answer| matches!(answer, Err(ApiError::Overloaded { .. })))
+    {
+        return Err(ApiError::Overloaded {
+            retry_after_secs: state.protection.shed_retry_after(),
+        });
+    }
     let results = distinct
         .into_iter()
         .zip(answers)
@@ -199,7 +215,7 @@ async fn batch_rebate(
                 item_id: raw.item_id,
                 status: error.status().as_u16(),
                 quote: None,
-                error: Some(error.body().into()),
+                error: Some(BatchError::from(&error)),
             },
         })
         .collect();
