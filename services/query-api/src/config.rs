@@ -37,6 +37,18 @@ fn non_empty_env(name: &str) -> Option<String> {
         .filter(|value| !value.trim().is_empty())
 }
 
+/// An `http(s)://host[:port][/path]` URL, checked without a URL crate's full rules.
+fn reqwest_free_url_check(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| format!("{url:?} must start with http:// or https://"))?;
+    if rest.is_empty() || rest.starts_with('/') || rest.contains(char::is_whitespace) {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(())
+}
+
 fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field,
@@ -92,6 +104,7 @@ pub struct Settings {
     pub timeouts: TimeoutSettings,
     pub parts: PartsSettings,
     pub resilience: ResilienceSettings,
+    pub observability: ObservabilitySettings,
     pub log: LogSettings,
 }
 
@@ -261,6 +274,28 @@ pub struct LogSettings {
     pub filter: String,
 }
 
+/// `[observability]`: the slow-request log and OTLP trace export.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObservabilitySettings {
+    /// Names this instance in slow-request records and exported traces; empty: host name and
+    /// process id.
+    pub instance_id: String,
+    /// A request at least this slow is recorded (and, when exporting, always kept).
+    pub slow_request_ms: u64,
+    /// How many slow, failed or degraded requests the in-process log keeps.
+    pub slow_log_size: usize,
+    /// OTLP/HTTP collector base URL (`OTEL_EXPORTER_OTLP_ENDPOINT` wins); empty: no export.
+    pub otlp_endpoint: String,
+    pub otlp_sample_ratio: f64,
+    pub otlp_queue_size: usize,
+    pub otlp_timeout_ms: u64,
+    pub service_name: String,
+}
+
+/// The standard OpenTelemetry variable for the collector's address.
+pub const OTLP_ENDPOINT_ENV: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+
 impl Settings {
     /// Defaults, then `file` if given, then the environment; validated.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
@@ -281,6 +316,9 @@ impl Settings {
         }
         if let Some(url) = non_empty_env(AMQP_URL_ENV) {
             settings.events.amqp.url = url;
+        }
+        if let Some(url) = non_empty_env(OTLP_ENDPOINT_ENV) {
+            settings.observability.otlp_endpoint = url;
         }
         settings.validate()?;
         Ok(settings)
@@ -393,7 +431,86 @@ impl Settings {
             part.validate(name)?;
         }
         self.resilience.validate()?;
+        self.validate_observability()?;
         self.validate_store_and_tiers()
+    }
+
+    fn validate_observability(&self) -> Result<(), ConfigError> {
+        let observability = &self.observability;
+        if !(1..=600_000).contains(&observability.slow_request_ms) {
+            return Err(invalid(
+                "observability.slow_request_ms",
+                format!("{} is outside 1..=600000", observability.slow_request_ms),
+            ));
+        }
+        if !(1..=100_000).contains(&observability.slow_log_size) {
+            return Err(invalid(
+                "observability.slow_log_size",
+                format!("{} is outside 1..=100000", observability.slow_log_size),
+            ));
+        }
+        let endpoint = observability.otlp_endpoint.trim();
+        if !endpoint.is_empty() {
+            let url = reqwest_free_url_check(endpoint);
+            if let Err(reason) = url {
+                return Err(invalid("observability.otlp_endpoint", reason));
+            }
+        }
+        if !(0.0..=1.0).contains(&observability.otlp_sample_ratio) {
+            return Err(invalid(
+                "observability.otlp_sample_ratio",
+                format!("{} is outside [0, 1]", observability.otlp_sample_ratio),
+            ));
+        }
+        if !(64..=1_000_000).contains(&observability.otlp_queue_size) {
+            return Err(invalid(
+                "observability.otlp_queue_size",
+                format!("{} is outside 64..=1000000", observability.otlp_queue_size),
+            ));
+        }
+        if !(1..=60_000).contains(&observability.otlp_timeout_ms) {
+            return Err(invalid(
+                "observability.otlp_timeout_ms",
+                format!("{} is outside 1..=60000", observability.otlp_timeout_ms),
+            ));
+        }
+        if observability.service_name.trim().is_empty() {
+            return Err(invalid("observability.service_name", "must not be empty"));
+        }
+        Ok(())
+    }
+
+    /// This instance's name: the configured one, else `host-pid`.
+    pub fn instance_id(&self) -> String {
+        let configured = self.observability.instance_id.trim();
+        if !configured.is_empty() {
+            return configured.to_owned();
+        }
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|host| !host.is_empty())
+            .or_else(|| {
+                std::fs::read_to_string("/etc/hostname")
+                    .ok()
+                    .map(|host| host.trim().to_owned())
+            })
+            .unwrap_or_else(|| "localhost".to_owned());
+        format!("{host}-{}", std::process::id())
+    }
+
+    /// The OTLP export settings, when an endpoint is configured.
+    pub fn otlp(&self) -> Option<rebate_telemetry::OtlpSettings> {
+        let observability = &self.observability;
+        let endpoint = observability.otlp_endpoint.trim();
+        (!endpoint.is_empty()).then(|| rebate_telemetry::OtlpSettings {
+            endpoint: endpoint.to_owned(),
+            service_name: observability.service_name.clone(),
+            instance: self.instance_id(),
+            sample_ratio: observability.otlp_sample_ratio,
+            slow: Duration::from_millis(observability.slow_request_ms),
+            max_queue: observability.otlp_queue_size,
+            export_timeout: Duration::from_millis(observability.otlp_timeout_ms),
+        })
     }
 
     fn validate_store_and_tiers(&self) -> Result<(), ConfigError> {

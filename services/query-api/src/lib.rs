@@ -13,6 +13,8 @@
 //! - [`invalidation`]: applies operators' change events to the caches (fences, re-warm).
 //! - [`protection`]: [`Protection`](protection::Protection), the guards of every dependency, the
 //!   load shedder and the per-client limiter, from `[resilience]`.
+//! - [`slow`]: [`SlowLog`](slow::SlowLog), the last slow, failed or degraded requests with
+//!   their stages, by trace id.
 //! - [`http`]: the router, the error type and the middleware (trace id, request timeout).
 
 pub mod background;
@@ -20,6 +22,7 @@ pub mod config;
 pub mod http;
 pub mod invalidation;
 pub mod protection;
+pub mod slow;
 pub mod startup;
 
 pub use config::Settings;

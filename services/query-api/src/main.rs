@@ -44,12 +44,25 @@ async fn main() -> anyhow::Result<()> {
     if let Some(listen) = cli.admin_listen {
         settings.admin.listen = listen;
     }
-    rebate_telemetry::init(settings.log.format, &settings.log.filter)?;
+    let command = cli.command.unwrap_or(Command::Serve);
+    // Seeding exports no traces.
+    let otlp = match command {
+        Command::Serve => settings.otlp(),
+        Command::Seed => None,
+    };
+    let telemetry =
+        rebate_telemetry::init(settings.log.format, &settings.log.filter, otlp.as_ref())?;
+    if let Some(otlp) = &otlp {
+        tracing::info!(endpoint = %otlp.endpoint, sample_ratio = otlp.sample_ratio, "exporting traces over OTLP");
+    }
 
-    match cli.command.unwrap_or(Command::Serve) {
+    let result = match command {
         Command::Serve => serve(settings).await,
         Command::Seed => query_api::startup::seed(&settings).await,
-    }
+    };
+    // Off the runtime's worker: the exporter's last flush awaits the runtime.
+    tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
+    result
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<()> {

@@ -9,7 +9,7 @@ use rebate_resilience::{
     BreakerConfig, KeyedLimiter, LoadShedder, RateConfig, RetryConfig, ShedConfig, ShedLevel,
     ShedSnapshot, Ticker,
 };
-use rebate_sources::{Dependency, DependencySettings, DependencySnapshot};
+use rebate_sources::{CallObserver, Dependency, DependencySettings, DependencySnapshot};
 use serde::{Deserialize, Serialize};
 
 use crate::config::ConfigError;
@@ -324,10 +324,11 @@ impl Protection {
         settings: &ResilienceSettings,
         timeouts: DependencyTimeouts,
         ticker: Arc<dyn Ticker>,
+        observer: Option<Arc<dyn CallObserver>>,
     ) -> Self {
         let guard = |name: &'static str, timeout: Option<Duration>| {
             let config = settings.dependency(name);
-            Arc::new(Dependency::new(
+            let dependency = Dependency::new(
                 name,
                 DependencySettings {
                     breaker: settings.breaker_config(config),
@@ -337,7 +338,11 @@ impl Protection {
                     timeout,
                 },
                 Arc::clone(&ticker),
-            ))
+            );
+            Arc::new(match &observer {
+                Some(observer) => dependency.with_observer(Arc::clone(observer)),
+                None => dependency,
+            })
         };
         let shedding = &settings.shedding;
         let client = &settings.client_limit;

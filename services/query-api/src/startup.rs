@@ -27,6 +27,7 @@ use crate::config::{EventBackend, PartSettings, Settings, StoreBackend};
 use crate::http::admin::AdminToken;
 use crate::invalidation::{InvalidationSettings, Invalidator};
 use crate::protection::{DependencyTimeouts, Protection};
+use crate::slow::SlowLog;
 use rebate_amqp_bus::AmqpBus;
 use rebate_amqp_bus::events::{AmqpEventPublisher, DecodingHandler};
 use rebate_events::{
@@ -43,6 +44,11 @@ pub struct AppState {
     pub load_limiter: Arc<LoadLimiter>,
     /// Breakers, bulkheads, quotas, the load shedder and the per-client limiter.
     pub protection: Arc<Protection>,
+    /// The last slow, failed or degraded requests, by trace id.
+    pub slow_log: Arc<SlowLog>,
+    /// This instance's name in slow-request records and traces.
+    pub instance: Arc<str>,
+    pub slow_after: Duration,
     /// Where operators' change events are published and received.
     pub events: EventBus,
     pub limits: Arc<HttpLimits>,
@@ -127,6 +133,7 @@ impl Application {
                 extras: timeouts.extras,
             },
             ticker,
+            None,
         ));
         let client = http_client(Duration::from_millis(settings.upstreams.connect_timeout_ms))?;
         let coupons = CouponClient::new(
@@ -265,6 +272,9 @@ impl Application {
             tier,
             load_limiter,
             protection,
+            slow_log: Arc::new(SlowLog::new(settings.observability.slow_log_size)),
+            instance: Arc::from(settings.instance_id()),
+            slow_after: Duration::from_millis(settings.observability.slow_request_ms),
             events,
             limits: Arc::new(HttpLimits {
                 request_deadline: settings.request_deadline(),

@@ -20,7 +20,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    rebate_telemetry::init(rebate_telemetry::LogFormat::Text, "info")?;
+    rebate_telemetry::init(rebate_telemetry::LogFormat::Text, "info", None)?;
 
     let shutdown = CancellationToken::new();
     let simulator = RunningSimulator::start(cli.listen, shutdown.clone())

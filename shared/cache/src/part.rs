@@ -20,6 +20,8 @@ use crate::clock::Clock;
 use crate::context::LoadContext;
 use crate::envelope::{Envelope, TtlPolicy};
 use crate::shared::{FenceOutcome, SharedTier, TierEntry, TierError, TierKey};
+use rebate_telemetry::{Timeline, record_stage};
+use tracing::Instrument;
 
 /// What a source returns: the value (or `None` for "does not exist") and its data version.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -422,12 +424,24 @@ where
         }
         bump(&inner.stats.loads_started);
         let load_id = inner.next_load_id.fetch_add(1, Ordering::Relaxed);
-        // The load outlives its caller, but keeps the caller's deadline and retry allowance.
-        let run = Inner::run_load(Arc::clone(inner), key, load_id);
-        let task = match LoadContext::current() {
-            Some(context) => tokio::spawn(context.scope(run)),
-            None => tokio::spawn(run),
-        };
+        // The load outlives its caller, but keeps the caller's deadline, retry allowance and
+        // timeline, and its spans are children of the caller's.
+        let span = tracing::debug_span!("load", part = inner.settings.name, %key);
+        let run = Inner::run_load(Arc::clone(inner), key, load_id).instrument(span);
+        let context = LoadContext::current();
+        let timeline = Timeline::current();
+        let task = tokio::spawn(async move {
+            let run = async move {
+                match timeline {
+                    Some(timeline) => timeline.scope(run).await,
+                    None => run.await,
+                }
+            };
+            match context {
+                Some(context) => context.scope(run).await,
+                None => run.await,
+            }
+        });
         let load = async move {
             match task.await {
                 Ok(result) => result,
@@ -552,14 +566,23 @@ where
         let token: u64 = rand::random();
         let mut leased = false;
         if tier_up {
+            let started = tokio::time::Instant::now();
             match l2.tier.try_lease(tier_key, token, l2.lease_ttl).await {
                 Ok(true) => {
                     bump(&self.stats.leases_won);
+                    record_stage("lease", self.settings.name, "won", started, None);
                     leased = true;
                 }
                 Ok(false) => {
                     bump(&self.stats.leases_lost);
-                    if let Some(envelope) = self.wait_for_winner(l2, tier_key).await {
+                    let waited = self.wait_for_winner(l2, tier_key).await;
+                    let outcome = if waited.is_some() {
+                        "lost; the winner's value arrived"
+                    } else {
+                        "lost; gave up waiting"
+                    };
+                    record_stage("lease", self.settings.name, outcome, started, None);
+                    if let Some(envelope) = waited {
                         bump(&self.stats.lease_waits_served);
                         return Ok(self.adopt_from_l2(key, envelope));
                     }
@@ -600,6 +623,23 @@ where
 
     /// The decoded L2 entry, `Ok(None)` when absent or undecodable, `Err` when the tier failed.
     async fn read_l2(&self, l2: &L2Settings, tier_key: TierKey) -> Result<Option<Envelope<T>>, ()> {
+        let started = tokio::time::Instant::now();
+        let read = self.read_l2_untimed(l2, tier_key).await;
+        let outcome = match &read {
+            Ok(Some(envelope)) if envelope.is_fresh(self.clock.now()) => "hit",
+            Ok(Some(_)) => "stale",
+            Ok(None) => "miss",
+            Err(()) => "error",
+        };
+        record_stage("l2", self.settings.name, outcome, started, None);
+        read
+    }
+
+    async fn read_l2_untimed(
+        &self,
+        l2: &L2Settings,
+        tier_key: TierKey,
+    ) -> Result<Option<Envelope<T>>, ()> {
         match l2.tier.get_many(&[tier_key]).await {
             Ok(mut entries) => Ok(entries
                 .pop()

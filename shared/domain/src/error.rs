@@ -33,6 +33,10 @@ pub enum ErrorCode {
     Overloaded,
     /// This client sent more requests than its limit; retry after the `Retry-After` delay.
     RateLimited,
+    /// An admin route's query string or path parameter is malformed.
+    InvalidQuery,
+    /// The slow-request log holds no request with this trace id.
+    NotRecorded,
     /// The `x-client-id` header is not 1–64 characters of letters, digits, `.`, `_`, `:`, `-`.
     InvalidClientId,
     /// A bug; details are only in the logs.
@@ -56,6 +60,8 @@ impl ErrorCode {
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::InvalidClientId => "invalid_client_id",
+            ErrorCode::InvalidQuery => "invalid_query",
+            ErrorCode::NotRecorded => "not_recorded",
             ErrorCode::Internal => "internal",
         }
     }

@@ -10,6 +10,7 @@ use rebate_cache::{
 };
 use rebate_domain::{Coupon, Extras, ItemKey, PartKind, Product, RebateRate};
 use rebate_resilience::ShedLevel;
+use rebate_telemetry::record_stage;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -181,7 +182,12 @@ impl QueryEngine {
     /// L1 or not at all; from level 2 every part waits its shortened timeout; level 3 answers
     /// from the cache tiers only, and a product nobody has cached is
     /// [`QueryError::Unavailable`] with reason `shed`.
-    #[tracing::instrument(name = "quote", skip(self), fields(%key, level = level.as_str()))]
+    #[tracing::instrument(
+        name = "quote",
+        level = "debug",
+        skip(self),
+        fields(%key, level = level.as_str())
+    )]
     pub async fn quote_at(
         &self,
         key: ItemKey,
@@ -192,8 +198,11 @@ impl QueryEngine {
             return Err(QueryError::NotFound { delisted: false });
         }
         if level == ShedLevel::CacheOnly {
+            let started = Instant::now();
             self.prefetch_shared_tier(&[key]).await;
-            return self.quote_cached(key);
+            let quote = self.quote_cached(key);
+            record_stage("shed", "engine", "cache_only", started, None);
+            return quote;
         }
         let request = self.request_context(deadline);
         self.quote_admitted(key, deadline, level, &request).await
@@ -410,7 +419,8 @@ impl QueryEngine {
             &settings.timeouts
         };
         let timeout = timeouts.get(part);
-        let budget = timeout.min(deadline.saturating_duration_since(Instant::now()));
+        let started = Instant::now();
+        let budget = timeout.min(deadline.saturating_duration_since(started));
         // A load this call starts keeps the part's timeout at this level, the request's deadline
         // (for retries) and its retry allowance.
         let outcome = request
@@ -418,23 +428,44 @@ impl QueryEngine {
             .scope(cache.get(key, budget))
             .await;
         match outcome {
-            CacheOutcome::Hit(envelope) | CacheOutcome::Loaded(envelope) => PartResult::Live {
+            CacheOutcome::Hit(envelope) => PartResult::Live {
                 value: envelope.value.clone(),
                 as_of: envelope.fetched_at,
             },
+            CacheOutcome::Loaded(envelope) => {
+                record_stage("part", part.as_str(), "loaded", started, None);
+                PartResult::Live {
+                    value: envelope.value.clone(),
+                    as_of: envelope.fetched_at,
+                }
+            }
             CacheOutcome::Stale(envelope, failure) => {
                 tracing::debug!(part = part.as_str(), %failure, "serving stale");
+                let reason = reason_of(&failure);
+                record_stage(
+                    "part",
+                    part.as_str(),
+                    format!("stale ({})", reason.as_str()),
+                    started,
+                    None,
+                );
                 PartResult::Stale {
                     value: envelope.value.clone(),
                     as_of: envelope.fetched_at,
-                    reason: reason_of(&failure),
+                    reason,
                 }
             }
             CacheOutcome::Failed(failure) => {
                 tracing::debug!(part = part.as_str(), %failure, "part failed");
-                PartResult::Failed {
-                    reason: reason_of(&failure),
-                }
+                let reason = reason_of(&failure);
+                record_stage(
+                    "part",
+                    part.as_str(),
+                    format!("template ({})", reason.as_str()),
+                    started,
+                    None,
+                );
+                PartResult::Failed { reason }
             }
         }
     }

@@ -19,8 +19,10 @@ use rebate_resilience::{
     Backoff, BreakerConfig, BreakerSnapshot, Bulkhead, BulkheadSnapshot, CircuitBreaker,
     RateConfig, RetryBudget, RetryConfig, Ticker, TokenBucket,
 };
+use rebate_telemetry::record_stage;
 use serde::Serialize;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// How one dependency is protected.
 #[derive(Debug, Clone)]
@@ -35,6 +37,37 @@ pub struct DependencySettings {
     /// Each attempt's own timeout, further capped by the request's deadline; `None` when the
     /// client enforces its own (Redis commands).
     pub timeout: Option<Duration>,
+}
+
+/// How one attempt ended, or why none was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallOutcome {
+    Success,
+    Error,
+    Timeout,
+    /// Refused by the guard itself: no call was made.
+    BreakerOpen,
+    BulkheadFull,
+    Quota,
+}
+
+impl CallOutcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CallOutcome::Success => "success",
+            CallOutcome::Error => "error",
+            CallOutcome::Timeout => "timeout",
+            CallOutcome::BreakerOpen => "breaker_open",
+            CallOutcome::BulkheadFull => "bulkhead_full",
+            CallOutcome::Quota => "quota",
+        }
+    }
+}
+
+/// Told of every attempt a guard makes or refuses, with how long it took (zero for refusals):
+/// dependency metrics hang off it.
+pub trait CallObserver: Send + Sync + fmt::Debug + 'static {
+    fn observe(&self, dependency: &'static str, outcome: CallOutcome, elapsed: Duration);
 }
 
 /// Why an attempt failed, and whether trying again could help.
@@ -79,6 +112,7 @@ pub struct Dependency {
     ticker: Arc<dyn Ticker>,
     counters: Counters,
     refusals: Refusals,
+    observer: Option<Arc<dyn CallObserver>>,
 }
 
 /// The details of the guard's own refusals, built once: refusing must cost no allocation, since
@@ -134,6 +168,19 @@ impl Dependency {
                 .into(),
                 quota: format!("{name}: outbound quota spent").into(),
             },
+            observer: None,
+        }
+    }
+
+    /// Reports every attempt and refusal to `observer` (metrics).
+    pub fn with_observer(mut self, observer: Arc<dyn CallObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    fn observe(&self, outcome: CallOutcome, elapsed: Duration) {
+        if let Some(observer) = &self.observer {
+            observer.observe(self.name, outcome, elapsed);
         }
     }
 
@@ -156,7 +203,7 @@ impl Dependency {
         let budget = self.attempt_budget(context.as_ref());
         let mut retries = 0u32;
         loop {
-            let failure = match self.attempt_once(budget, &mut attempt, retries == 0).await {
+            let failure = match self.attempt_once(budget, &mut attempt, retries + 1).await {
                 Ok(value) => return Ok(value),
                 Err(failure) => failure,
             };
@@ -179,7 +226,51 @@ impl Dependency {
         }
     }
 
+    /// One attempt (`number` 1 is the first) in its own `dependency` span, recorded on the
+    /// request's timeline whatever its outcome, refusals included.
     async fn attempt_once<T, F, Fut>(
+        &self,
+        budget: Option<Duration>,
+        attempt: &mut F,
+        number: u32,
+    ) -> Result<T, AttemptFailure>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, AttemptFailure>>,
+    {
+        let span = tracing::debug_span!(
+            "dependency",
+            dependency = self.name,
+            attempt = number,
+            outcome = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let result = self
+            .guarded_attempt(budget, attempt, number == 1)
+            .instrument(span.clone())
+            .await;
+        let outcome = match &result {
+            Ok(_) => CallOutcome::Success,
+            Err(failure) => match failure.failure.kind {
+                FailureKind::Timeout => CallOutcome::Timeout,
+                FailureKind::BreakerOpen => CallOutcome::BreakerOpen,
+                FailureKind::BulkheadFull => CallOutcome::BulkheadFull,
+                FailureKind::Quota => CallOutcome::Quota,
+                FailureKind::Error | FailureKind::Shed => CallOutcome::Error,
+            },
+        };
+        span.record("outcome", outcome.as_str());
+        record_stage(
+            "dependency",
+            self.name,
+            outcome.as_str(),
+            started,
+            Some(number),
+        );
+        result
+    }
+
+    async fn guarded_attempt<T, F, Fut>(
         &self,
         budget: Option<Duration>,
         attempt: &mut F,
@@ -193,6 +284,7 @@ impl Dependency {
         let refusals = &self.refusals;
         let permit = self.breaker.try_acquire().map_err(|_| {
             bump(&counters.rejected_breaker);
+            self.observe(CallOutcome::BreakerOpen, Duration::ZERO);
             AttemptFailure::permanent(LoadFailure::new(
                 FailureKind::BreakerOpen,
                 Arc::clone(&refusals.breaker_open),
@@ -200,6 +292,7 @@ impl Dependency {
         })?;
         let _slot = self.bulkhead.try_acquire().map_err(|_| {
             bump(&counters.rejected_bulkhead);
+            self.observe(CallOutcome::BulkheadFull, Duration::ZERO);
             AttemptFailure::permanent(LoadFailure::new(
                 FailureKind::BulkheadFull,
                 Arc::clone(&refusals.bulkhead_full),
@@ -209,6 +302,7 @@ impl Dependency {
             && bucket.try_acquire_at(self.ticker.now_nanos()).is_err()
         {
             bump(&counters.rejected_quota);
+            self.observe(CallOutcome::Quota, Duration::ZERO);
             return Err(AttemptFailure::permanent(LoadFailure::new(
                 FailureKind::Quota,
                 Arc::clone(&refusals.quota),
@@ -218,6 +312,7 @@ impl Dependency {
             budget.deposit();
         }
         bump(&counters.attempts);
+        let started = Instant::now();
         let outcome = match budget {
             Some(budget) => match tokio::time::timeout(budget, attempt()).await {
                 Ok(outcome) => outcome,
@@ -229,20 +324,24 @@ impl Dependency {
             },
             None => attempt().await,
         };
-        match &outcome {
+        let call_outcome = match &outcome {
             Ok(_) => {
                 bump(&counters.successes);
                 permit.success();
+                CallOutcome::Success
             }
             Err(failure) => {
+                permit.failure();
                 if failure.failure.kind == FailureKind::Timeout {
                     bump(&counters.timeouts);
+                    CallOutcome::Timeout
                 } else {
                     bump(&counters.failures);
+                    CallOutcome::Error
                 }
-                permit.failure();
             }
-        }
+        };
+        self.observe(call_outcome, started.elapsed());
         outcome
     }
 

@@ -17,7 +17,10 @@ pub mod guard;
 pub mod upstream;
 
 pub use catalogue::{LoadLimiter, ProductLoader, RateLoader};
-pub use guard::{AttemptFailure, Dependency, DependencySettings, DependencySnapshot, GuardedTier};
+pub use guard::{
+    AttemptFailure, CallObserver, CallOutcome, Dependency, DependencySettings, DependencySnapshot,
+    GuardedTier,
+};
 pub use upstream::{CouponClient, ExtrasClient, UpstreamError, http_client};
 
 pub use rebate_cache::LoadFailure;

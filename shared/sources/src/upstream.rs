@@ -17,6 +17,8 @@ use rebate_cache::{FailureKind, LoadFailure, Loaded, Loader};
 use rebate_domain::{Coupon, Extras, ItemKey};
 use serde::Deserialize;
 
+use rebate_telemetry::Timeline;
+
 use crate::guard::{AttemptFailure, Dependency};
 
 #[derive(Debug, thiserror::Error)]
@@ -95,9 +97,13 @@ impl Endpoint {
         &self,
         url: &str,
     ) -> Result<Option<T>, AttemptFailure> {
-        let response = self
-            .client
-            .get(url)
+        let mut request = self.client.get(url);
+        // The call joins the request's trace: its span when exporting, else our trace id.
+        let trace_id = Timeline::current().map(|timeline| timeline.trace_id());
+        if let Some(traceparent) = rebate_telemetry::otel::outgoing_traceparent(trace_id) {
+            request = request.header("traceparent", traceparent);
+        }
+        let response = request
             .send()
             .await
             .map_err(|error| self.failure(error, "request failed"))?;

@@ -1,18 +1,33 @@
-//! Process-level set-up shared by the rebate binaries: the tracing subscriber, the trace id every
-//! response carries, and the shutdown signal.
+//! Process-level set-up shared by the rebate binaries: the tracing subscriber (logs, and
+//! OpenTelemetry export when configured), the trace id every response carries, a request's own
+//! timeline of stages, and the shutdown signal.
 //!
 //! Contract: [`TraceId`] is a W3C trace id (16 bytes, 32 lowercase hex characters, never all
-//! zeros), taken from an incoming `traceparent` header when one is valid and generated otherwise.
-//! [`init`] installs the process-wide subscriber once. [`shutdown_signal`] resolves on ctrl-c or
-//! SIGTERM. This crate knows nothing of HTTP frameworks, caches or stores.
+//! zeros), taken from an incoming `traceparent` header when one is valid and generated otherwise;
+//! with OTLP export on, it is also the exported trace's id ([`otel::link_to_trace`]). [`init`]
+//! installs the process-wide subscriber once. [`Timeline`] records where one request's time went
+//! without any backend. [`shutdown_signal`] resolves on ctrl-c or SIGTERM. This crate knows
+//! nothing of HTTP frameworks, caches or stores.
+//!
+//! # Layout
+//! - [`otel`]: OTLP/HTTP export with tail-based keeping, trace-id linking, outgoing
+//!   `traceparent`.
+//! - [`timeline`]: [`Timeline`], [`Stage`].
+
+pub mod otel;
+pub mod timeline;
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::Deserialize;
-use tracing_subscriber::EnvFilter;
+use tracing::level_filters::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+pub use otel::OtlpSettings;
+pub use timeline::{Stage, Timeline, record_stage};
 
 /// A W3C trace id.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,8 +72,24 @@ impl TraceId {
         trace_id.parse().ok()
     }
 
+    /// The parent span id of a valid `traceparent` header (the caller's span).
+    pub fn parent_of_traceparent(header: &str) -> Option<[u8; 8]> {
+        Self::from_traceparent(header)?;
+        let parent = header.trim().split('-').nth(2)?;
+        let mut bytes = [0u8; 8];
+        for (index, chunk) in parent.as_bytes().chunks_exact(2).enumerate() {
+            let pair = std::str::from_utf8(chunk).ok()?;
+            bytes[index] = u8::from_str_radix(pair, 16).ok()?;
+        }
+        Some(bytes)
+    }
+
     pub fn to_hex(self) -> String {
         self.to_string()
+    }
+
+    pub fn to_bytes(self) -> [u8; 16] {
+        self.0
     }
 }
 
@@ -123,35 +154,92 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber. `RUST_LOG` overrides `default_filter` when set.
+/// Installs the global subscriber. `RUST_LOG` overrides `default_filter` when set. With
+/// `otlp`, spans are also exported (see [`otel`]); the returned [`Telemetry`] flushes them on
+/// [`Telemetry::shutdown`]. Must be called inside a tokio runtime when `otlp` is set.
 ///
 /// Returns an error instead of panicking when a subscriber is already installed (tests start
 /// several applications in one process).
-pub fn init(format: LogFormat, default_filter: &str) -> Result<(), TelemetryError> {
+pub fn init(
+    format: LogFormat,
+    default_filter: &str,
+    otlp: Option<&OtlpSettings>,
+) -> Result<Telemetry, TelemetryError> {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(default_filter))
         .map_err(|error| TelemetryError::Filter(error.to_string()))?;
-    let registry = tracing_subscriber::registry().with(filter);
     // Colours only for a person at a terminal; log files and shippers get plain text.
     let colour = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let result = match format {
-        LogFormat::Text => registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .with_target(false)
-                    .with_ansi(colour),
-            )
-            .try_init(),
-        LogFormat::Json => registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .flatten_event(true)
-                    .with_current_span(true),
-            )
-            .try_init(),
+    let logs = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_target(false)
+            .with_ansi(colour)
+            .with_filter(filter)
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_filter(filter)
+            .boxed(),
     };
-    result.map_err(|error| TelemetryError::AlreadyInstalled(error.to_string()))
+    let provider = match otlp {
+        Some(settings) => Some(otel::provider(
+            settings,
+            tokio::runtime::Handle::try_current()
+                .map_err(|error| TelemetryError::Otlp(error.to_string()))?,
+        )?),
+        None => None,
+    };
+    let spans = provider.as_ref().map(|provider| {
+        // Our own crates' spans down to debug (parts, tiers, dependency calls); others' from info.
+        let ours = tracing_subscriber::filter::filter_fn(|metadata| {
+            let target = metadata.target();
+            let own = target.starts_with("rebate_") || target.starts_with("query_api");
+            *metadata.level()
+                <= if own {
+                    LevelFilter::DEBUG
+                } else {
+                    LevelFilter::INFO
+                }
+        });
+        tracing_opentelemetry::layer()
+            .with_tracer(otel::tracer(provider))
+            .with_filter(ours)
+    });
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(spans)
+        .try_init()
+        .map_err(|error| TelemetryError::AlreadyInstalled(error.to_string()))?;
+    if provider.is_some() {
+        otel::mark_active();
+    }
+    Ok(Telemetry { provider })
+}
+
+/// The installed pipeline; flush it before the process exits.
+#[derive(Debug)]
+pub struct Telemetry {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Exports what is queued (bounded by the exporter's timeout) and stops the exporter.
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider
+            && let Err(error) = provider.shutdown()
+        {
+            tracing::warn!(%error, "trace export did not shut down cleanly");
+        }
+    }
+
+    /// Exports what is queued now (tests).
+    pub fn flush(&self) {
+        if let Some(provider) = &self.provider {
+            let _ = provider.force_flush();
+        }
+    }
 }
 
 /// Resolves on ctrl-c or, on Unix, SIGTERM (what container runtimes send), logging which.
@@ -188,6 +276,8 @@ pub enum TelemetryError {
     Filter(String),
     #[error("a tracing subscriber is already installed: {0}")]
     AlreadyInstalled(String),
+    #[error("cannot set up OTLP export: {0}")]
+    Otlp(String),
 }
 
 #[cfg(test)]

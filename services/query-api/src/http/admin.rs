@@ -58,6 +58,7 @@ pub fn router(state: AppState, token: AdminToken) -> Router {
         .route("/admin/v1/events", post(publish_event))
         .route("/admin/v1/items/{platform}/{item_id}", get(inspect_item))
         .route("/admin/v1/warm", post(warm))
+        .merge(super::slow_requests::routes())
         .layer(axum::middleware::from_fn_with_state(token, require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))

@@ -23,6 +23,15 @@ pub enum ApiError {
     /// 400: the `x-client-id` header is malformed.
     #[error("{0}")]
     InvalidClientId(String),
+    /// 400: a query string or path parameter of an admin route is malformed.
+    #[error("{0}")]
+    InvalidQuery(String),
+    /// 404: no slow request with this trace id is in this instance's log.
+    #[error(
+        "no slow, failed or degraded request with this trace id is in this instance's log (it may \
+         have been fast, served by another instance, or pushed out by newer ones)"
+    )]
+    NotRecorded,
     /// 404: unknown or delisted item.
     #[error("{0}")]
     ItemNotFound(&'static str),
@@ -73,8 +82,11 @@ impl ApiError {
             | ApiError::InvalidItemId(_)
             | ApiError::InvalidBody(_)
             | ApiError::InvalidBatchSize { .. }
-            | ApiError::InvalidClientId(_) => StatusCode::BAD_REQUEST,
-            ApiError::ItemNotFound(_) | ApiError::RouteNotFound => StatusCode::NOT_FOUND,
+            | ApiError::InvalidClientId(_)
+            | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
+            ApiError::ItemNotFound(_) | ApiError::RouteNotFound | ApiError::NotRecorded => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -102,6 +114,8 @@ impl ApiError {
             ApiError::Overloaded { .. } => ErrorCode::Overloaded,
             ApiError::RateLimited { .. } => ErrorCode::RateLimited,
             ApiError::InvalidClientId(_) => ErrorCode::InvalidClientId,
+            ApiError::InvalidQuery(_) => ErrorCode::InvalidQuery,
+            ApiError::NotRecorded => ErrorCode::NotRecorded,
             ApiError::Timeout => ErrorCode::Timeout,
             ApiError::Internal => ErrorCode::Internal,
         }

@@ -25,6 +25,19 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/items:batch", post(batch_rebate))
 }
 
+/// What a request answered, per item, for the business success rate (complete, non-degraded
+/// answers ÷ all answers): carried in the response's extensions for the metrics middleware.
+/// Error responses carry none; they are counted as failed answers from their status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Answered {
+    /// Items answered with every part live.
+    pub complete: u32,
+    /// Items answered with at least one part stale or template.
+    pub degraded: u32,
+    /// Items answered with an error (batch lines only).
+    pub failed: u32,
+}
+
 /// A quote with the request's trace id, the success body of the single-item route.
 #[derive(Serialize)]
 struct QuoteBody<'a> {
@@ -46,11 +59,17 @@ async fn item_rebate(
         .quote_at(key, deadline, level)
         .await
         .map_err(|error| query_error(&state, error))?;
-    Ok(Json(QuoteBody {
+    let mut response = Json(QuoteBody {
         quote: &quote,
         trace_id,
     })
-    .into_response())
+    .into_response();
+    response.extensions_mut().insert(Answered {
+        complete: u32::from(!quote.degraded),
+        degraded: u32::from(quote.degraded),
+        failed: 0,
+    });
+    Ok(response)
 }
 
 pub(super) fn parse_key(platform: &str, item_id: &str) -> Result<ItemKey, ApiError> {
@@ -74,7 +93,11 @@ fn query_error(state: &AppState, error: QueryError) -> ApiError {
             retry_after_secs: state.protection.shed_retry_after(),
         },
         QueryError::Unavailable { reason } => {
-            tracing::warn!(?reason, "product source unavailable, nothing stale");
+            // The trace layer logs the 503 once, with the trace id and the stages behind it.
+            tracing::debug!(
+                reason = reason.as_str(),
+                "product source unavailable, nothing stale"
+            );
             ApiError::Unavailable
         }
     }
@@ -219,5 +242,16 @@ async fn batch_rebate(
             },
         })
         .collect();
-    Ok(Json(BatchBody { results, trace_id }).into_response())
+    let results: Vec<BatchResult> = results;
+    let mut answered = Answered::default();
+    for result in &results {
+        match &result.quote {
+            Some(quote) if quote.degraded => answered.degraded += 1,
+            Some(_) => answered.complete += 1,
+            None => answered.failed += 1,
+        }
+    }
+    let mut response = Json(BatchBody { results, trace_id }).into_response();
+    response.extensions_mut().insert(answered);
+    Ok(response)
 }

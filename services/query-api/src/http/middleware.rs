@@ -1,18 +1,24 @@
-//! Request-scoped middleware: trace ids and the hard request timeout.
+//! Request-scoped middleware: trace ids, spans and timelines, the slow-request log, and the hard
+//! request timeout.
 
 use std::any::Any;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use rebate_telemetry::TraceId;
+use rebate_domain::Timestamp;
+use rebate_telemetry::{Timeline, TraceId};
 use serde::Serialize;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::error::{ApiError, ErrorBody};
+use super::items::Answered;
+use super::protect::SHED_LEVEL_HEADER;
+use crate::slow::{SlowLog, SlowReason, SlowRequest};
 use crate::startup::HttpLimits;
 
 /// Every response carries the request's trace id in this header.
@@ -31,24 +37,64 @@ struct ErrorJson<'a> {
     message: &'a str,
 }
 
-/// Outermost layer: picks the trace id (an incoming W3C `traceparent`, else a new one), runs the
-/// request inside a span carrying it, sets `x-trace-id`, and renders error bodies with it.
-pub async fn trace_requests(mut request: Request, next: Next) -> Response {
-    let trace_id = request
+/// What the API's trace layer needs beyond the trace id: where slow requests are recorded.
+#[derive(Debug)]
+pub struct RequestObserver {
+    pub slow_log: Arc<SlowLog>,
+    /// A request at least this slow is recorded.
+    pub slow_after: Duration,
+    pub instance: Arc<str>,
+}
+
+/// Outermost layer of the admin listener: see [`observe_requests`], without the slow-request
+/// log.
+pub async fn trace_requests(request: Request, next: Next) -> Response {
+    traced(request, next, None).await
+}
+
+/// Outermost layer of the API: picks the trace id (an incoming W3C `traceparent`, else a new one)
+/// and makes it the exported trace's id too, runs the request inside a `request` span and a
+/// [`Timeline`], sets `x-trace-id`, renders error bodies with it, and — when the request was slow,
+/// failed or degraded — records it in the slow-request log and writes its one log line. This is
+/// the one place a failed request is logged.
+pub async fn observe_requests(
+    State(observer): State<Arc<RequestObserver>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    traced(request, next, Some(&observer)).await
+}
+
+async fn traced(mut request: Request, next: Next, observer: Option<&RequestObserver>) -> Response {
+    let traceparent = request
         .headers()
         .get(TRACEPARENT)
-        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.to_str().ok());
+    let trace_id = traceparent
         .and_then(TraceId::from_traceparent)
         .unwrap_or_else(TraceId::generate);
+    let parent = traceparent.and_then(TraceId::parent_of_traceparent);
     request.extensions_mut().insert(trace_id);
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
     let span = tracing::info_span!(
         "request",
         %trace_id,
-        method = %request.method(),
-        path = %request.uri().path(),
+        method = %method,
+        path = %path,
+        status = tracing::field::Empty,
+        degraded = tracing::field::Empty,
+        shed_level = tracing::field::Empty,
+        latency_ms = tracing::field::Empty,
+        "otel.status_code" = tracing::field::Empty,
     );
+    rebate_telemetry::otel::link_to_trace(&span, trace_id, parent);
+    let timeline = Timeline::new(trace_id);
     let started = Instant::now();
-    let mut response = next.run(request).instrument(span.clone()).await;
+    let mut response = Arc::clone(&timeline)
+        .scope(next.run(request))
+        .instrument(span.clone())
+        .await;
 
     if let Some(error) = response.extensions_mut().remove::<ErrorBody>() {
         let body = ErrorEnvelope {
@@ -76,12 +122,81 @@ pub async fn trace_requests(mut request: Request, next: Next) -> Response {
     if let Ok(value) = HeaderValue::from_str(&trace_id.to_hex()) {
         response.headers_mut().insert(TRACE_ID_HEADER, value);
     }
-    let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+
+    let latency = started.elapsed();
+    let latency_ms = (latency.as_secs_f64() * 1e6).round() / 1e3;
     let status = response.status().as_u16();
+    let degraded = response
+        .extensions()
+        .get::<Answered>()
+        .is_some_and(|answered| answered.degraded > 0);
+    let shed_level = response
+        .headers()
+        .get(SHED_LEVEL_HEADER)
+        .and_then(|value| value.to_str().ok()?.parse::<u8>().ok())
+        .unwrap_or(0);
+    span.record("status", status);
+    span.record("degraded", degraded);
+    span.record("shed_level", shed_level);
+    span.record("latency_ms", latency_ms);
     if response.status().is_server_error() {
-        tracing::warn!(parent: &span, status, elapsed_ms, "request failed");
-    } else {
-        tracing::debug!(parent: &span, status, elapsed_ms, "request done");
+        span.record("otel.status_code", "error");
+    }
+
+    let mut reasons = Vec::new();
+    if let Some(observer) = observer {
+        if latency >= observer.slow_after {
+            reasons.push(SlowReason::Slow);
+        }
+        if response.status().is_server_error() {
+            reasons.push(SlowReason::Failed);
+        }
+        if degraded {
+            reasons.push(SlowReason::Degraded);
+        }
+    }
+    match observer {
+        Some(observer) if !reasons.is_empty() => {
+            let stages = timeline.stages();
+            let summary = stages
+                .iter()
+                .map(|stage| {
+                    format!(
+                        "{} {} {} {}ms",
+                        stage.kind, stage.name, stage.outcome, stage.elapsed_ms
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            tracing::warn!(
+                parent: &span,
+                %trace_id,
+                status,
+                latency_ms,
+                shed_level,
+                reasons = ?reasons,
+                stages = %summary,
+                "slow request"
+            );
+            observer.slow_log.push(SlowRequest {
+                trace_id,
+                instance: Arc::clone(&observer.instance),
+                at: Timestamp::now(),
+                method: method.to_string(),
+                path,
+                status,
+                latency_ms,
+                shed_level,
+                reasons,
+                stages,
+            });
+        }
+        _ if response.status().is_server_error() => {
+            tracing::warn!(parent: &span, %trace_id, status, latency_ms, "request failed");
+        }
+        _ => {
+            tracing::debug!(parent: &span, status, latency_ms, "request done");
+        }
     }
     response
 }
@@ -96,7 +211,8 @@ pub async fn request_timeout(
     match tokio::time::timeout(limits.request_timeout, next.run(request)).await {
         Ok(response) => response,
         Err(_elapsed) => {
-            tracing::warn!(
+            // Logged once, with the trace id, by the trace layer (a 503).
+            tracing::debug!(
                 timeout_ms = limits.request_timeout.as_millis() as u64,
                 "request hit the hard timeout"
             );

@@ -7,9 +7,10 @@
 pub mod admin;
 mod error;
 mod extract;
-mod items;
+pub mod items;
 mod middleware;
 pub mod protect;
+mod slow_requests;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -41,6 +42,13 @@ pub fn router(state: AppState) -> Router {
             protect::limit_clients,
         ))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
-        .layer(axum::middleware::from_fn(middleware::trace_requests))
+        .layer(axum::middleware::from_fn_with_state(
+            std::sync::Arc::new(middleware::RequestObserver {
+                slow_log: std::sync::Arc::clone(&state.slow_log),
+                slow_after: state.slow_after,
+                instance: std::sync::Arc::clone(&state.instance),
+            }),
+            middleware::observe_requests,
+        ))
         .with_state(state)
 }

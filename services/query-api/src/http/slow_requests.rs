@@ -1,0 +1,64 @@
+//! `GET /admin/v1/slow-requests` (newest first, `?limit=N`) and
+//! `GET /admin/v1/slow-requests/{trace_id}`: the in-process slow-request log.
+
+use axum::extract::{Path, RawQuery, State};
+use axum::routing::get;
+use axum::{Json, Router};
+use rebate_telemetry::TraceId;
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use crate::startup::AppState;
+
+const DEFAULT_LIMIT: usize = 50;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/admin/v1/slow-requests", get(recent))
+        .route("/admin/v1/slow-requests/{trace_id}", get(by_trace_id))
+}
+
+async fn recent(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let capacity = state.slow_log.capacity();
+    let limit = match query.as_deref().filter(|query| !query.is_empty()) {
+        None => DEFAULT_LIMIT.min(capacity),
+        Some(query) => parse_limit(query, capacity)?,
+    };
+    Ok(Json(json!({
+        "capacity": capacity,
+        "recorded": state.slow_log.len(),
+        "requests": state.slow_log.recent(limit),
+    })))
+}
+
+/// `limit=N` with 1 ≤ N ≤ the log's capacity; nothing else is accepted.
+fn parse_limit(query: &str, capacity: usize) -> Result<usize, ApiError> {
+    let invalid = || {
+        ApiError::InvalidQuery(format!(
+            "the only parameter is limit, a whole number from 1 to {capacity}"
+        ))
+    };
+    let value = query.strip_prefix("limit=").ok_or_else(invalid)?;
+    let limit: usize = value.parse().map_err(|_| invalid())?;
+    if !(1..=capacity).contains(&limit) {
+        return Err(invalid());
+    }
+    Ok(limit)
+}
+
+async fn by_trace_id(
+    State(state): State<AppState>,
+    Path(trace_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let trace_id: TraceId =
+        trace_id
+            .parse()
+            .map_err(|error: rebate_telemetry::InvalidTraceId| {
+                ApiError::InvalidQuery(format!("{error}: {trace_id:?}"))
+            })?;
+    let request = state.slow_log.find(trace_id).ok_or(ApiError::NotRecorded)?;
+    Ok(Json(json!(request)))
+}
