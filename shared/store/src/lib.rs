@@ -56,12 +56,24 @@ pub enum StoreError {
     /// A value to be written does not fit its column (e.g. a version above `i64::MAX`).
     #[error("cannot store {key}: {reason}")]
     ValueOutOfRange { key: String, reason: String },
+    /// The database answers but lacks migrations this build needs (readiness).
+    #[error("{applied} of {known} migrations applied")]
+    MigrationsPending { applied: i64, known: usize },
     #[error("cannot prepare the database file {path}: {source}")]
     Io {
         path: String,
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Readiness: every migration this build knows is applied.
+pub(crate) fn check_migrations(applied: i64, known: usize) -> Result<(), StoreError> {
+    if usize::try_from(applied).is_ok_and(|applied| applied >= known) {
+        Ok(())
+    } else {
+        Err(StoreError::MigrationsPending { applied, known })
+    }
 }
 
 /// How many reads of each kind reached the store. Cheap relaxed atomics.
@@ -99,7 +111,8 @@ pub trait CatalogRepository: Send + Sync + Debug + 'static {
 
     async fn rate(&self, key: ItemKey) -> Result<Option<Versioned<RebateRate>>, StoreError>;
 
-    /// A cheap round trip that proves the store answers (readiness).
+    /// A cheap round trip that proves the store answers with every migration applied
+    /// (readiness).
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// Every item key in the catalogue (delisted ones included), streamed in key order without

@@ -364,9 +364,13 @@ impl CatalogRepository for MySqlStore {
         row.map(RateRow::into_versioned).transpose()
     }
 
+    /// Answers, and every migration this build knows has been applied successfully.
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        let (applied,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM _sqlx_migrations WHERE success = TRUE")
+                .fetch_one(&self.pool)
+                .await?;
+        crate::check_migrations(applied, MIGRATOR.iter().count())
     }
 
     /// Pages of 10,000 keys (`KEYS_PER_PAGE`), each its own short `SELECT` resuming after the

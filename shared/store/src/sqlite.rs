@@ -274,9 +274,13 @@ impl CatalogRepository for SqliteStore {
         row.map(RateRow::into_versioned).transpose()
     }
 
+    /// Answers, and every migration this build knows has been applied successfully.
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        let (applied,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM _sqlx_migrations WHERE success = TRUE")
+                .fetch_one(&self.pool)
+                .await?;
+        crate::check_migrations(applied, MIGRATOR.iter().count())
     }
 
     /// One `SELECT` over the primary key, read row by row: the stream holds one pooled connection

@@ -508,3 +508,18 @@ async fn a_corrupt_key_is_an_error_in_the_key_stream_not_a_panic() {
     assert_corrupt(streamed.next().unwrap(), "amazon:7", "products key");
     assert_eq!(streamed.next().unwrap().unwrap(), item.key());
 }
+
+#[tokio::test]
+async fn ping_is_ready_only_with_every_migration_applied() {
+    let (_directory, store) = open_temp().await;
+    store.ping().await.unwrap();
+    sqlx::query("UPDATE _sqlx_migrations SET success = FALSE")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let error = store.ping().await.unwrap_err();
+    assert!(
+        matches!(error, StoreError::MigrationsPending { applied: 0, .. }),
+        "{error}"
+    );
+}
