@@ -105,7 +105,17 @@ pub struct Settings {
     pub parts: PartsSettings,
     pub resilience: ResilienceSettings,
     pub observability: ObservabilitySettings,
+    pub engine: EngineConfig,
     pub log: LogSettings,
+}
+
+/// `[engine]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// `aggregated` (the service) or `naive` (the load harness's "before" baseline: no cache,
+    /// parts fetched one after another). Never run `naive` in production.
+    pub mode: rebate_engine::EngineMode,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -13,6 +13,9 @@
 //! - [`invalidation`]: applies operators' change events to the caches (fences, re-warm).
 //! - [`protection`]: [`Protection`](protection::Protection), the guards of every dependency, the
 //!   load shedder and the per-client limiter, from `[resilience]`.
+//! - [`metrics`]: [`Metrics`](metrics::Metrics), the Prometheus registry behind the admin
+//!   listener's `/metrics`: request and dependency-call latency recorded as they happen, cache,
+//!   guard, shedding and event counters read from the state at scrape time.
 //! - [`slow`]: [`SlowLog`](slow::SlowLog), the last slow, failed or degraded requests with
 //!   their stages, by trace id.
 //! - [`http`]: the router, the error type and the middleware (trace id, request timeout).
@@ -21,6 +24,7 @@ pub mod background;
 pub mod config;
 pub mod http;
 pub mod invalidation;
+pub mod metrics;
 pub mod protection;
 pub mod slow;
 pub mod startup;

@@ -26,6 +26,7 @@ use crate::background;
 use crate::config::{EventBackend, PartSettings, Settings, StoreBackend};
 use crate::http::admin::AdminToken;
 use crate::invalidation::{InvalidationSettings, Invalidator};
+use crate::metrics::{Metrics, StateCollector};
 use crate::protection::{DependencyTimeouts, Protection};
 use crate::slow::SlowLog;
 use rebate_amqp_bus::AmqpBus;
@@ -52,6 +53,8 @@ pub struct AppState {
     /// Where operators' change events are published and received.
     pub events: EventBus,
     pub limits: Arc<HttpLimits>,
+    /// The Prometheus registry: the API middleware records into it, `/metrics` encodes it.
+    pub metrics: Arc<Metrics>,
 }
 
 /// The request limits handlers and middleware enforce, resolved once from the settings.
@@ -125,6 +128,9 @@ impl Application {
             ),
         };
         let timeouts = settings.part_timeouts();
+        // Built first so that every dependency guard reports its calls to it; the collector of
+        // state counters is added once that state exists.
+        let mut metrics = Metrics::new();
         let protection = Arc::new(Protection::new(
             &settings.resilience,
             DependencyTimeouts {
@@ -133,7 +139,7 @@ impl Application {
                 extras: timeouts.extras,
             },
             ticker,
-            None,
+            Some(metrics.call_observer()),
         ));
         let client = http_client(Duration::from_millis(settings.upstreams.connect_timeout_ms))?;
         let coupons = CouponClient::new(
@@ -202,6 +208,11 @@ impl Application {
             None
         };
         let shedding = &settings.resilience.shedding;
+        if settings.engine.mode == rebate_engine::EngineMode::Naive {
+            tracing::warn!(
+                "engine.mode = naive: no cache, parts fetched one after another (a load-test baseline)"
+            );
+        }
         if shedding.enabled && shedding.capacity_rps == 0 {
             tracing::warn!(
                 "resilience.shedding.capacity_rps is 0: shedding follows concurrency alone, which \
@@ -210,6 +221,7 @@ impl Application {
             );
         }
         let engine_settings = EngineSettings {
+            mode: settings.engine.mode,
             timeouts,
             short_timeouts: timeouts.scaled(
                 shedding.core_timeout_factor,
@@ -258,6 +270,11 @@ impl Application {
         );
         let (events, events_subscription) =
             start_event_bus(&settings, invalidator, shutdown.child_token())?;
+        metrics.collect_from(StateCollector::new(
+            engine.clone(),
+            Arc::clone(&protection),
+            events.clone(),
+        ));
 
         let listener = TcpListener::bind(settings.http.listen)
             .await
@@ -282,6 +299,7 @@ impl Application {
                 body_limit_bytes: settings.http.body_limit_bytes,
                 max_batch_items: settings.http.max_batch_items,
             }),
+            metrics: Arc::new(metrics),
         };
         Ok(Self {
             listener,
@@ -567,6 +585,32 @@ impl EventBus {
         }
     }
 
+    /// The bus's counters, mapped onto the same five for either backend (for metrics).
+    pub fn stats(&self) -> EventStats {
+        match self {
+            EventBus::InProcess(bus) => {
+                let stats = bus.stats();
+                EventStats {
+                    published: stats.published,
+                    processed: stats.delivered_broadcast + stats.delivered_shared,
+                    failed: stats.redelivered + stats.dead_lettered,
+                    redelivered: stats.redelivered,
+                    dead_lettered: stats.dead_lettered,
+                }
+            }
+            EventBus::Amqp { bus, .. } => {
+                let stats = bus.stats();
+                EventStats {
+                    published: stats.publish_ok,
+                    processed: stats.acked,
+                    failed: stats.retried + stats.dead_lettered,
+                    redelivered: stats.retried,
+                    dead_lettered: stats.dead_lettered,
+                }
+            }
+        }
+    }
+
     /// Whether events can flow: always for the in-process bus, while connected for the broker.
     pub fn is_ready(&self) -> bool {
         match self {
@@ -574,6 +618,20 @@ impl EventBus {
             EventBus::Amqp { bus, .. } => bus.is_ready(),
         }
     }
+}
+
+/// Event counters since start, the same for the in-process bus and RabbitMQ.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EventStats {
+    /// Events this instance published (confirmed by the broker on RabbitMQ).
+    pub published: u64,
+    /// Deliveries handled: every broadcast one, and the shared ones the handler accepted.
+    pub processed: u64,
+    /// Deliveries refused (undecodable) or failed by the handler; each one was redelivered or
+    /// dead-lettered, so this is `redelivered + dead_lettered`.
+    pub failed: u64,
+    pub redelivered: u64,
+    pub dead_lettered: u64,
 }
 
 fn start_event_bus(

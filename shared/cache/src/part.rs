@@ -342,6 +342,12 @@ where
         }
     }
 
+    /// Calls the source directly, bypassing every tier and the single-flight map: the naive
+    /// baseline the load harness compares against ("no cache, parts one after another").
+    pub async fn load_uncached(&self, key: ItemKey) -> Result<Loaded<T>, LoadFailure> {
+        self.inner.load_from_source(key).await
+    }
+
     /// True when L1 has no fresh entry for `key`: a batch prefetches those from L2.
     pub fn needs_load(&self, key: &ItemKey) -> bool {
         self.inner

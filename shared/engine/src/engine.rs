@@ -51,9 +51,22 @@ struct Inner {
     filter: Option<Arc<ItemFilter>>,
 }
 
+/// How the engine fetches parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineMode {
+    /// The product: parallel fan-out through the cache tiers.
+    #[default]
+    Aggregated,
+    /// The "before" system, for load-test comparisons only: no cache, the four parts fetched
+    /// one after another from their sources.
+    Naive,
+}
+
 /// How the engine answers under normal load and under load shedding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineSettings {
+    pub mode: EngineMode,
     pub timeouts: PartTimeouts,
     /// The shortened timeouts of shed level 2 and above.
     pub short_timeouts: PartTimeouts,
@@ -66,6 +79,7 @@ impl EngineSettings {
     /// No shortening; two retries per request.
     pub fn new(timeouts: PartTimeouts) -> Self {
         Self {
+            mode: EngineMode::Aggregated,
             timeouts,
             short_timeouts: timeouts,
             retries_per_request: 2,
@@ -197,6 +211,9 @@ impl QueryEngine {
         if !self.passes_filter(&key) {
             return Err(QueryError::NotFound { delisted: false });
         }
+        if self.inner.settings.mode == EngineMode::Naive {
+            return self.quote_naive(key).await;
+        }
         if level == ShedLevel::CacheOnly {
             let started = Instant::now();
             self.prefetch_shared_tier(&[key]).await;
@@ -321,7 +338,9 @@ impl QueryEngine {
             .filter(|(_, admitted)| **admitted)
             .map(|(key, _)| *key)
             .collect();
-        self.prefetch_shared_tier(&to_prefetch).await;
+        if self.inner.settings.mode != EngineMode::Naive {
+            self.prefetch_shared_tier(&to_prefetch).await;
+        }
         if level == ShedLevel::CacheOnly {
             return keys
                 .iter()
@@ -335,6 +354,17 @@ impl QueryEngine {
                 })
                 .collect();
         }
+        if self.inner.settings.mode == EngineMode::Naive {
+            let mut quotes = Vec::with_capacity(keys.len());
+            for (key, admitted) in keys.iter().zip(admitted) {
+                quotes.push(if admitted {
+                    self.quote_naive(*key).await
+                } else {
+                    Err(QueryError::NotFound { delisted: false })
+                });
+            }
+            return quotes;
+        }
         // One allowance of retries for the whole batch, as for any one request.
         let request = &self.request_context(deadline);
         join_all(keys.iter().zip(admitted).map(|(key, admitted)| async move {
@@ -345,6 +375,17 @@ impl QueryEngine {
             }
         }))
         .await
+    }
+
+    /// [`EngineMode::Naive`]: each part straight from its source, one after another.
+    async fn quote_naive(&self, key: ItemKey) -> Result<Quote, QueryError> {
+        let parts = &self.inner.parts;
+        let now = self.inner.clock.now();
+        let product = naive_part(parts.product.load_uncached(key).await, now);
+        let rate = naive_part(parts.rate.load_uncached(key).await, now);
+        let coupons = naive_part(parts.coupons.load_uncached(key).await, now);
+        let extras = naive_part(parts.extras.load_uncached(key).await, now);
+        assemble(product, rate, coupons, extras, self.inner.clock.now())
     }
 
     /// Shed level 3: whatever L1 holds (after any L2 prefetch), fresh or stale; no loads.
@@ -468,6 +509,21 @@ impl QueryEngine {
                 PartResult::Failed { reason }
             }
         }
+    }
+}
+
+fn naive_part<T>(
+    loaded: Result<rebate_cache::Loaded<T>, LoadFailure>,
+    now: rebate_domain::Timestamp,
+) -> PartResult<T> {
+    match loaded {
+        Ok(loaded) => PartResult::Live {
+            value: loaded.value,
+            as_of: now,
+        },
+        Err(failure) => PartResult::Failed {
+            reason: reason_of(&failure),
+        },
     }
 }
 

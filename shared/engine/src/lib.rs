@@ -21,7 +21,7 @@ pub mod engine;
 pub mod quote;
 pub mod tier;
 
-pub use engine::{EngineParts, EngineSettings, PartTimeouts, QueryEngine, QueryError};
+pub use engine::{EngineMode, EngineParts, EngineSettings, PartTimeouts, QueryEngine, QueryError};
 pub use quote::{
     DegradeReason, DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble,
 };

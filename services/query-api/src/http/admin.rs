@@ -1,6 +1,7 @@
-//! The admin listener: health without a token; under `/admin/v1`, with `Authorization: Bearer`,
-//! status (shed level, breakers, bulkheads, quotas, caches and the thresholds behind them), a
-//! shed-level override for drills, event publishing, key inspection and warm-up. Served on its own address (`admin.listen`).
+//! The admin listener: health and `/metrics` without a token; under `/admin/v1`, with
+//! `Authorization: Bearer`, status (shed level, breakers, bulkheads, quotas, caches and the
+//! thresholds behind them), a shed-level override for drills, event publishing, key inspection
+//! and warm-up. Served on its own address (`admin.listen`).
 
 use std::sync::Arc;
 
@@ -63,6 +64,7 @@ pub fn router(state: AppState, token: AdminToken) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readiness))
+        .route("/metrics", get(metrics))
         .merge(protected)
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
@@ -98,6 +100,16 @@ async fn readiness(State(state): State<AppState>) -> Response {
         "events": if events_ok { "connected" } else { "disconnected" },
     });
     (status, Json(body)).into_response()
+}
+
+/// Prometheus scrapes without a token: the numbers say how the service fares, never what it
+/// holds.
+async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let text = state.metrics.encode().map_err(|_| {
+        tracing::error!("cannot encode the metrics");
+        ApiError::Internal
+    })?;
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
 }
 
 /// Everything an operator needs to see why the service answers the way it does right now.

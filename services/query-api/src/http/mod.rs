@@ -1,8 +1,9 @@
 //! The REST edge: routes, the one error type, and the middleware every request passes.
 //!
 //! Order of the layers, outermost first: trace id (sets `x-trace-id`, renders error bodies),
-//! panic catcher, per-client limit (429), load-shedding admission (stamps the shed level),
-//! request timeout, body limit; then the routes.
+//! request metrics (latency by route and final status, answers by outcome), panic catcher,
+//! per-client limit (429), load-shedding admission (stamps the shed level), request timeout, body
+//! limit; then the routes.
 
 pub mod admin;
 mod error;
@@ -42,6 +43,10 @@ pub fn router(state: AppState) -> Router {
             protect::limit_clients,
         ))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
+        .layer(axum::middleware::from_fn_with_state(
+            std::sync::Arc::clone(&state.metrics),
+            crate::metrics::track_requests,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             std::sync::Arc::new(middleware::RequestObserver {
                 slow_log: std::sync::Arc::clone(&state.slow_log),

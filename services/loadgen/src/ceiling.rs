@@ -1,0 +1,118 @@
+//! The ceiling: a bare axum handler that answers every request with the same bytes as a real
+//! quote, on a loopback port, on its own runtime and thread (two workers, like the service's
+//! runtime on this 2-core machine). Whatever the harness and loopback TCP cost, they cost it
+//! here too; the service's figures are read against this one.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::sync::oneshot;
+
+/// A running ceiling server; stopped and joined on drop.
+#[derive(Debug)]
+pub struct CeilingServer {
+    address: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The fixed-body router (also used by tests).
+pub fn router(body: Bytes, content_type: String) -> Router {
+    let response = Arc::new((body, content_type));
+    Router::new().fallback(get(move || {
+        let response = response.clone();
+        async move {
+            (
+                [(header::CONTENT_TYPE, response.1.clone())],
+                response.0.clone(),
+            )
+                .into_response()
+        }
+    }))
+}
+
+impl CeilingServer {
+    pub fn start(body: Vec<u8>, content_type: String, workers: usize) -> anyhow::Result<Self> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let address = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let app = router(Bytes::from(body), content_type);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers.max(1))
+            .thread_name("ceiling")
+            .enable_all()
+            .build()
+            .context("building the ceiling's runtime")?;
+        let thread = std::thread::Builder::new()
+            .name("ceiling".to_owned())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                        return;
+                    };
+                    let _ = axum::serve(listener, app)
+                        .with_graceful_shutdown(async {
+                            let _ = stopped.await;
+                        })
+                        .await;
+                });
+            })?;
+        Ok(Self {
+            address,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+}
+
+impl Drop for CeilingServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // Graceful shutdown waits for open keep-alive connections to go idle; the harness's
+        // client pool may hold some, so do not block on the thread here.
+        drop(self.thread.take());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn answers_any_path_with_the_sample_bytes() {
+        let server = CeilingServer::start(
+            b"{\"degraded\":false}".to_vec(),
+            "application/json".to_owned(),
+            1,
+        )
+        .unwrap();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let response = client
+            .get(format!(
+                "{}/api/v1/items/jd/100002/rebate",
+                server.base_url()
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["content-type"], "application/json");
+        assert_eq!(
+            response.bytes().await.unwrap().as_ref(),
+            b"{\"degraded\":false}"
+        );
+    }
+}

@@ -1,0 +1,608 @@
+//! One logical request to the service: build it, send it, retry it the way a client behaviour
+//! says, and classify how it ended.
+//!
+//! Every HTTP attempt is counted (`attempts`); the logical request ends with the last attempt's
+//! outcome. Latency is not measured here: the caller measures from the *scheduled* time.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, StatusCode};
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::keys::ItemKey;
+
+/// How a simulated client reacts to 429 / 503 and failures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behaviour {
+    /// Honours `Retry-After` on 429/503, else exponential back-off with jitter; at most 2
+    /// retries; does not retry timeouts (the service already spent its time on them).
+    WellBehaved,
+    /// Retries any 429, 5xx or transport failure after a fixed 500 ms, 3 times, ignoring
+    /// `Retry-After`: the client that turns an overload into a retry storm.
+    Naive,
+}
+
+/// Back-off of the well-behaved client: first retry waits 100–200 ms, then 200–400 ms, …
+const BACKOFF_BASE: Duration = Duration::from_millis(100);
+const BACKOFF_CAP: Duration = Duration::from_secs(5);
+/// A `Retry-After` longer than this is capped: the run is bounded.
+const RETRY_AFTER_CAP: Duration = Duration::from_secs(30);
+const NAIVE_DELAY: Duration = Duration::from_millis(500);
+
+impl Behaviour {
+    pub fn max_retries(self) -> u32 {
+        match self {
+            Self::WellBehaved => 2,
+            Self::Naive => 3,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::WellBehaved => "well-behaved",
+            Self::Naive => "naive",
+        }
+    }
+
+    /// How long to wait before retry number `retries_done + 1`, or `None` to stop here.
+    /// `jitter` is uniform in [0, 1).
+    pub fn retry_delay(
+        self,
+        retries_done: u32,
+        attempt: &Attempt,
+        jitter: f64,
+    ) -> Option<Duration> {
+        if retries_done >= self.max_retries() {
+            return None;
+        }
+        match self {
+            Self::WellBehaved => {
+                let retry_after = match attempt {
+                    Attempt::Response(response) if matches!(response.status, 429 | 503) => {
+                        response.retry_after
+                    }
+                    Attempt::Transport(TransportError::Connect) => None,
+                    _ => return None,
+                };
+                // Base · 2ⁿ, plus up to as much again at random ("equal jitter").
+                let exponential = BACKOFF_BASE.saturating_mul(1 << retries_done.min(16));
+                let backoff = exponential.mul_f64(1.0 + jitter).min(BACKOFF_CAP);
+                Some(match retry_after {
+                    // Honour the server, spread a little so retries do not arrive in lockstep.
+                    Some(after) => after.min(RETRY_AFTER_CAP) + BACKOFF_BASE.mul_f64(jitter),
+                    None => backoff,
+                })
+            }
+            Self::Naive => {
+                let failed = match attempt {
+                    Attempt::Response(response) => response.status == 429 || response.status >= 500,
+                    Attempt::Transport(_) => true,
+                };
+                failed.then_some(NAIVE_DELAY)
+            }
+        }
+    }
+}
+
+/// A failure below HTTP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportError {
+    /// No answer within the client's per-attempt timeout.
+    Timeout,
+    /// The connection could not be made (refused, reset before a response).
+    Connect,
+    /// Anything else (body cut off, protocol error).
+    Other,
+}
+
+/// What one HTTP response said, read cheaply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseSummary {
+    pub status: u16,
+    pub retry_after: Option<Duration>,
+    /// `x-shed-level` (1–3) when the service was shedding.
+    pub shed_level: Option<u8>,
+    /// 200 and every quote in it has `"degraded":false`.
+    pub business_ok: bool,
+}
+
+/// How one HTTP attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    Response(ResponseSummary),
+    Transport(TransportError),
+}
+
+/// What the generator asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestKind {
+    Single(ItemKey),
+    /// Distinct keys, 1–50.
+    Batch(Vec<ItemKey>),
+}
+
+impl RequestKind {
+    pub fn items(&self) -> usize {
+        match self {
+            Self::Single(_) => 1,
+            Self::Batch(keys) => keys.len(),
+        }
+    }
+}
+
+/// The batch body `{"items":[{"platform":…,"item_id":…},…]}`, written directly.
+pub fn batch_body(keys: &[ItemKey]) -> String {
+    let mut body = String::with_capacity(16 + keys.len() * 44);
+    body.push_str("{\"items\":[");
+    for (index, key) in keys.iter().enumerate() {
+        if index > 0 {
+            body.push(',');
+        }
+        body.push_str("{\"platform\":\"");
+        body.push_str(key.platform);
+        body.push_str("\",\"item_id\":\"");
+        body.push_str(&key.item_id.to_string());
+        body.push_str("\"}");
+    }
+    body.push_str("]}");
+    body
+}
+
+/// True when `body` (an answer with status 200) holds `expected_quotes` quotes, none degraded.
+/// Scans bytes instead of parsing: at thousands of responses a second a full parse would cost
+/// the generator more CPU than the service spends answering.
+pub fn business_ok(body: &[u8], expected_quotes: usize) -> bool {
+    let not_degraded = memchr::memmem::find_iter(body, b"\"degraded\":false").count();
+    not_degraded == expected_quotes && memchr::memmem::find(body, b"\"degraded\":true").is_none()
+}
+
+/// `Retry-After` in delta-seconds (the service never sends an HTTP date).
+pub fn parse_retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get("retry-after")?.to_str().ok()?;
+    let seconds: u64 = value.trim().parse().ok()?;
+    Some(Duration::from_secs(seconds))
+}
+
+fn parse_shed_level(headers: &HeaderMap) -> Option<u8> {
+    headers
+        .get("x-shed-level")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The harness refuses any target that is not this machine's loopback.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum TargetError {
+    #[error("target {0:?} is not an http:// URL with a host")]
+    Malformed(String),
+    #[error(
+        "target {0:?} is not on this machine's loopback: rebate-loadgen only sends load to \
+         127.0.0.0/8, [::1] or localhost"
+    )]
+    NotLoopback(String),
+}
+
+/// A base URL (`http://127.0.0.1:8080`) known to be loopback.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    base: String,
+}
+
+impl Target {
+    pub fn parse(url: &str) -> Result<Self, TargetError> {
+        let parsed =
+            reqwest::Url::parse(url).map_err(|_| TargetError::Malformed(url.to_owned()))?;
+        if parsed.scheme() != "http" {
+            return Err(TargetError::Malformed(url.to_owned()));
+        }
+        let Some(host) = parsed.host_str() else {
+            return Err(TargetError::Malformed(url.to_owned()));
+        };
+        let bare_host = host.trim_start_matches('[').trim_end_matches(']');
+        let loopback = host.eq_ignore_ascii_case("localhost")
+            || bare_host
+                .parse::<IpAddr>()
+                .is_ok_and(|address| address.is_loopback());
+        if !loopback {
+            return Err(TargetError::NotLoopback(url.to_owned()));
+        }
+        Ok(Self {
+            base: url.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn single_url(&self, key: &ItemKey) -> String {
+        format!(
+            "{}/api/v1/items/{}/{}/rebate",
+            self.base, key.platform, key.item_id
+        )
+    }
+
+    fn batch_url(&self) -> String {
+        format!("{}/api/v1/items:batch", self.base)
+    }
+}
+
+/// How a logical request ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogicalOutcome {
+    /// The last attempt's outcome.
+    pub last: Attempt,
+    /// HTTP attempts sent, retries included (≥ 1).
+    pub attempts: u32,
+    /// Highest `x-shed-level` seen on any attempt.
+    pub shed_level: Option<u8>,
+}
+
+/// The shared HTTP client of one run: a pool of keep-alive HTTP/1.1 connections.
+#[derive(Debug, Clone)]
+pub struct LoadClient {
+    http: reqwest::Client,
+}
+
+impl LoadClient {
+    pub fn new(attempt_timeout: Duration) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .http1_only()
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(attempt_timeout)
+            .build()?;
+        Ok(Self { http })
+    }
+
+    pub fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
+    /// One HTTP attempt.
+    pub async fn attempt(
+        &self,
+        target: &Target,
+        request: &RequestKind,
+        client_id: &str,
+    ) -> Attempt {
+        let builder = match request {
+            RequestKind::Single(key) => self.http.get(target.single_url(key)),
+            RequestKind::Batch(keys) => self
+                .http
+                .post(target.batch_url())
+                .header("content-type", "application/json")
+                .body(batch_body(keys)),
+        };
+        let response = match builder.header("x-client-id", client_id).send().await {
+            Ok(response) => response,
+            Err(error) => return Attempt::Transport(classify(&error)),
+        };
+        let status = response.status();
+        let retry_after = parse_retry_after(response.headers());
+        let shed_level = parse_shed_level(response.headers());
+        let body = match response.bytes().await {
+            Ok(body) => body,
+            Err(error) => return Attempt::Transport(classify(&error)),
+        };
+        Attempt::Response(ResponseSummary {
+            status: status.as_u16(),
+            retry_after,
+            shed_level,
+            business_ok: status == StatusCode::OK && business_ok(&body, request.items()),
+        })
+    }
+
+    /// A logical request: attempts and retries per `behaviour`, never sleeping past
+    /// `give_up_at` (the run's bound).
+    pub async fn logical(
+        &self,
+        target: &Target,
+        request: &RequestKind,
+        client_id: &str,
+        behaviour: Behaviour,
+        give_up_at: Instant,
+        on_attempt: &(dyn Fn() + Sync),
+    ) -> LogicalOutcome {
+        let mut attempts = 0;
+        let mut shed_level = None;
+        loop {
+            on_attempt();
+            attempts += 1;
+            let attempt = self.attempt(target, request, client_id).await;
+            if let Attempt::Response(response) = &attempt {
+                shed_level = shed_level.max(response.shed_level);
+            }
+            let jitter = rand::rng().random::<f64>();
+            let delay = behaviour.retry_delay(attempts - 1, &attempt, jitter);
+            match delay {
+                Some(delay) if Instant::now() + delay < give_up_at => {
+                    tokio::time::sleep(delay).await;
+                }
+                _ => {
+                    return LogicalOutcome {
+                        last: attempt,
+                        attempts,
+                        shed_level,
+                    };
+                }
+            }
+        }
+    }
+}
+
+fn classify(error: &reqwest::Error) -> TransportError {
+    if error.is_timeout() {
+        TransportError::Timeout
+    } else if error.is_connect() {
+        TransportError::Connect
+    } else {
+        TransportError::Other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use axum::Router;
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+
+    use super::*;
+
+    fn response(status: u16, retry_after: Option<u64>) -> Attempt {
+        Attempt::Response(ResponseSummary {
+            status,
+            retry_after: retry_after.map(Duration::from_secs),
+            shed_level: None,
+            business_ok: false,
+        })
+    }
+
+    #[test]
+    fn well_behaved_honours_retry_after_and_stops_after_two_retries() {
+        let behaviour = Behaviour::WellBehaved;
+        let delay = behaviour
+            .retry_delay(0, &response(503, Some(3)), 0.5)
+            .unwrap();
+        assert!(delay >= Duration::from_secs(3) && delay < Duration::from_millis(3100));
+        let delay = behaviour
+            .retry_delay(1, &response(429, Some(1)), 0.0)
+            .unwrap();
+        assert_eq!(delay, Duration::from_secs(1));
+        assert_eq!(behaviour.retry_delay(2, &response(503, Some(1)), 0.5), None);
+    }
+
+    #[test]
+    fn well_behaved_backs_off_exponentially_with_jitter_without_retry_after() {
+        let behaviour = Behaviour::WellBehaved;
+        let first_low = behaviour.retry_delay(0, &response(503, None), 0.0).unwrap();
+        let first_high = behaviour
+            .retry_delay(0, &response(503, None), 0.999)
+            .unwrap();
+        let second_low = behaviour.retry_delay(1, &response(503, None), 0.0).unwrap();
+        assert_eq!(first_low, Duration::from_millis(100));
+        assert!(
+            first_high > Duration::from_millis(195) && first_high <= Duration::from_millis(200)
+        );
+        assert_eq!(second_low, Duration::from_millis(200));
+        assert!(
+            behaviour
+                .retry_delay(0, &Attempt::Transport(TransportError::Connect), 0.0)
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn well_behaved_does_not_retry_what_a_retry_cannot_fix() {
+        let behaviour = Behaviour::WellBehaved;
+        for status in [200, 400, 404, 500] {
+            assert_eq!(
+                behaviour.retry_delay(0, &response(status, Some(1)), 0.5),
+                None
+            );
+        }
+        assert_eq!(
+            behaviour.retry_delay(0, &Attempt::Transport(TransportError::Timeout), 0.5),
+            None
+        );
+    }
+
+    #[test]
+    fn naive_retries_every_failure_after_500_ms_ignoring_retry_after() {
+        let behaviour = Behaviour::Naive;
+        for retries_done in 0..3 {
+            assert_eq!(
+                behaviour.retry_delay(retries_done, &response(503, Some(5)), 0.3),
+                Some(Duration::from_millis(500))
+            );
+        }
+        assert_eq!(behaviour.retry_delay(3, &response(503, Some(5)), 0.3), None);
+        assert_eq!(
+            behaviour.retry_delay(0, &Attempt::Transport(TransportError::Timeout), 0.3),
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(behaviour.retry_delay(0, &response(404, None), 0.3), None);
+    }
+
+    #[test]
+    fn batch_body_is_the_service_format() {
+        let keys = [
+            ItemKey {
+                platform: "jd",
+                item_id: 100_002,
+            },
+            ItemKey {
+                platform: "pdd",
+                item_id: 100_003,
+            },
+        ];
+        let body: serde_json::Value = serde_json::from_str(&batch_body(&keys)).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"items": [
+                {"platform": "jd", "item_id": "100002"},
+                {"platform": "pdd", "item_id": "100003"}]})
+        );
+    }
+
+    #[test]
+    fn business_success_needs_every_quote_live() {
+        let single = br#"{"item":{},"degraded":false,"degraded_parts":[],"trace_id":"x"}"#;
+        assert!(business_ok(single, 1));
+        let degraded = br#"{"degraded":true,"degraded_parts":[{"part":"coupons"}]}"#;
+        assert!(!business_ok(degraded, 1));
+        let batch = br#"{"results":[{"status":200,"quote":{"degraded":false}},
+            {"status":404,"error":{"code":"item_not_found"}}]}"#;
+        assert!(
+            !business_ok(batch, 2),
+            "an item error is not a business success"
+        );
+        assert!(business_ok(batch, 1));
+    }
+
+    #[test]
+    fn only_loopback_targets_are_accepted() {
+        for ok in [
+            "http://127.0.0.1:8080",
+            "http://localhost:1/",
+            "http://[::1]:80",
+            "http://127.3.4.5",
+        ] {
+            assert!(Target::parse(ok).is_ok(), "{ok}");
+        }
+        for refused in [
+            "http://10.0.0.1:8080",
+            "http://example.com",
+            "http://192.168.1.2",
+        ] {
+            assert_eq!(
+                Target::parse(refused),
+                Err(TargetError::NotLoopback(refused.to_owned()))
+            );
+        }
+        assert!(matches!(
+            Target::parse("ftp://127.0.0.1"),
+            Err(TargetError::Malformed(_))
+        ));
+        assert!(matches!(
+            Target::parse("nonsense"),
+            Err(TargetError::Malformed(_))
+        ));
+        assert_eq!(
+            Target::parse("http://127.0.0.1:9/").unwrap().base(),
+            "http://127.0.0.1:9"
+        );
+    }
+
+    /// A tiny server that always answers 503 with `Retry-After: 1`, counting calls.
+    async fn always_overloaded() -> (Target, Arc<AtomicU32>) {
+        let calls = Arc::new(AtomicU32::new(0));
+        let counter = calls.clone();
+        let app = Router::new().fallback(get(move || {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::Relaxed);
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [("retry-after", "1")],
+                    "{}",
+                )
+                    .into_response()
+            }
+        }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (Target::parse(&format!("http://{address}")).unwrap(), calls)
+    }
+
+    async fn run_against_overloaded(behaviour: Behaviour) -> (LogicalOutcome, u32, Duration, u32) {
+        let (target, calls) = always_overloaded().await;
+        let client = LoadClient::new(Duration::from_secs(2)).unwrap();
+        let counted = AtomicU32::new(0);
+        let started = Instant::now();
+        let outcome = client
+            .logical(
+                &target,
+                &RequestKind::Single(ItemKey {
+                    platform: "jd",
+                    item_id: 100_002,
+                }),
+                "app-ios-1",
+                behaviour,
+                Instant::now() + Duration::from_secs(8),
+                &|| {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                },
+            )
+            .await;
+        (
+            outcome,
+            calls.load(Ordering::Relaxed),
+            started.elapsed(),
+            counted.into_inner(),
+        )
+    }
+
+    #[tokio::test]
+    async fn well_behaved_client_waits_retry_after_twice_then_gives_up() {
+        let (outcome, calls, elapsed, counted) =
+            run_against_overloaded(Behaviour::WellBehaved).await;
+        assert_eq!(outcome.attempts, 3);
+        assert_eq!((calls, counted), (3, 3));
+        assert!(
+            elapsed >= Duration::from_secs(2),
+            "honoured Retry-After: {elapsed:?}"
+        );
+        assert!(matches!(
+            outcome.last,
+            Attempt::Response(ResponseSummary { status: 503, .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn naive_client_retries_three_times_every_500_ms() {
+        let (outcome, calls, elapsed, counted) = run_against_overloaded(Behaviour::Naive).await;
+        assert_eq!(outcome.attempts, 4);
+        assert_eq!((calls, counted), (4, 4));
+        assert!(
+            elapsed >= Duration::from_millis(1500) && elapsed < Duration::from_millis(2000),
+            "ignored Retry-After: {elapsed:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn retries_stop_at_the_run_bound() {
+        let (target, calls) = always_overloaded().await;
+        let client = LoadClient::new(Duration::from_secs(2)).unwrap();
+        let outcome = client
+            .logical(
+                &target,
+                &RequestKind::Single(ItemKey {
+                    platform: "jd",
+                    item_id: 100_002,
+                }),
+                "h5-web-1",
+                Behaviour::WellBehaved,
+                Instant::now() + Duration::from_millis(300),
+                &|| {},
+            )
+            .await;
+        assert_eq!(
+            outcome.attempts, 1,
+            "a 1 s Retry-After does not fit a 300 ms bound"
+        );
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
+}

@@ -1,0 +1,31 @@
+//! `rebate-loadgen`: an open-loop load harness for the rebate query service whose figures are
+//! measured, repeatable and comparable — each one next to a reference measured in the same run
+//! (a bare axum ceiling, the naive "before" profile, or the same run's healthy phase).
+//!
+//! It only ever sends traffic to this machine's loopback, starts and kills every process it
+//! needs (the release service binary, a private `redis-server`), and every loop in it is
+//! bounded in count and time. It depends on no crate of the service: it talks to the binary
+//! over HTTP only, like a client would.
+//!
+//! # Layout
+//!
+//! - [`schedule`]: when request *i* is due (constant rates, ramps): pure math.
+//! - [`keys`]: the demo catalogue and a Zipf key picker calibrated to "top 10 % → 90 %".
+//! - [`client`]: one logical request — build, send, retry (well-behaved / naive), classify.
+//! - [`recorder`]: HDR latency histograms and counters: total, per second, per phase, per kind.
+//! - [`generator`]: the open-loop dispatcher and the closed-loop saturation probe.
+//! - [`ceiling`]: the fixed-body axum server on its own runtime.
+//! - [`service`]: the service child process, its admin and simulator APIs, Redis, MariaDB.
+//! - [`scenario`]: the scenarios and what each compares.
+//! - [`report`] and [`chart`]: JSON, Markdown and SVG output.
+
+pub mod ceiling;
+pub mod chart;
+pub mod client;
+pub mod generator;
+pub mod keys;
+pub mod recorder;
+pub mod report;
+pub mod scenario;
+pub mod schedule;
+pub mod service;

@@ -1,0 +1,218 @@
+//! `rebate-loadgen run --scenario <name|all> [--quick] [--out DIR] [--capacity RPS] …`
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use loadgen::report::{self, Machine, RunReport};
+use loadgen::scenario::{Harness, Options, ScenarioName};
+use loadgen::service;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rebate-loadgen",
+    version,
+    about = "Open-loop load harness for rebate-query (loopback only)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one scenario or all of them and write the report.
+    Run(RunArgs),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Choice {
+    All,
+    HotPath,
+    Burst,
+    Steady,
+    Mixed,
+    CouponFault,
+    RedisOutage,
+    RetryStorm,
+    Baseline,
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// Scenario to run, or `all` (hot-path first: it measures the capacity the rest use).
+    #[arg(long, value_enum)]
+    scenario: Choice,
+    /// Shrink every duration about ten times (2–3 s per run), for CI.
+    #[arg(long)]
+    quick: bool,
+    /// Report directory (default target/loadgen/<timestamp>/).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Capacity in requests/s to scale loads to, instead of measuring it in this run.
+    #[arg(long, value_name = "RPS")]
+    capacity: Option<f64>,
+    /// Main duration of each open-loop run in seconds (default 30, or 3 with --quick).
+    #[arg(long, value_name = "S")]
+    duration: Option<f64>,
+    /// The service binary (default target/release/rebate-query, built first).
+    #[arg(long, value_name = "PATH")]
+    service_bin: Option<PathBuf>,
+    /// Do not run `cargo build --release -p query-api` before the run.
+    #[arg(long)]
+    no_build: bool,
+    /// Most logical requests in flight; beyond it requests count as client_overflow.
+    #[arg(long, default_value_t = 10_000)]
+    max_in_flight: usize,
+    /// Per-attempt HTTP timeout of the simulated clients, in ms.
+    #[arg(long, default_value_t = 10_000)]
+    client_timeout_ms: u64,
+    /// Connections of the closed-loop saturation probe.
+    #[arg(long, default_value_t = 64)]
+    probe_concurrency: usize,
+    /// Share of batch requests in the mixed scenario (0–1).
+    #[arg(long, default_value_t = 0.2)]
+    batch_ratio: f64,
+    /// Smallest and largest batch (1–50).
+    #[arg(long, default_value_t = 1)]
+    batch_min: usize,
+    #[arg(long, default_value_t = 50)]
+    batch_max: usize,
+    /// Share of requests from App clients (`x-client-id: app-ios-N`); the rest are H5.
+    #[arg(long, default_value_t = 0.7)]
+    app_share: f64,
+    /// Distinct client ids of each kind.
+    #[arg(long, default_value_t = 1000)]
+    clients: u32,
+    /// Pass REBATE__RESILIENCE__SHEDDING__CAPACITY_RPS to the service (default: its config).
+    #[arg(long, value_name = "RPS")]
+    service_capacity_rps: Option<u32>,
+    /// MariaDB server for redis-outage (a fresh database is created and dropped).
+    #[arg(long, default_value = "mysql://root@127.0.0.1:3306")]
+    mysql_url: String,
+    /// Seed of the key ranking and the generator's random choices.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Worker threads of the generator's runtime.
+    #[arg(long, default_value_t = 1)]
+    generator_threads: usize,
+    /// Worker threads of the ceiling server's runtime (the service's runtime uses one per core).
+    #[arg(long, default_value_t = 2)]
+    ceiling_threads: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let Command::Run(args) = Cli::parse().command;
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&args.batch_ratio) && (0.0..=1.0).contains(&args.app_share),
+        "--batch-ratio and --app-share are shares between 0 and 1"
+    );
+    anyhow::ensure!(
+        1 <= args.batch_min && args.batch_min <= args.batch_max && args.batch_max <= 50,
+        "batches hold 1 to 50 keys: need 1 ≤ --batch-min ≤ --batch-max ≤ 50"
+    );
+    anyhow::ensure!(args.max_in_flight > 0, "--max-in-flight must be at least 1");
+    anyhow::ensure!(
+        args.capacity.is_none_or(|capacity| capacity >= 1.0),
+        "--capacity must be at least 1 rps"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.generator_threads.max(1))
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        tokio::select! {
+            result = run(args) => result,
+            _ = tokio::signal::ctrl_c() => {
+                // Dropping the run kills every child process it started.
+                anyhow::bail!("interrupted; no report written")
+            }
+        }
+    })
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let scenarios: Vec<ScenarioName> = match args.scenario {
+        Choice::All => ScenarioName::ALL.to_vec(),
+        Choice::HotPath => vec![ScenarioName::HotPath],
+        Choice::Burst => vec![ScenarioName::Burst],
+        Choice::Steady => vec![ScenarioName::Steady],
+        Choice::Mixed => vec![ScenarioName::Mixed],
+        Choice::CouponFault => vec![ScenarioName::CouponFault],
+        Choice::RedisOutage => vec![ScenarioName::RedisOutage],
+        Choice::RetryStorm => vec![ScenarioName::RetryStorm],
+        Choice::Baseline => vec![ScenarioName::Baseline],
+    };
+    // Refuse a non-loopback database before anything starts.
+    loadgen::scenario::loopback_socket(&args.mysql_url)?;
+    let started_at = chrono::Utc::now();
+    let out_dir = args.out.clone().unwrap_or_else(|| {
+        service::workspace_root()
+            .join("target/loadgen")
+            .join(started_at.format("%Y%m%dT%H%M%SZ").to_string())
+    });
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let machine = Machine::detect(args.generator_threads.max(1), args.ceiling_threads);
+    let binary = service::prepare_binary(args.service_bin.as_deref(), !args.no_build)?;
+    let options = Options {
+        quick: args.quick,
+        out_dir: out_dir.clone(),
+        capacity: args.capacity,
+        duration: args.duration,
+        service_binary: binary.clone(),
+        max_in_flight: args.max_in_flight,
+        client_timeout: Duration::from_millis(args.client_timeout_ms.max(1)),
+        probe_concurrency: args.probe_concurrency.max(1),
+        batch_ratio: args.batch_ratio,
+        batch_min: args.batch_min,
+        batch_max: args.batch_max,
+        app_share: args.app_share,
+        clients_per_kind: args.clients.max(1),
+        service_capacity_rps: args.service_capacity_rps,
+        mysql_url: args.mysql_url.clone(),
+        seed: args.seed,
+        ceiling_threads: args.ceiling_threads.max(1),
+    };
+    let mut harness = Harness::new(options)?;
+    let mut reports = Vec::new();
+    for scenario in scenarios {
+        reports.push(harness.run(scenario).await);
+    }
+    let run_report = RunReport {
+        tool: "rebate-loadgen",
+        version: env!("CARGO_PKG_VERSION"),
+        started_at: started_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        command: command_line(),
+        machine,
+        quick: args.quick,
+        capacity: harness.capacity().cloned(),
+        service_binary: binary.display().to_string(),
+        scenarios: reports,
+    };
+    report::write(&run_report, &out_dir)?;
+    let markdown = report::markdown(&run_report);
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(markdown.as_bytes())?;
+    writeln!(stdout, "\nreport: {}", out_dir.join("report.md").display())?;
+    Ok(())
+}
+
+/// The command as typed, quoted for a POSIX shell where needed.
+fn command_line() -> String {
+    std::env::args()
+        .map(|argument| {
+            let plain = !argument.is_empty()
+                && argument
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:@,".contains(c));
+            if plain {
+                argument
+            } else {
+                format!("'{}'", argument.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,382 @@
+//! Where completed logical requests are counted: a total, one set per 1-second window (by
+//! *scheduled* time, for the charts), one per named phase, one per request kind.
+//!
+//! Latencies go into HDR histograms in microseconds with 3 significant digits. The lock is held
+//! only for a few counter bumps and histogram records, never across an `.await`.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::client::TransportError;
+
+/// Largest latency the histograms hold (longer ones are recorded as this): 2 minutes.
+const MAX_LATENCY_MICROS: u64 = 120_000_000;
+
+/// How a logical request ended, as far as the counts care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Final {
+    Response {
+        status: u16,
+        business_ok: bool,
+        shed_level: Option<u8>,
+    },
+    Transport(TransportError),
+    /// Not sent: the in-flight bound was reached.
+    ClientOverflow,
+}
+
+/// Which endpoint a logical request used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Single,
+    Batch,
+}
+
+/// Counters and a latency histogram for one slice of a run.
+#[derive(Debug, Clone)]
+pub struct Stats {
+    latency: Histogram<u64>,
+    logical: u64,
+    ok_2xx: u64,
+    business_ok: u64,
+    items: u64,
+    by_status: BTreeMap<u16, u64>,
+    timeouts: u64,
+    connect_errors: u64,
+    other_errors: u64,
+    client_overflow: u64,
+    max_shed_level: Option<u8>,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self {
+            latency: Histogram::new_with_max(MAX_LATENCY_MICROS, 3)
+                .expect("3 significant digits up to 2 minutes is a valid histogram"),
+            logical: 0,
+            ok_2xx: 0,
+            business_ok: 0,
+            items: 0,
+            by_status: BTreeMap::new(),
+            timeouts: 0,
+            connect_errors: 0,
+            other_errors: 0,
+            client_overflow: 0,
+            max_shed_level: None,
+        }
+    }
+}
+
+impl Stats {
+    fn record(&mut self, latency: Duration, outcome: Final, items: u32) {
+        self.logical += 1;
+        self.items += u64::from(items);
+        match outcome {
+            Final::Response {
+                status,
+                business_ok,
+                shed_level,
+            } => {
+                *self.by_status.entry(status).or_default() += 1;
+                if (200..300).contains(&status) {
+                    self.ok_2xx += 1;
+                }
+                if business_ok {
+                    self.business_ok += 1;
+                }
+                self.max_shed_level = self.max_shed_level.max(shed_level);
+            }
+            Final::Transport(TransportError::Timeout) => self.timeouts += 1,
+            Final::Transport(TransportError::Connect) => self.connect_errors += 1,
+            Final::Transport(TransportError::Other) => self.other_errors += 1,
+            Final::ClientOverflow => {
+                self.client_overflow += 1;
+                return;
+            }
+        }
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.latency.saturating_record(micros.max(1));
+    }
+
+    pub fn logical(&self) -> u64 {
+        self.logical
+    }
+
+    pub fn ok_2xx(&self) -> u64 {
+        self.ok_2xx
+    }
+
+    /// Latency at `quantile` (0–1) in milliseconds; `None` without any completed request.
+    pub fn quantile_ms(&self, quantile: f64) -> Option<f64> {
+        (!self.latency.is_empty()).then(|| self.latency.value_at_quantile(quantile) as f64 / 1000.0)
+    }
+
+    pub fn summary(&self) -> StatsSummary {
+        let rate = |count: u64| {
+            if self.logical == 0 {
+                None
+            } else {
+                Some(count as f64 / self.logical as f64)
+            }
+        };
+        StatsSummary {
+            logical_requests: self.logical,
+            items: self.items,
+            ok_2xx: self.ok_2xx,
+            business_ok: self.business_ok,
+            http_success_rate: rate(self.ok_2xx),
+            business_success_rate: rate(self.business_ok),
+            p50_ms: self.quantile_ms(0.5),
+            p90_ms: self.quantile_ms(0.9),
+            p99_ms: self.quantile_ms(0.99),
+            p999_ms: self.quantile_ms(0.999),
+            max_ms: (!self.latency.is_empty()).then(|| self.latency.max() as f64 / 1000.0),
+            by_status: self
+                .by_status
+                .iter()
+                .map(|(status, count)| (status.to_string(), *count))
+                .collect(),
+            timeouts: self.timeouts,
+            connect_errors: self.connect_errors,
+            other_errors: self.other_errors,
+            client_overflow: self.client_overflow,
+            max_shed_level_seen: self.max_shed_level,
+        }
+    }
+}
+
+/// The figures of one slice, as reported.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StatsSummary {
+    pub logical_requests: u64,
+    /// Items asked for (a batch counts its keys).
+    pub items: u64,
+    pub ok_2xx: u64,
+    pub business_ok: u64,
+    /// 2xx ÷ logical requests (client overflow and transport failures count as failures).
+    pub http_success_rate: Option<f64>,
+    /// 200 with every quote `"degraded":false` ÷ logical requests.
+    pub business_success_rate: Option<f64>,
+    pub p50_ms: Option<f64>,
+    pub p90_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub p999_ms: Option<f64>,
+    pub max_ms: Option<f64>,
+    /// Final HTTP status of logical requests, by status.
+    pub by_status: BTreeMap<String, u64>,
+    pub timeouts: u64,
+    pub connect_errors: u64,
+    pub other_errors: u64,
+    pub client_overflow: u64,
+    /// Highest `x-shed-level` header seen.
+    pub max_shed_level_seen: Option<u8>,
+}
+
+/// A named part of a run, from `start` (offset into the run) to the next phase's start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Phase {
+    pub name: String,
+    pub start: Duration,
+}
+
+#[derive(Debug)]
+struct Inner {
+    total: Stats,
+    windows: Vec<Stats>,
+    phases: Vec<Stats>,
+    single: Stats,
+    batch: Stats,
+}
+
+/// Collects completions from every request task of one run.
+#[derive(Debug)]
+pub struct Recorder {
+    window: Duration,
+    phases: Vec<Phase>,
+    inner: Mutex<Inner>,
+}
+
+impl Recorder {
+    /// `phases` sorted by start; the first should start at 0 (earlier completions fall into it
+    /// anyway).
+    pub fn new(window: Duration, phases: Vec<Phase>) -> Self {
+        debug_assert!(!window.is_zero());
+        debug_assert!(phases.windows(2).all(|pair| pair[0].start <= pair[1].start));
+        let phase_stats = vec![Stats::default(); phases.len()];
+        Self {
+            window,
+            phases,
+            inner: Mutex::new(Inner {
+                total: Stats::default(),
+                windows: Vec::new(),
+                phases: phase_stats,
+                single: Stats::default(),
+                batch: Stats::default(),
+            }),
+        }
+    }
+
+    /// One finished (or overflowed) logical request scheduled at `offset` into the run.
+    pub fn record(
+        &self,
+        offset: Duration,
+        latency: Duration,
+        outcome: Final,
+        kind: Kind,
+        items: u32,
+    ) {
+        let window_index = (offset.as_nanos() / self.window.as_nanos()) as usize;
+        let phase_index = self
+            .phases
+            .iter()
+            .rposition(|phase| phase.start <= offset)
+            .unwrap_or(0);
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        inner.total.record(latency, outcome, items);
+        if inner.windows.len() <= window_index {
+            inner.windows.resize_with(window_index + 1, Stats::default);
+        }
+        inner.windows[window_index].record(latency, outcome, items);
+        if let Some(phase) = inner.phases.get_mut(phase_index) {
+            phase.record(latency, outcome, items);
+        }
+        match kind {
+            Kind::Single => inner.single.record(latency, outcome, items),
+            Kind::Batch => inner.batch.record(latency, outcome, items),
+        }
+    }
+
+    /// Everything recorded so far.
+    pub fn snapshot(&self) -> Recorded {
+        let inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Recorded {
+            window: self.window,
+            total: inner.total.clone(),
+            windows: inner.windows.clone(),
+            phases: self
+                .phases
+                .iter()
+                .cloned()
+                .zip(inner.phases.iter().cloned())
+                .collect(),
+            single: inner.single.clone(),
+            batch: inner.batch.clone(),
+        }
+    }
+}
+
+/// A copy of a recorder's contents.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub window: Duration,
+    pub total: Stats,
+    pub windows: Vec<Stats>,
+    pub phases: Vec<(Phase, Stats)>,
+    pub single: Stats,
+    pub batch: Stats,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(business_ok: bool) -> Final {
+        Final::Response {
+            status: 200,
+            business_ok,
+            shed_level: None,
+        }
+    }
+
+    #[test]
+    fn counts_land_in_total_window_phase_and_kind() {
+        let recorder = Recorder::new(
+            Duration::from_secs(1),
+            vec![
+                Phase {
+                    name: "before".into(),
+                    start: Duration::ZERO,
+                },
+                Phase {
+                    name: "fault".into(),
+                    start: Duration::from_millis(1500),
+                },
+            ],
+        );
+        let ms = Duration::from_millis;
+        recorder.record(ms(100), ms(2), ok(true), Kind::Single, 1);
+        recorder.record(ms(1200), ms(4), ok(false), Kind::Single, 1);
+        recorder.record(
+            ms(1600),
+            ms(900),
+            Final::Transport(TransportError::Timeout),
+            Kind::Batch,
+            10,
+        );
+        recorder.record(
+            ms(2100),
+            Duration::ZERO,
+            Final::ClientOverflow,
+            Kind::Single,
+            1,
+        );
+        recorder.record(
+            ms(2200),
+            ms(8),
+            Final::Response {
+                status: 503,
+                business_ok: false,
+                shed_level: Some(3),
+            },
+            Kind::Single,
+            1,
+        );
+        let recorded = recorder.snapshot();
+        let total = recorded.total.summary();
+        assert_eq!(total.logical_requests, 5);
+        assert_eq!(total.ok_2xx, 2);
+        assert_eq!(total.business_ok, 1);
+        assert_eq!(total.http_success_rate, Some(0.4));
+        assert_eq!(total.business_success_rate, Some(0.2));
+        assert_eq!(total.client_overflow, 1);
+        assert_eq!(total.timeouts, 1);
+        assert_eq!(total.by_status.get("503"), Some(&1));
+        assert_eq!(total.max_shed_level_seen, Some(3));
+        assert_eq!(total.items, 14);
+
+        assert_eq!(recorded.windows.len(), 3);
+        assert_eq!(
+            recorded
+                .windows
+                .iter()
+                .map(Stats::logical)
+                .collect::<Vec<_>>(),
+            [1, 2, 2]
+        );
+        assert_eq!(recorded.phases[0].1.logical(), 2);
+        assert_eq!(recorded.phases[1].1.logical(), 3);
+        assert_eq!(recorded.batch.logical(), 1);
+        // Overflow has no latency: three of the four others are ≤ 8 ms.
+        let p50 = recorded.total.quantile_ms(0.5).unwrap();
+        assert!((3.9..=4.1).contains(&p50), "{p50}");
+        let max = total.max_ms.unwrap();
+        assert!((899.0..=901.0).contains(&max), "{max}");
+    }
+
+    #[test]
+    fn empty_stats_report_no_rates() {
+        let summary = Stats::default().summary();
+        assert_eq!(summary.http_success_rate, None);
+        assert_eq!(summary.p99_ms, None);
+    }
+}

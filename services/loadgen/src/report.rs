@@ -1,0 +1,784 @@
+//! The run's report: one JSON document (one object per scenario) and the same figures as
+//! Markdown tables. Every scenario carries its reference series from the same run and the
+//! ratios between them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::generator::DispatchHealth;
+use crate::recorder::{Recorded, StatsSummary};
+use crate::service::{Readings, ShedSample};
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    pub tool: &'static str,
+    pub version: &'static str,
+    pub started_at: String,
+    /// The exact command line.
+    pub command: String,
+    pub machine: Machine,
+    pub quick: bool,
+    /// The capacity the load levels were derived from, and where it came from.
+    pub capacity: Option<Capacity>,
+    pub service_binary: String,
+    pub scenarios: Vec<ScenarioReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub nproc: usize,
+    pub cpu_model: String,
+    pub os: String,
+    /// `/proc/loadavg` when the run started: other work on the machine skews every figure.
+    pub loadavg_at_start: String,
+    /// Worker threads of the generator's runtime, and of the ceiling's.
+    pub generator_threads: usize,
+    pub ceiling_threads: usize,
+}
+
+impl Machine {
+    pub fn detect(generator_threads: usize, ceiling_threads: usize) -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|line| line.strip_prefix("model name"))
+            .map(|rest| rest.trim_start_matches([' ', '\t', ':']).trim().to_owned())
+            .unwrap_or_else(|| "unknown".to_owned());
+        let os = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map(|release| format!("{} {}", std::env::consts::OS, release.trim()))
+            .unwrap_or_else(|_| std::env::consts::OS.to_owned());
+        Self {
+            nproc: std::thread::available_parallelism().map_or(1, usize::from),
+            cpu_model,
+            os,
+            loadavg_at_start: std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            generator_threads,
+            ceiling_threads,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Capacity {
+    pub rps: f64,
+    pub source: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScenarioStatus {
+    Ok,
+    Skipped,
+    Failed,
+}
+
+/// The headline figures of one series.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Figures {
+    pub label: String,
+    pub offered_rps: Option<f64>,
+    pub achieved_rps: f64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    pub p999_ms: Option<f64>,
+    pub http_success_rate: Option<f64>,
+    pub business_success_rate: Option<f64>,
+    pub upstream_calls_per_request: Option<f64>,
+    pub store_loads_per_request: Option<f64>,
+    pub client_overflow: u64,
+    pub total_sent: u64,
+}
+
+/// One scenario: headline figures, the reference beside them, ratios, every series measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioReport {
+    pub name: String,
+    pub description: String,
+    pub status: ScenarioStatus,
+    pub notes: Vec<String>,
+    pub figures: Option<Figures>,
+    pub reference: Option<Figures>,
+    /// Named ratios of figures to their reference (e.g. `throughput_vs_ceiling`).
+    pub ratios: BTreeMap<String, Option<f64>>,
+    /// Other named figures of the scenario (e.g. `max_rps_ceiling`).
+    pub headline: BTreeMap<String, Option<f64>>,
+    pub series: Vec<Series>,
+    pub charts: Vec<String>,
+}
+
+impl ScenarioReport {
+    pub fn new(name: &str, description: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            description: description.to_owned(),
+            status: ScenarioStatus::Ok,
+            notes: Vec::new(),
+            figures: None,
+            reference: None,
+            ratios: BTreeMap::new(),
+            headline: BTreeMap::new(),
+            series: Vec::new(),
+            charts: Vec::new(),
+        }
+    }
+
+    pub fn skipped(name: &str, description: &str, why: String) -> Self {
+        let mut report = Self::new(name, description);
+        report.status = ScenarioStatus::Skipped;
+        report.notes.push(why);
+        report
+    }
+
+    pub fn series(&self, label: &str) -> Option<&Series> {
+        self.series.iter().find(|series| series.label == label)
+    }
+}
+
+/// Everything measured for one target under one load.
+#[derive(Debug, Clone, Serialize)]
+pub struct Series {
+    pub label: String,
+    /// `service`, `ceiling` or `naive-profile`.
+    pub target: String,
+    /// `open-loop` or `closed-loop`.
+    pub mode: String,
+    pub behaviour: String,
+    /// Mean offered rate (open loop); `None` for a closed-loop probe.
+    pub offered_rps: Option<f64>,
+    pub peak_offered_rps: Option<f64>,
+    pub concurrency: Option<usize>,
+    pub duration_s: f64,
+    pub elapsed_s: f64,
+    /// HTTP answers (any status) to the requests scheduled in the run, per second of schedule.
+    pub achieved_rps: f64,
+    /// 2xx answers per second of schedule.
+    pub goodput_rps: f64,
+    #[serde(flatten)]
+    pub stats: StatsSummary,
+    /// HTTP requests sent, retries included.
+    pub total_sent: u64,
+    pub unfinished: u64,
+    pub not_sent: u64,
+    /// Share of key draws that fell in the top 10 % of keys (the Zipf check).
+    pub hot_key_share: Option<f64>,
+    /// Simulator calls (coupons + extras) ÷ logical requests.
+    pub upstream_calls_per_request: Option<f64>,
+    /// Product + rate loads that reached the store (`source_loads`) ÷ logical requests.
+    pub store_loads_per_request: Option<f64>,
+    /// Product + rate `loads_started` (cache loads begun) ÷ logical requests.
+    pub loads_started_per_request: Option<f64>,
+    /// The service's `resilience.shedding.capacity_rps` and whether shedding was on.
+    pub service_shedding: Option<String>,
+    pub dispatch: Option<DispatchHealth>,
+    pub phases: Vec<PhaseReport>,
+    pub kinds: BTreeMap<String, StatsSummary>,
+    pub windows: Vec<WindowReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PhaseReport {
+    pub name: String,
+    pub start_s: f64,
+    pub duration_s: f64,
+    /// HTTP answers to requests scheduled in this phase, per second of the phase.
+    pub achieved_rps: f64,
+    #[serde(flatten)]
+    pub stats: StatsSummary,
+}
+
+/// One window (1 s by scheduled time) of a series: the charts' data.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WindowReport {
+    pub t_s: f64,
+    pub logical_requests: u64,
+    pub ok_2xx: u64,
+    pub business_ok: u64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
+    /// The service's shed level: the status page sampled in this second, or the highest
+    /// `x-shed-level` header seen, whichever is higher.
+    pub shed_level: Option<u8>,
+    /// The shedder's load signal, concurrency limit and throughput as sampled in this second.
+    pub shed_load: Option<f64>,
+    pub shed_concurrency_limit: Option<f64>,
+    pub shed_throughput_rps: Option<f64>,
+}
+
+/// What a series needs beyond the recorder's contents.
+#[derive(Debug, Clone, Default)]
+pub struct SeriesInput {
+    pub label: String,
+    pub target: String,
+    pub mode: String,
+    pub behaviour: String,
+    pub offered_rps: Option<f64>,
+    pub peak_offered_rps: Option<f64>,
+    pub concurrency: Option<usize>,
+    pub duration_s: f64,
+    pub elapsed_s: f64,
+    pub total_sent: u64,
+    pub unfinished: u64,
+    pub not_sent: u64,
+    pub key_draws: u64,
+    pub hot_key_draws: u64,
+    pub dispatch: Option<DispatchHealth>,
+    /// Counters before and after (service targets only).
+    pub readings: Option<(Readings, Readings)>,
+    /// The status page's shedding section, sampled once per second.
+    pub shed_samples: Vec<ShedSample>,
+}
+
+impl Series {
+    pub fn build(input: SeriesInput, recorded: &Recorded) -> Self {
+        let stats = recorded.total.summary();
+        let responded: u64 = stats.by_status.values().sum();
+        // Answers to the requests scheduled in the run ÷ the run's scheduled length: retries
+        // and slow answers that end after the schedule still count for the run they belong to.
+        let elapsed = input.duration_s.max(1e-9);
+        let per_request = |delta: u64| {
+            (stats.logical_requests > 0).then(|| delta as f64 / stats.logical_requests as f64)
+        };
+        let (upstream, store, started, shedding) = match input.readings {
+            Some((before, after)) => (
+                per_request(after.upstream_calls.saturating_sub(before.upstream_calls)),
+                per_request(after.source_loads.saturating_sub(before.source_loads)),
+                per_request(after.store_loads.saturating_sub(before.store_loads)),
+                Some(match (after.shedding_enabled, after.capacity_rps) {
+                    (Some(false), _) => "disabled".to_owned(),
+                    (_, Some(capacity)) => format!("enabled, capacity_rps {capacity}"),
+                    _ => "unknown".to_owned(),
+                }),
+            ),
+            None => (None, None, None, None),
+        };
+        let window_s = recorded.window.as_secs_f64();
+        let window_count = recorded.windows.len().max(input.shed_samples.len());
+        let windows = (0..window_count)
+            .map(|index| {
+                let window = recorded.windows.get(index);
+                let summary = window.map(|stats| stats.summary());
+                let header = summary
+                    .as_ref()
+                    .and_then(|summary| summary.max_shed_level_seen);
+                let sample = input.shed_samples.get(index).copied().unwrap_or_default();
+                WindowReport {
+                    t_s: index as f64 * window_s,
+                    logical_requests: summary.as_ref().map_or(0, |s| s.logical_requests),
+                    ok_2xx: summary.as_ref().map_or(0, |s| s.ok_2xx),
+                    business_ok: summary.as_ref().map_or(0, |s| s.business_ok),
+                    p50_ms: summary.as_ref().and_then(|s| s.p50_ms),
+                    p99_ms: summary.as_ref().and_then(|s| s.p99_ms),
+                    shed_level: header.max(sample.level),
+                    shed_load: sample.load,
+                    shed_concurrency_limit: sample.concurrency_limit,
+                    shed_throughput_rps: sample.throughput_rps,
+                }
+            })
+            .collect();
+        let mut kinds = BTreeMap::new();
+        if recorded.single.logical() > 0 && recorded.batch.logical() > 0 {
+            kinds.insert("single".to_owned(), recorded.single.summary());
+            kinds.insert("batch".to_owned(), recorded.batch.summary());
+        }
+        Self {
+            label: input.label,
+            target: input.target,
+            mode: input.mode,
+            behaviour: input.behaviour,
+            offered_rps: input.offered_rps,
+            peak_offered_rps: input.peak_offered_rps,
+            concurrency: input.concurrency,
+            duration_s: input.duration_s,
+            elapsed_s: input.elapsed_s,
+            achieved_rps: responded as f64 / elapsed,
+            goodput_rps: stats.ok_2xx as f64 / elapsed,
+            total_sent: input.total_sent,
+            unfinished: input.unfinished,
+            not_sent: input.not_sent,
+            hot_key_share: (input.key_draws > 0)
+                .then(|| input.hot_key_draws as f64 / input.key_draws as f64),
+            upstream_calls_per_request: upstream,
+            store_loads_per_request: store,
+            loads_started_per_request: started,
+            service_shedding: shedding,
+            dispatch: input.dispatch,
+            phases: recorded
+                .phases
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, stats))| stats.logical() > 0)
+                .map(|(index, (phase, stats))| {
+                    let start_s = phase.start.as_secs_f64();
+                    let end_s = recorded
+                        .phases
+                        .get(index + 1)
+                        .map_or(input.duration_s, |(next, _)| next.start.as_secs_f64());
+                    let duration_s = (end_s - start_s).max(1e-9);
+                    let summary = stats.summary();
+                    let responded: u64 = summary.by_status.values().sum();
+                    PhaseReport {
+                        name: phase.name.clone(),
+                        start_s,
+                        duration_s,
+                        achieved_rps: responded as f64 / duration_s,
+                        stats: summary,
+                    }
+                })
+                .collect(),
+            kinds,
+            windows,
+            stats,
+        }
+    }
+
+    pub fn figures(&self) -> Figures {
+        Figures {
+            label: self.label.clone(),
+            offered_rps: self.offered_rps,
+            achieved_rps: self.achieved_rps,
+            p50_ms: self.stats.p50_ms,
+            p99_ms: self.stats.p99_ms,
+            p999_ms: self.stats.p999_ms,
+            http_success_rate: self.stats.http_success_rate,
+            business_success_rate: self.stats.business_success_rate,
+            upstream_calls_per_request: self.upstream_calls_per_request,
+            store_loads_per_request: self.store_loads_per_request,
+            client_overflow: self.stats.client_overflow,
+            total_sent: self.total_sent,
+        }
+    }
+
+    /// The figures of one request kind (`single` / `batch`) of a mixed series.
+    pub fn kind_figures(&self, kind: &str) -> Option<Figures> {
+        let stats = self.kinds.get(kind)?;
+        Some(Figures {
+            label: format!("{} / {kind} requests", self.label),
+            offered_rps: None,
+            achieved_rps: stats.logical_requests as f64
+                / self.elapsed_s.max(self.duration_s).max(1e-9),
+            p50_ms: stats.p50_ms,
+            p99_ms: stats.p99_ms,
+            p999_ms: stats.p999_ms,
+            http_success_rate: stats.http_success_rate,
+            business_success_rate: stats.business_success_rate,
+            upstream_calls_per_request: None,
+            store_loads_per_request: None,
+            client_overflow: stats.client_overflow,
+            total_sent: 0,
+        })
+    }
+
+    /// The figures of one phase of this series (same counters, phase-local latencies).
+    pub fn phase_figures(&self, phase: &str) -> Option<Figures> {
+        let phase = self
+            .phases
+            .iter()
+            .find(|candidate| candidate.name == phase)?;
+        Some(Figures {
+            label: format!("{} / {}", self.label, phase.name),
+            offered_rps: self.offered_rps,
+            achieved_rps: phase.achieved_rps,
+            p50_ms: phase.stats.p50_ms,
+            p99_ms: phase.stats.p99_ms,
+            p999_ms: phase.stats.p999_ms,
+            http_success_rate: phase.stats.http_success_rate,
+            business_success_rate: phase.stats.business_success_rate,
+            upstream_calls_per_request: None,
+            store_loads_per_request: None,
+            client_overflow: phase.stats.client_overflow,
+            total_sent: self.total_sent,
+        })
+    }
+}
+
+/// `numerator ÷ denominator` when both exist and the denominator is not 0.
+pub fn ratio(numerator: Option<f64>, denominator: Option<f64>) -> Option<f64> {
+    match (numerator, denominator) {
+        (Some(top), Some(bottom)) if bottom != 0.0 => Some(top / bottom),
+        _ => None,
+    }
+}
+
+/// Writes `report.json` and `report.md` into `dir`.
+pub fn write(report: &RunReport, dir: &Path) -> anyhow::Result<()> {
+    let json = serde_json::to_string_pretty(report)?;
+    std::fs::write(dir.join("report.json"), json)
+        .with_context(|| format!("writing {}", dir.join("report.json").display()))?;
+    std::fs::write(dir.join("report.md"), markdown(report))
+        .with_context(|| format!("writing {}", dir.join("report.md").display()))?;
+    Ok(())
+}
+
+fn number(value: Option<f64>, decimals: usize) -> String {
+    match value {
+        Some(value) if value.is_finite() => format!("{value:.decimals$}"),
+        _ => "–".to_owned(),
+    }
+}
+
+fn percent(value: Option<f64>) -> String {
+    match value {
+        Some(value) if value.is_finite() => format!("{:.1} %", value * 100.0),
+        _ => "–".to_owned(),
+    }
+}
+
+fn figures_row(scenario: &str, figures: &Figures, role: &str) -> String {
+    format!(
+        "| {scenario} | {} ({role}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+        figures.label,
+        number(figures.offered_rps, 0),
+        number(Some(figures.achieved_rps), 0),
+        number(figures.p50_ms, 2),
+        number(figures.p99_ms, 2),
+        number(figures.p999_ms, 2),
+        percent(figures.http_success_rate),
+        percent(figures.business_success_rate),
+        number(figures.upstream_calls_per_request, 3),
+        number(figures.store_loads_per_request, 3),
+        figures.client_overflow,
+        figures.total_sent,
+    )
+}
+
+const FIGURES_HEADER: &str = "| scenario | series | offered rps | achieved rps | P50 ms | P99 ms | P99.9 ms | HTTP ok | business ok | upstream calls/req | store loads/req | client overflow | sent (incl. retries) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+
+/// The report as Markdown.
+pub fn markdown(report: &RunReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# rebate-loadgen report\n");
+    let _ = writeln!(out, "- started: {}", report.started_at);
+    let _ = writeln!(
+        out,
+        "- machine: {} CPUs (`nproc`), {}, {}; load average at start: {}",
+        report.machine.nproc,
+        report.machine.cpu_model,
+        report.machine.os,
+        report.machine.loadavg_at_start
+    );
+    let _ = writeln!(
+        out,
+        "- generator runtime: {} worker thread(s); ceiling runtime: {} worker thread(s); the service runs as its own process",
+        report.machine.generator_threads, report.machine.ceiling_threads
+    );
+    let _ = writeln!(out, "- service binary: `{}`", report.service_binary);
+    match &report.capacity {
+        Some(capacity) => {
+            let _ = writeln!(
+                out,
+                "- capacity: {:.0} rps ({})",
+                capacity.rps, capacity.source
+            );
+        }
+        None => {
+            let _ = writeln!(out, "- capacity: not needed by these scenarios");
+        }
+    }
+    let _ = writeln!(out, "- quick: {}", report.quick);
+    let _ = writeln!(out, "\nCommand:\n\n```sh\n{}\n```\n", report.command);
+
+    let _ = writeln!(out, "## Summary\n");
+    out.push_str(FIGURES_HEADER);
+    for scenario in &report.scenarios {
+        match (&scenario.figures, scenario.status) {
+            (Some(figures), _) => {
+                out.push_str(&figures_row(&scenario.name, figures, "measured"));
+                if let Some(reference) = &scenario.reference {
+                    out.push_str(&figures_row(&scenario.name, reference, "reference"));
+                }
+            }
+            (None, status) => {
+                let _ = writeln!(
+                    out,
+                    "| {} | {:?}: {} | | | | | | | | | | | |",
+                    scenario.name,
+                    status,
+                    scenario
+                        .notes
+                        .first()
+                        .map_or("", String::as_str)
+                        .replace('|', "/")
+                );
+            }
+        }
+    }
+
+    for scenario in &report.scenarios {
+        let _ = writeln!(out, "\n## {}\n", scenario.name);
+        let _ = writeln!(out, "{}\n", scenario.description);
+        if scenario.status != ScenarioStatus::Ok {
+            let _ = writeln!(out, "**{:?}**\n", scenario.status);
+        }
+        for note in &scenario.notes {
+            let _ = writeln!(out, "- {note}");
+        }
+        if !scenario.notes.is_empty() {
+            out.push('\n');
+        }
+        if !scenario.headline.is_empty() || !scenario.ratios.is_empty() {
+            let _ = writeln!(out, "| figure | value |\n| --- | ---: |");
+            for (name, value) in &scenario.headline {
+                let _ = writeln!(out, "| {name} | {} |", number(*value, 2));
+            }
+            for (name, value) in &scenario.ratios {
+                let _ = writeln!(out, "| ratio: {name} | {} |", number(*value, 3));
+            }
+            out.push('\n');
+        }
+        if !scenario.series.is_empty() {
+            let _ = writeln!(
+                out,
+                "| series | mode | offered rps | achieved rps | logical | P50 ms | P99 ms | P99.9 ms | max ms | HTTP ok | business ok | upstream/req | store/req | overflow | unfinished | sent | hot-key share | dispatch lag P99 ms | shedding |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+            );
+            for series in &scenario.series {
+                let mode = match series.concurrency {
+                    Some(concurrency) => format!("{} ×{concurrency}", series.mode),
+                    None => format!("{}, {}", series.mode, series.behaviour),
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    series.label,
+                    mode,
+                    number(series.offered_rps, 0),
+                    number(Some(series.achieved_rps), 0),
+                    series.stats.logical_requests,
+                    number(series.stats.p50_ms, 2),
+                    number(series.stats.p99_ms, 2),
+                    number(series.stats.p999_ms, 2),
+                    number(series.stats.max_ms, 1),
+                    percent(series.stats.http_success_rate),
+                    percent(series.stats.business_success_rate),
+                    number(series.upstream_calls_per_request, 3),
+                    number(series.store_loads_per_request, 3),
+                    series.stats.client_overflow,
+                    series.unfinished,
+                    series.total_sent,
+                    percent(series.hot_key_share),
+                    number(series.dispatch.map(|dispatch| dispatch.lag_p99_ms), 2),
+                    series.service_shedding.as_deref().unwrap_or("–"),
+                );
+            }
+            out.push('\n');
+        }
+        let phased: Vec<&Series> = scenario
+            .series
+            .iter()
+            .filter(|series| series.phases.len() > 1)
+            .collect();
+        if !phased.is_empty() {
+            let _ = writeln!(
+                out,
+                "| series | phase | from s | logical | P50 ms | P99 ms | max ms | HTTP ok | business ok | statuses |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+            );
+            for series in phased {
+                for phase in &series.phases {
+                    let statuses: Vec<String> = phase
+                        .stats
+                        .by_status
+                        .iter()
+                        .map(|(status, count)| format!("{status}×{count}"))
+                        .collect();
+                    let _ = writeln!(
+                        out,
+                        "| {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} |",
+                        series.label,
+                        phase.name,
+                        phase.start_s,
+                        phase.stats.logical_requests,
+                        number(phase.stats.p50_ms, 2),
+                        number(phase.stats.p99_ms, 2),
+                        number(phase.stats.max_ms, 1),
+                        percent(phase.stats.http_success_rate),
+                        percent(phase.stats.business_success_rate),
+                        statuses.join(" "),
+                    );
+                }
+            }
+            out.push('\n');
+        }
+        for series in &scenario.series {
+            if series.kinds.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "{} by request kind:\n", series.label);
+            let _ = writeln!(
+                out,
+                "| kind | logical | items | P50 ms | P99 ms | HTTP ok | business ok |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+            );
+            for (kind, stats) in &series.kinds {
+                let _ = writeln!(
+                    out,
+                    "| {kind} | {} | {} | {} | {} | {} | {} |",
+                    stats.logical_requests,
+                    stats.items,
+                    number(stats.p50_ms, 2),
+                    number(stats.p99_ms, 2),
+                    percent(stats.http_success_rate),
+                    percent(stats.business_success_rate),
+                );
+            }
+            out.push('\n');
+        }
+        for chart in &scenario.charts {
+            let _ = writeln!(out, "![{chart}]({chart})");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::recorder::{Final, Kind, Phase, Recorder};
+
+    fn sample_series(label: &str, latency_ms: u64) -> Series {
+        let recorder = Recorder::new(
+            Duration::from_secs(1),
+            vec![Phase {
+                name: "all".into(),
+                start: Duration::ZERO,
+            }],
+        );
+        for index in 0..100_u64 {
+            recorder.record(
+                Duration::from_millis(index * 20),
+                Duration::from_millis(latency_ms),
+                Final::Response {
+                    status: 200,
+                    business_ok: index % 10 != 0,
+                    shed_level: None,
+                },
+                Kind::Single,
+                1,
+            );
+        }
+        let before = Readings {
+            upstream_calls: 10,
+            store_loads: 4,
+            source_loads: 4,
+            shed_level: Some(0),
+            capacity_rps: Some(5000),
+            shedding_enabled: Some(true),
+        };
+        let after = Readings {
+            upstream_calls: 60,
+            source_loads: 24,
+            store_loads: 24,
+            ..before
+        };
+        Series::build(
+            SeriesInput {
+                label: label.into(),
+                target: "service".into(),
+                mode: "open-loop".into(),
+                behaviour: "well-behaved".into(),
+                offered_rps: Some(50.0),
+                peak_offered_rps: Some(50.0),
+                duration_s: 2.0,
+                elapsed_s: 2.0,
+                total_sent: 100,
+                key_draws: 100,
+                hot_key_draws: 90,
+                readings: Some((before, after)),
+                shed_samples: [0, 1, 1]
+                    .map(|level| ShedSample {
+                        level: Some(level),
+                        ..ShedSample::default()
+                    })
+                    .to_vec(),
+                ..SeriesInput::default()
+            },
+            &recorder.snapshot(),
+        )
+    }
+
+    #[test]
+    fn series_derives_rates_and_per_request_figures() {
+        let series = sample_series("service", 4);
+        assert_eq!(series.stats.logical_requests, 100);
+        assert_eq!(series.achieved_rps, 50.0);
+        assert_eq!(series.stats.business_success_rate, Some(0.9));
+        assert_eq!(series.upstream_calls_per_request, Some(0.5));
+        assert_eq!(series.store_loads_per_request, Some(0.2));
+        assert_eq!(series.hot_key_share, Some(0.9));
+        assert_eq!(
+            series.windows.len(),
+            3,
+            "a sampled second without requests still shows"
+        );
+        assert_eq!(series.windows[1].shed_level, Some(1));
+        assert_eq!(
+            series.service_shedding.as_deref(),
+            Some("enabled, capacity_rps 5000")
+        );
+    }
+
+    #[test]
+    fn markdown_has_the_summary_table_with_reference_and_ratios() {
+        let measured = sample_series("service", 2);
+        let reference = sample_series("ceiling", 1);
+        let mut scenario = ScenarioReport::new("steady", "80 % of capacity.");
+        scenario.figures = Some(measured.figures());
+        scenario.reference = Some(reference.figures());
+        scenario.ratios.insert(
+            "p99_vs_ceiling".into(),
+            ratio(measured.stats.p99_ms, reference.stats.p99_ms),
+        );
+        scenario.series = vec![measured, reference];
+        scenario.charts.push("steady-latency.svg".into());
+        let report = RunReport {
+            tool: "rebate-loadgen",
+            version: "0.1.0",
+            started_at: "2026-12-01T00:00:00Z".into(),
+            command: "rebate-loadgen run --scenario steady --quick".into(),
+            machine: Machine {
+                nproc: 2,
+                cpu_model: "Test CPU".into(),
+                os: "linux".into(),
+                loadavg_at_start: "0.00".into(),
+                generator_threads: 1,
+                ceiling_threads: 2,
+            },
+            quick: true,
+            capacity: Some(Capacity {
+                rps: 1000.0,
+                source: "--capacity".into(),
+            }),
+            service_binary: "target/release/rebate-query".into(),
+            scenarios: vec![
+                scenario,
+                ScenarioReport::skipped("redis-outage", "…", "redis-server not found".into()),
+            ],
+        };
+        let text = markdown(&report);
+        assert!(text.contains("2 CPUs (`nproc`), Test CPU"));
+        assert!(text.contains("rebate-loadgen run --scenario steady --quick"));
+        assert!(text.contains(
+            "| steady | service (measured) | 50 | 50 | 2.00 | 2.00 | 2.00 | 100.0 % | 90.0 % | 0.500 | 0.200 | 0 | 100 |"
+        ));
+        assert!(text.contains("| steady | ceiling (reference) |"));
+        assert!(text.contains("| ratio: p99_vs_ceiling | 2.000 |"));
+        assert!(text.contains("| redis-outage | Skipped: redis-server not found |"));
+        assert!(text.contains("![steady-latency.svg](steady-latency.svg)"));
+
+        let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+        let steady = &json["scenarios"][0];
+        assert_eq!(steady["status"], "ok");
+        assert_eq!(steady["figures"]["p99_ms"], 2.0);
+        assert_eq!(steady["reference"]["label"], "ceiling");
+        assert_eq!(steady["ratios"]["p99_vs_ceiling"], 2.0);
+        assert_eq!(steady["series"][0]["business_success_rate"], 0.9);
+        assert_eq!(json["scenarios"][1]["status"], "skipped");
+    }
+}

@@ -1,0 +1,1442 @@
+//! The scenarios: each starts what it needs (a fresh service, the ceiling, Redis, a database),
+//! runs bounded load against it next to a reference measured in the same run, and returns one
+//! [`ScenarioReport`]. Failures of one scenario are reported and do not stop the others.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::json;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::ceiling::CeilingServer;
+use crate::chart;
+use crate::client::{Attempt, Behaviour, LoadClient, RequestKind, Target};
+use crate::generator::{
+    OpenLoop, ProbeOutput, RunOutput, Workload, closed_loop_probe, run_open_loop,
+};
+use crate::keys::{ItemKey, KeyPicker};
+use crate::recorder::Phase;
+use crate::report::{Capacity, ScenarioReport, ScenarioStatus, Series, SeriesInput, ratio};
+use crate::schedule::{Schedule, Segment};
+use crate::service::{
+    MySqlDatabase, RedisServer, ServiceProcess, ShedSample, naive_profile_env, reachable, seed,
+};
+
+/// The scenarios, in the order `all` runs them (hot-path first: it measures the capacity the
+/// others are scaled to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScenarioName {
+    HotPath,
+    Burst,
+    Steady,
+    Mixed,
+    CouponFault,
+    RedisOutage,
+    RetryStorm,
+    Baseline,
+}
+
+impl ScenarioName {
+    pub const ALL: [Self; 8] = [
+        Self::HotPath,
+        Self::Burst,
+        Self::Steady,
+        Self::Mixed,
+        Self::CouponFault,
+        Self::RedisOutage,
+        Self::RetryStorm,
+        Self::Baseline,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::HotPath => "hot-path",
+            Self::Burst => "burst",
+            Self::Steady => "steady",
+            Self::Mixed => "mixed",
+            Self::CouponFault => "coupon-fault",
+            Self::RedisOutage => "redis-outage",
+            Self::RetryStorm => "retry-storm",
+            Self::Baseline => "baseline",
+        }
+    }
+
+    pub fn description(self) -> &'static str {
+        match self {
+            Self::HotPath => {
+                "All cache hits (the service's 300-key hot list, warmed first). Maximum throughput \
+                 by a closed-loop saturation probe of the service and of the ceiling (a bare axum \
+                 handler returning the same bytes), then P99 of both at 50 % of the service's \
+                 maximum in open loop."
+            }
+            Self::Burst => {
+                "Open loop over the whole catalogue (Zipf): 0 → 150 % of capacity over the ramp, \
+                 held, then back to 80 %. Reference: the ceiling under the same schedule."
+            }
+            Self::Steady => {
+                "Open loop over the whole catalogue (Zipf) at 80 % of capacity. Reference: the \
+                 ceiling under the same schedule."
+            }
+            Self::Mixed => {
+                "Singles and 20 % batches (1–50 keys) over the whole catalogue, at a request rate \
+                 whose item rate is the moderate rate (50 % of the lesser of capacity and the \
+                 service's shedding capacity_rps). Reference: the singles within the same run."
+            }
+            Self::CouponFault => {
+                "Open loop at the moderate rate (50 % of the lesser of capacity and the service's \
+                 shedding capacity_rps); the simulated coupon API goes from 5 ms to 800 ms with \
+                 20 % hangs for the middle third, then back. Figures: the fault phase; \
+                 reference: the phase before it."
+            }
+            Self::RedisOutage => {
+                "Production profile (MariaDB + a private Redis as L2) at the moderate rate; Redis \
+                 is killed a third of the way in. Figures: after the kill; reference: before it."
+            }
+            Self::RetryStorm => {
+                "Shedding forced to level 3 (cache only) for the middle third, at the moderate \
+                 rate over the whole catalogue: well-behaved clients (honour Retry-After, ≤ 2 \
+                 retries) against naive ones (500 ms, 3 retries) at the same offered load, each \
+                 on a fresh service."
+            }
+            Self::Baseline => {
+                "The steady load (80 % of capacity) against the naive profile (no cache, parts \
+                 one after another, long timeouts, no breakers, no shedding) and the real \
+                 service, each freshly started."
+            }
+        }
+    }
+}
+
+/// Everything the scenarios are configured by (from the command line).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub quick: bool,
+    pub out_dir: PathBuf,
+    pub capacity: Option<f64>,
+    pub duration: Option<f64>,
+    pub service_binary: PathBuf,
+    pub max_in_flight: usize,
+    pub client_timeout: Duration,
+    pub probe_concurrency: usize,
+    pub batch_ratio: f64,
+    pub batch_min: usize,
+    pub batch_max: usize,
+    pub app_share: f64,
+    pub clients_per_kind: u32,
+    pub service_capacity_rps: Option<u32>,
+    pub mysql_url: String,
+    pub seed: u64,
+    pub ceiling_threads: usize,
+}
+
+/// Durations of the pieces of a scenario; `--quick` divides them by about ten.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    main: Duration,
+    probe: Duration,
+    probe_warmup: Duration,
+    half: Duration,
+    ramp: Duration,
+    hold: Duration,
+    recover: Duration,
+    drain: Duration,
+    warmup_budget: Duration,
+    /// Unrecorded lead-in of constant-rate runs at the same rate (connections, caches).
+    lead_in: Duration,
+}
+
+impl Timing {
+    fn new(quick: bool, main_override: Option<f64>) -> Self {
+        let secs = Duration::from_secs_f64;
+        let mut timing = if quick {
+            Self {
+                main: secs(3.0),
+                probe: secs(2.0),
+                probe_warmup: secs(0.5),
+                half: secs(2.0),
+                ramp: secs(1.0),
+                hold: secs(1.0),
+                recover: secs(1.0),
+                drain: secs(3.0),
+                warmup_budget: secs(15.0),
+                lead_in: secs(0.5),
+            }
+        } else {
+            Self {
+                main: secs(30.0),
+                probe: secs(10.0),
+                probe_warmup: secs(1.0),
+                half: secs(20.0),
+                ramp: secs(5.0),
+                hold: secs(10.0),
+                recover: secs(10.0),
+                drain: secs(15.0),
+                warmup_budget: secs(30.0),
+                lead_in: secs(2.0),
+            }
+        };
+        if let Some(main) = main_override.filter(|main| *main > 0.0) {
+            timing.main = secs(main);
+        }
+        timing
+    }
+}
+
+/// Runs scenarios and keeps what one measures for the next (the capacity).
+#[derive(Debug)]
+pub struct Harness {
+    options: Options,
+    timing: Timing,
+    client: LoadClient,
+    capacity: Option<Capacity>,
+}
+
+/// A scenario's warm-up: how many keys answer undegraded, after how long.
+#[derive(Debug, Clone)]
+struct Warmed {
+    note: String,
+}
+
+impl Harness {
+    pub fn new(options: Options) -> anyhow::Result<Self> {
+        let timing = Timing::new(options.quick, options.duration);
+        let client = LoadClient::new(options.client_timeout)?;
+        let capacity = options.capacity.map(|rps| Capacity {
+            rps,
+            source: "--capacity".to_owned(),
+        });
+        Ok(Self {
+            options,
+            timing,
+            client,
+            capacity,
+        })
+    }
+
+    pub fn capacity(&self) -> Option<&Capacity> {
+        self.capacity.as_ref()
+    }
+
+    /// Runs one scenario; an error becomes a `failed` report with the error chain.
+    pub async fn run(&mut self, name: ScenarioName) -> ScenarioReport {
+        eprintln!("== {}", name.as_str());
+        let started = std::time::Instant::now();
+        let result = match name {
+            ScenarioName::HotPath => self.hot_path().await,
+            ScenarioName::Burst => self.burst().await,
+            ScenarioName::Steady => self.steady().await,
+            ScenarioName::Mixed => self.mixed().await,
+            ScenarioName::CouponFault => self.coupon_fault().await,
+            ScenarioName::RedisOutage => self.redis_outage().await,
+            ScenarioName::RetryStorm => self.retry_storm().await,
+            ScenarioName::Baseline => self.baseline().await,
+        };
+        let mut report = match result {
+            Ok(report) => report,
+            Err(error) => {
+                let mut report = ScenarioReport::new(name.as_str(), name.description());
+                report.status = ScenarioStatus::Failed;
+                report.notes.push(format!("{error:#}"));
+                report
+            }
+        };
+        report.notes.extend(self.health_notes(&report));
+        report.notes.push(format!(
+            "wall time {:.1} s",
+            started.elapsed().as_secs_f64()
+        ));
+        if let Err(error) = self.draw_charts(&mut report) {
+            report.notes.push(format!("charts not drawn: {error:#}"));
+        }
+        eprintln!("   {:?}: {}", report.status, one_line(&report));
+        report
+    }
+
+    /// Warnings a reader needs next to the figures.
+    fn health_notes(&self, report: &ScenarioReport) -> Vec<String> {
+        let mut notes = Vec::new();
+        for series in &report.series {
+            if let Some(dispatch) = series.dispatch
+                && dispatch.lag_p99_ms > 1.0
+            {
+                notes.push(format!(
+                    "{}: the generator dispatched late (P99 {:.2} ms, max {:.2} ms behind \
+                     schedule); the lag is inside the latencies, which are measured from the \
+                     scheduled time",
+                    series.label, dispatch.lag_p99_ms, dispatch.lag_max_ms
+                ));
+            }
+            if series.unfinished > 0 || series.not_sent > 0 {
+                notes.push(format!(
+                    "{}: {} requests still in flight at the drain bound, {} never sent",
+                    series.label, series.unfinished, series.not_sent
+                ));
+            }
+        }
+        let configured = report
+            .series
+            .iter()
+            .filter_map(|series| series.service_shedding.as_deref())
+            .find_map(|text| text.strip_prefix("enabled, capacity_rps "))
+            .and_then(|capacity| capacity.parse::<f64>().ok());
+        if let (Some(configured), Some(capacity)) = (configured, &self.capacity)
+            && configured > 0.0
+            && capacity.rps > configured
+        {
+            notes.push(format!(
+                "the service's resilience.shedding.capacity_rps ({configured:.0}) is below the \
+                 measured capacity ({:.0} rps): it sheds from {:.0} rps on; pass \
+                 --service-capacity-rps to size it",
+                capacity.rps,
+                configured * 0.7
+            ));
+        }
+        notes
+    }
+
+    fn draw_charts(&self, report: &mut ScenarioReport) -> anyhow::Result<()> {
+        let open_loop: Vec<&Series> = report
+            .series
+            .iter()
+            .filter(|series| series.mode == "open-loop")
+            .collect();
+        if open_loop.is_empty() {
+            return Ok(());
+        }
+        let latency_file = format!("{}-latency.svg", report.name);
+        chart::draw(
+            &self.options.out_dir.join(&latency_file),
+            &format!(
+                "{}: latency per second (P50 dashed, P99 solid)",
+                report.name
+            ),
+            "latency ms",
+            &chart::latency_lines(&open_loop),
+            1.0,
+        )?;
+        let shed_file = format!("{}-shed-level.svg", report.name);
+        chart::draw(
+            &self.options.out_dir.join(&shed_file),
+            &format!("{}: service shed level per second", report.name),
+            "shed level (0-3)",
+            &chart::shed_lines(&open_loop),
+            3.0,
+        )?;
+        report.charts.push(latency_file);
+        report.charts.push(shed_file);
+        Ok(())
+    }
+
+    fn workload(&self, keys: Arc<KeyPicker>, behaviour: Behaviour) -> Workload {
+        Workload {
+            keys,
+            batch_ratio: 0.0,
+            batch_min: self.options.batch_min,
+            batch_max: self.options.batch_max,
+            app_share: self.options.app_share,
+            clients_per_kind: self.options.clients_per_kind,
+            behaviour,
+        }
+    }
+
+    fn catalogue(&self) -> anyhow::Result<Arc<KeyPicker>> {
+        Ok(Arc::new(KeyPicker::catalogue(self.options.seed)?))
+    }
+
+    fn hot_list(&self) -> anyhow::Result<Arc<KeyPicker>> {
+        Ok(Arc::new(KeyPicker::service_hot_list(self.options.seed)?))
+    }
+
+    /// A run of `schedule` recorded from its start (e.g. a ramp from 0).
+    fn plan(&self, schedule: Schedule, phases: Vec<Phase>, seed_offset: u64) -> OpenLoop {
+        OpenLoop {
+            schedule,
+            measure_from: Duration::ZERO,
+            phases,
+            max_in_flight: self.options.max_in_flight,
+            drain_timeout: self.timing.drain,
+            window: Duration::from_secs(1),
+            seed: self.options.seed.wrapping_add(seed_offset),
+        }
+    }
+
+    /// `rps` for `duration`, after an unrecorded lead-in at the same rate.
+    fn constant_plan(
+        &self,
+        rps: f64,
+        duration: Duration,
+        phases: Vec<Phase>,
+        seed_offset: u64,
+    ) -> anyhow::Result<OpenLoop> {
+        let schedule = Schedule::new(vec![
+            Segment::constant(rps, self.timing.lead_in),
+            Segment::constant(rps, duration),
+        ])?;
+        let mut plan = self.plan(schedule, phases, seed_offset);
+        plan.measure_from = self.timing.lead_in;
+        Ok(plan)
+    }
+
+    fn thirds(&self, names: [&str; 3]) -> Vec<Phase> {
+        let third = self.timing.main / 3;
+        vec![
+            phase(names[0], Duration::ZERO),
+            phase(names[1], third),
+            phase(names[2], third * 2),
+        ]
+    }
+
+    fn service_env(&self) -> Vec<(String, String)> {
+        self.options
+            .service_capacity_rps
+            .map(|capacity| {
+                (
+                    "REBATE__RESILIENCE__SHEDDING__CAPACITY_RPS".to_owned(),
+                    capacity.to_string(),
+                )
+            })
+            .into_iter()
+            .collect()
+    }
+
+    async fn start_service(
+        &self,
+        scenario: &str,
+        label: &str,
+        extra_env: &[(String, String)],
+    ) -> anyhow::Result<ServiceProcess> {
+        let logs = self.options.out_dir.join("logs");
+        std::fs::create_dir_all(&logs)?;
+        let mut env = self.service_env();
+        env.extend(extra_env.iter().cloned());
+        ServiceProcess::start(
+            &self.options.service_binary,
+            &env,
+            &logs.join(format!("{scenario}-{label}.log")),
+        )
+        .await
+        .with_context(|| format!("starting the service for {scenario} ({label})"))
+    }
+
+    /// Asks for every key until each answers undegraded, bounded by the warm-up budget.
+    /// The first pass goes fast (cached keys answer at once); later passes ask for what is
+    /// still degraded one key every 25 ms, under the coupon/extras quotas (45/s with bursts of
+    /// 5), so the warm-up is not itself refused by them.
+    async fn warm(&self, service: &ServiceProcess, keys: &[ItemKey]) -> Warmed {
+        const FIRST_PASS_CONCURRENCY: usize = 16;
+        const PACE: Duration = Duration::from_millis(25);
+        let started = Instant::now();
+        let deadline = started + self.timing.warmup_budget;
+        self.settle(service, deadline).await;
+        let mut pending: Vec<ItemKey> = keys.to_vec();
+        let mut passes = 0;
+        while !pending.is_empty() && Instant::now() < deadline {
+            passes += 1;
+            let mut requests = JoinSet::new();
+            let mut still_pending = Vec::new();
+            for (index, key) in pending.iter().enumerate() {
+                if Instant::now() >= deadline {
+                    still_pending.push(*key);
+                    continue;
+                }
+                if passes == 1 {
+                    while requests.len() >= FIRST_PASS_CONCURRENCY {
+                        collect_degraded(requests.join_next().await, &mut still_pending);
+                    }
+                } else if index > 0 {
+                    tokio::time::sleep(PACE).await;
+                }
+                let (client, target, key) = (self.client.clone(), service.api.clone(), *key);
+                requests.spawn(async move {
+                    let attempt = client
+                        .attempt(&target, &RequestKind::Single(key), "loadgen-warmup")
+                        .await;
+                    (
+                        key,
+                        matches!(&attempt, Attempt::Response(r) if r.business_ok),
+                    )
+                });
+            }
+            while let Some(joined) = requests.join_next().await {
+                collect_degraded(Some(joined), &mut still_pending);
+            }
+            pending = still_pending;
+        }
+        let live = keys.len() - pending.len();
+        Warmed {
+            note: format!(
+                "warm-up: {live} of {} keys answered undegraded after {passes} pass(es) in {:.1} s",
+                keys.len(),
+                started.elapsed().as_secs_f64()
+            ),
+        }
+    }
+
+    /// Waits (bounded) until the service is back at shed level 0: after a saturation probe it
+    /// steps down one level per dwell time, and a run started before would measure that.
+    async fn settle(&self, service: &ServiceProcess, deadline: Instant) {
+        while Instant::now() < deadline {
+            match service.status().await {
+                Ok(status) if crate::service::shed_level(&status).unwrap_or(0) > 0 => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Half the lesser of the capacity and the service's configured shedding capacity: fault
+    /// scenarios should show the fault, not load shedding.
+    async fn moderate_rate(
+        &self,
+        service: &ServiceProcess,
+        capacity: f64,
+        notes: &mut Vec<String>,
+    ) -> anyhow::Result<f64> {
+        let readings = service.readings().await?;
+        let configured = match (readings.shedding_enabled, readings.capacity_rps) {
+            (Some(true), Some(configured)) if configured > 0 => Some(configured as f64),
+            _ => None,
+        };
+        let base = configured.map_or(capacity, |configured| configured.min(capacity));
+        let rate = (base * 0.5).max(1.0);
+        notes.push(format!(
+            "offered {rate:.0} rps = 50 % of min(capacity {capacity:.0}, the service's shedding \
+             capacity_rps {})",
+            configured.map_or("unset".to_owned(), |value| format!("{value:.0}"))
+        ));
+        Ok(rate)
+    }
+
+    /// The capacity the load levels scale with: `--capacity`, the hot-path measurement of this
+    /// run, or a saturation probe of `service` now (hot list, warmed first).
+    /// The probe runs on a service of its own, stopped afterwards: a saturated service keeps
+    /// shedding (and its adaptive limits) for a while, which must not leak into the scenario.
+    async fn ensure_capacity(
+        &mut self,
+        scenario: &str,
+        notes: &mut Vec<String>,
+    ) -> anyhow::Result<f64> {
+        if let Some(capacity) = &self.capacity {
+            return Ok(capacity.rps);
+        }
+        eprintln!("   no capacity yet: probing a fresh service");
+        let service = self.start_service(scenario, "capacity-probe", &[]).await?;
+        let keys = self.hot_list()?;
+        let warmed = self.warm(&service, keys.hottest(keys.len())).await;
+        let workload = self.workload(keys, Behaviour::WellBehaved);
+        let probe = closed_loop_probe(
+            &self.client,
+            &service.api,
+            &workload,
+            self.options.probe_concurrency,
+            self.timing.probe_warmup,
+            self.timing.probe,
+            self.options.seed,
+        )
+        .await;
+        service.stop().await;
+        if probe.ok_rps < 1.0 {
+            bail!("the capacity probe got no successful answers");
+        }
+        let source = format!(
+            "probed in this run: closed loop ×{} on the hot list for {:.1} s ({})",
+            self.options.probe_concurrency,
+            self.timing.probe.as_secs_f64(),
+            warmed.note
+        );
+        notes.push(format!("capacity {:.0} rps, {source}", probe.ok_rps));
+        self.capacity = Some(Capacity {
+            rps: probe.ok_rps,
+            source,
+        });
+        Ok(probe.ok_rps)
+    }
+
+    /// One open-loop run against the service, sampling its shed level once a second and
+    /// reading its counters before and after; `actions` runs alongside (faults, kills).
+    async fn measure_service<F, Fut>(
+        &self,
+        service: &ServiceProcess,
+        label: &str,
+        target_kind: &str,
+        workload: &Workload,
+        plan: &OpenLoop,
+        actions: F,
+    ) -> anyhow::Result<Series>
+    where
+        F: FnOnce(Instant) -> Fut,
+        Fut: Future<Output = anyhow::Result<()>>,
+    {
+        let start = Instant::now() + Duration::from_millis(50);
+        let measured_start = start + plan.measure_from;
+        let measured = plan.schedule.duration().saturating_sub(plan.measure_from);
+        let seconds = measured.as_secs_f64().ceil() as u32;
+        let (output, sampled, action_result) = tokio::join!(
+            run_open_loop(&self.client, &service.api, workload, plan, start),
+            async {
+                tokio::time::sleep_until(measured_start).await;
+                let before = service.readings().await;
+                (
+                    before,
+                    sample_shed_levels(service, measured_start, seconds).await,
+                )
+            },
+            actions(measured_start),
+        );
+        action_result.context("a timed action of the scenario failed")?;
+        let (before, samples) = sampled;
+        let before = before?;
+        let after = service.readings().await?;
+        Ok(Series::build(
+            open_loop_input(
+                label,
+                target_kind,
+                workload,
+                &output,
+                Some((before, after)),
+                samples,
+            ),
+            &output.recorded,
+        ))
+    }
+
+    async fn measure_ceiling(
+        &self,
+        ceiling: &CeilingServer,
+        workload: &Workload,
+        plan: &OpenLoop,
+    ) -> anyhow::Result<Series> {
+        let target = Target::parse(&ceiling.base_url())?;
+        let start = Instant::now() + Duration::from_millis(50);
+        let output = run_open_loop(&self.client, &target, workload, plan, start).await;
+        Ok(Series::build(
+            open_loop_input("ceiling", "ceiling", workload, &output, None, Vec::new()),
+            &output.recorded,
+        ))
+    }
+
+    async fn probe(
+        &self,
+        target: &Target,
+        label: &str,
+        target_kind: &str,
+        workload: &Workload,
+        service: Option<&ServiceProcess>,
+    ) -> anyhow::Result<Series> {
+        let before = match service {
+            Some(service) => Some(service.readings().await?),
+            None => None,
+        };
+        let output = closed_loop_probe(
+            &self.client,
+            target,
+            workload,
+            self.options.probe_concurrency,
+            self.timing.probe_warmup,
+            self.timing.probe,
+            self.options.seed,
+        )
+        .await;
+        let readings = match (service, before) {
+            (Some(service), Some(before)) => Some((before, service.readings().await?)),
+            _ => None,
+        };
+        Ok(Series::build(
+            probe_input(label, target_kind, &output, readings),
+            &output.recorded,
+        ))
+    }
+
+    async fn start_ceiling(&self, service: &ServiceProcess) -> anyhow::Result<CeilingServer> {
+        let (body, content_type) = service.sample_quote().await?;
+        CeilingServer::start(body, content_type, self.options.ceiling_threads)
+    }
+
+    async fn hot_path(&mut self) -> anyhow::Result<ScenarioReport> {
+        let name = ScenarioName::HotPath;
+        let mut report = ScenarioReport::new(name.as_str(), name.description());
+        let keys = self.hot_list()?;
+        let workload = self.workload(keys.clone(), Behaviour::WellBehaved);
+        let service = self.start_service(name.as_str(), "service", &[]).await?;
+        let all_keys = keys.hottest(keys.len()).to_vec();
+        report.notes.push(self.warm(&service, &all_keys).await.note);
+        let ceiling = self.start_ceiling(&service).await?;
+        let ceiling_target = Target::parse(&ceiling.base_url())?;
+
+        eprintln!("   saturation probe: ceiling, then service");
+        let ceiling_max = self
+            .probe(&ceiling_target, "ceiling max", "ceiling", &workload, None)
+            .await?;
+        self.warm(&service, &all_keys).await;
+        let service_max = self
+            .probe(
+                &service.api,
+                "service max",
+                "service",
+                &workload,
+                Some(&service),
+            )
+            .await?;
+        let max_rps = service_max.goodput_rps;
+        if max_rps < 1.0 {
+            bail!("the service answered no request successfully in the saturation probe");
+        }
+
+        service.stop().await;
+        let half = max_rps / 2.0;
+        eprintln!("   open loop at 50 % of the service's maximum: {half:.0} rps");
+        let plan = self.constant_plan(
+            half,
+            self.timing.half,
+            vec![phase("all", Duration::ZERO)],
+            1,
+        )?;
+        let mut ceiling_half = self.measure_ceiling(&ceiling, &workload, &plan).await?;
+        ceiling_half.label = "ceiling @50%".to_owned();
+        // A fresh service: the saturated one keeps shedding and its adaptive limit for a while.
+        let service = self
+            .start_service(name.as_str(), "service-half", &[])
+            .await?;
+        report.notes.push(format!(
+            "service @50% (fresh instance): {}",
+            self.warm(&service, &all_keys).await.note
+        ));
+        let service_half = self
+            .measure_service(
+                &service,
+                "service @50%",
+                "service",
+                &workload,
+                &plan,
+                no_actions,
+            )
+            .await?;
+
+        report.figures = Some(service_max.figures());
+        report.reference = Some(ceiling_max.figures());
+        let throughput_ratio = ratio(Some(max_rps), Some(ceiling_max.goodput_rps));
+        report
+            .ratios
+            .insert("throughput_vs_ceiling".into(), throughput_ratio);
+        report.ratios.insert(
+            "p99_at_half_vs_ceiling".into(),
+            ratio(service_half.stats.p99_ms, ceiling_half.stats.p99_ms),
+        );
+        report
+            .headline
+            .insert("max_rps_service".into(), Some(max_rps));
+        report
+            .headline
+            .insert("max_rps_ceiling".into(), Some(ceiling_max.goodput_rps));
+        report.headline.insert("half_rate_rps".into(), Some(half));
+        report
+            .headline
+            .insert("p99_ms_at_half_service".into(), service_half.stats.p99_ms);
+        report
+            .headline
+            .insert("p99_ms_at_half_ceiling".into(), ceiling_half.stats.p99_ms);
+        if throughput_ratio.is_some_and(|ratio| ratio >= 0.95) {
+            report.notes.push(
+                "the service is within 5 % of the ceiling: the generator or the machine, not \
+                 the service, may be the limit"
+                    .into(),
+            );
+        }
+        if service_max
+            .stats
+            .business_success_rate
+            .is_some_and(|rate| rate < 0.99)
+        {
+            report.notes.push(
+                "under 99 % business success in the probe: not every answer came from the cache"
+                    .into(),
+            );
+        }
+        report.series = vec![service_max, ceiling_max, service_half, ceiling_half];
+        if self.capacity.is_none() {
+            self.capacity = Some(Capacity {
+                rps: max_rps,
+                source: format!(
+                    "hot-path in this run: closed loop ×{} for {:.1} s",
+                    self.options.probe_concurrency,
+                    self.timing.probe.as_secs_f64()
+                ),
+            });
+        }
+        service.stop().await;
+        Ok(report)
+    }
+
+    /// burst and steady: the same schedule against the service and against the ceiling.
+    async fn against_ceiling(
+        &mut self,
+        name: ScenarioName,
+        schedule: impl FnOnce(f64, &Timing) -> anyhow::Result<(Schedule, Duration, Vec<Phase>)>,
+    ) -> anyhow::Result<ScenarioReport> {
+        let mut report = ScenarioReport::new(name.as_str(), name.description());
+        let service = self.start_service(name.as_str(), "service", &[]).await?;
+        let capacity = self
+            .ensure_capacity(name.as_str(), &mut report.notes)
+            .await?;
+        let keys = self.catalogue()?;
+        report
+            .notes
+            .push(self.warm(&service, keys.hottest(300)).await.note);
+        let workload = self.workload(keys, Behaviour::WellBehaved);
+        let (schedule, measure_from, phases) = schedule(capacity, &self.timing)?;
+        let mut plan = self.plan(schedule, phases, 2);
+        plan.measure_from = measure_from;
+        eprintln!(
+            "   {:.0} requests, mean {:.0} rps, peak {:.0} rps (capacity {capacity:.0})",
+            plan.schedule.total_requests(),
+            plan.schedule.mean_rps(),
+            plan.schedule.peak_rps()
+        );
+        let ceiling = self.start_ceiling(&service).await?;
+        let ceiling_series = self.measure_ceiling(&ceiling, &workload, &plan).await?;
+        drop(ceiling);
+        let service_series = self
+            .measure_service(&service, "service", "service", &workload, &plan, no_actions)
+            .await?;
+        report
+            .headline
+            .insert("capacity_rps".into(), Some(capacity));
+        report
+            .headline
+            .insert("peak_offered_rps".into(), Some(plan.schedule.peak_rps()));
+        report.headline.insert(
+            "max_shed_level".into(),
+            service_series
+                .windows
+                .iter()
+                .filter_map(|window| window.shed_level)
+                .max()
+                .map(f64::from),
+        );
+        report.ratios.insert(
+            "p99_vs_ceiling".into(),
+            ratio(service_series.stats.p99_ms, ceiling_series.stats.p99_ms),
+        );
+        report.ratios.insert(
+            "goodput_vs_ceiling".into(),
+            ratio(
+                Some(service_series.goodput_rps),
+                Some(ceiling_series.goodput_rps),
+            ),
+        );
+        report.figures = Some(service_series.figures());
+        report.reference = Some(ceiling_series.figures());
+        report.series = vec![service_series, ceiling_series];
+        service.stop().await;
+        Ok(report)
+    }
+
+    async fn burst(&mut self) -> anyhow::Result<ScenarioReport> {
+        self.against_ceiling(ScenarioName::Burst, |capacity, timing| {
+            let peak = capacity * 1.5;
+            let schedule = Schedule::new(vec![
+                Segment::ramp(0.0, peak, timing.ramp),
+                Segment::constant(peak, timing.hold),
+                Segment::constant(capacity * 0.8, timing.recover),
+            ])?;
+            let phases = vec![
+                phase("ramp", Duration::ZERO),
+                phase("overload", timing.ramp),
+                phase("recovery", timing.ramp + timing.hold),
+            ];
+            Ok((schedule, Duration::ZERO, phases))
+        })
+        .await
+    }
+
+    async fn steady(&mut self) -> anyhow::Result<ScenarioReport> {
+        self.against_ceiling(ScenarioName::Steady, |capacity, timing| {
+            Ok((
+                Schedule::new(vec![
+                    Segment::constant(capacity * 0.8, timing.lead_in),
+                    Segment::constant(capacity * 0.8, timing.main),
+                ])?,
+                timing.lead_in,
+                vec![phase("all", Duration::ZERO)],
+            ))
+        })
+        .await
+    }
+
+    async fn mixed(&mut self) -> anyhow::Result<ScenarioReport> {
+        let name = ScenarioName::Mixed;
+        let mut report = ScenarioReport::new(name.as_str(), name.description());
+        let service = self.start_service(name.as_str(), "service", &[]).await?;
+        let capacity = self
+            .ensure_capacity(name.as_str(), &mut report.notes)
+            .await?;
+        let keys = self.catalogue()?;
+        report
+            .notes
+            .push(self.warm(&service, keys.hottest(300)).await.note);
+        let mut workload = self.workload(keys, Behaviour::WellBehaved);
+        workload.batch_ratio = self.options.batch_ratio;
+        let items_rate = self
+            .moderate_rate(&service, capacity, &mut report.notes)
+            .await?;
+        let rate = (items_rate / workload.mean_items()).max(1.0);
+        let plan = self.constant_plan(
+            rate,
+            self.timing.main,
+            vec![phase("all", Duration::ZERO)],
+            3,
+        )?;
+        let series = self
+            .measure_service(&service, "service", "service", &workload, &plan, no_actions)
+            .await?;
+        report.notes.push(format!(
+            "{:.0} % batches of {}–{} keys; {rate:.0} requests/s ≈ {:.0} items/s",
+            workload.batch_ratio * 100.0,
+            workload.batch_min,
+            workload.batch_max,
+            rate * workload.mean_items()
+        ));
+        report.headline.insert(
+            "items_per_second".into(),
+            Some(series.stats.items as f64 / series.elapsed_s.max(series.duration_s)),
+        );
+        report.figures = Some(series.figures());
+        report.reference = series.kind_figures("single");
+        let batch = series.kind_figures("batch");
+        report.ratios.insert(
+            "batch_p99_vs_single_p99".into(),
+            ratio(
+                batch.as_ref().and_then(|figures| figures.p99_ms),
+                report.reference.as_ref().and_then(|figures| figures.p99_ms),
+            ),
+        );
+        report.series = vec![series];
+        service.stop().await;
+        Ok(report)
+    }
+
+    async fn coupon_fault(&mut self) -> anyhow::Result<ScenarioReport> {
+        let name = ScenarioName::CouponFault;
+        let mut report = ScenarioReport::new(name.as_str(), name.description());
+        let service = self.start_service(name.as_str(), "service", &[]).await?;
+        let capacity = self
+            .ensure_capacity(name.as_str(), &mut report.notes)
+            .await?;
+        let keys = self.catalogue()?;
+        report
+            .notes
+            .push(self.warm(&service, keys.hottest(300)).await.note);
+        let workload = self.workload(keys, Behaviour::WellBehaved);
+        let healthy = json!({"latency_ms": 5});
+        let faulty = json!({"latency_ms": 800, "hang_rate": 0.2});
+        service.set_fault("coupons", &healthy).await?;
+        let phases = self.thirds(["before", "fault", "after"]);
+        let (fault_at, heal_at) = (phases[1].start, phases[2].start);
+        let rate = self
+            .moderate_rate(&service, capacity, &mut report.notes)
+            .await?;
+        let plan = self.constant_plan(rate, self.timing.main, phases, 4)?;
+        let series = self
+            .measure_service(&service, "service", "service", &workload, &plan, |start| {
+                let (service, healthy, faulty) = (&service, &healthy, &faulty);
+                async move {
+                    tokio::time::sleep_until(start + fault_at).await;
+                    service.set_fault("coupons", faulty).await?;
+                    tokio::time::sleep_until(start + heal_at).await;
+                    service.set_fault("coupons", healthy).await
+                }
+            })
+            .await?;
+        service.clear_faults().await?;
+        report.notes.push(format!(
+            "coupons: {healthy} until {:.1} s, {faulty} until {:.1} s, then {healthy}",
+            fault_at.as_secs_f64(),
+            heal_at.as_secs_f64()
+        ));
+        phase_comparison(&mut report, &series, "fault", "before");
+        report.series = vec![series];
+        service.stop().await;
+        Ok(report)
+    }
+
+    async fn redis_outage(&mut self) -> anyhow::Result<ScenarioReport> {
+        let name = ScenarioName::RedisOutage;
+        let mysql_address = loopback_socket(&self.options.mysql_url)?;
+        if !reachable(mysql_address).await {
+            return Ok(ScenarioReport::skipped(
+                name.as_str(),
+                name.description(),
+                format!("skipped: no MariaDB/MySQL answering at {mysql_address}"),
+            ));
+        }
+        let redis_available = tokio::process::Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .await
+            .is_ok_and(|output| output.status.success());
+        if !redis_available {
+            return Ok(ScenarioReport::skipped(
+                name.as_str(),
+                name.description(),
+                "skipped: redis-server is not installed".into(),
+            ));
+        }
+        let database = MySqlDatabase::create(&self.options.mysql_url)
+            .await
+            .context("creating a fresh database")?;
+        let result = self.redis_outage_with(&database).await;
+        if let Err(error) = database.drop_database().await {
+            eprintln!("   warning: could not drop the scenario's database: {error:#}");
+        }
+        result
+    }
+
+    async fn redis_outage_with(
+        &mut self,
+        database: &MySqlDatabase,
+    ) -> anyhow::Result<ScenarioReport> {
+        let name = ScenarioName::RedisOutage;
+        let mut report = ScenarioReport::new(name.as_str(), name.description());
+        let mut redis = RedisServer::start().await?;
+        let env: Vec<(String, String)> = [
+            ("REBATE__STORE__BACKEND", "mysql".to_owned()),
+            ("DATABASE_URL", database.url()),
+            ("REBATE__REDIS__ENABLED", "true".to_owned()),
+            ("REDIS_URL", redis.url()),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_owned(), value))
+        .collect();
+        seed(
+            &self.options.service_binary,
+            &env,
+            &self.options.out_dir.join("logs/redis-outage-seed.log"),
+        )
+        .await?;
+        let service = self.start_service(name.as_str(), "service", &env).await?;
+        let capacity = self
+            .ensure_capacity(name.as_str(), &mut report.notes)
+            .await?;
+        let keys = self.catalogue()?;
+        report
+            .notes
+            .push(self.warm(&service, keys.hottest(300)).await.note);
+        let workload = self.workload(keys, Behaviour::WellBehaved);
+        let third = self.timing.main / 3;
+        let phases = vec![phase("before", Duration::ZERO), phase("outage", third)];
+        let rate = self
+            .moderate_rate(&service, capacity, &mut report.notes)
+            .await?;
+        let plan = self.constant_plan(rate, self.timing.main, phases, 5)?;
+        let series = self
+            .measure_service(&service, "service", "service", &workload, &plan, |start| {
+                let redis = &mut redis;
+                async move {
+                    tokio::time::sleep_until(start + third).await;
+                    redis.kill().await;
+                    Ok(())
+                }
+            })
+            .await?;
+        report.notes.push(format!(
+            "database {} on {}; redis-server killed (SIGKILL) at {:.1} s",
+            database.name,
+            loopback_socket(&self.options.mysql_url)?,
+            third.as_secs_f64()
+        ));
+        phase_comparison(&mut report, &series, "outage", "before");
+        report.series = vec![series];
+        service.stop().await;
+        Ok(report)
+    }
+
+    async fn retry_storm(&mut self) -> anyhow::Result<ScenarioReport> {
+        let name = ScenarioName::RetryStorm;
+        let mut report = ScenarioReport::new(name.as_str(), name.description());
+        let keys = self.catalogue()?;
+        let mut results = Vec::new();
+        // The same offered load for both behaviours.
+        let mut shared_rate = None;
+        for behaviour in [Behaviour::WellBehaved, Behaviour::Naive] {
+            let label = format!("{} clients", behaviour.as_str());
+            let service = self
+                .start_service(name.as_str(), behaviour.as_str(), &[])
+                .await?;
+            let capacity = self
+                .ensure_capacity(name.as_str(), &mut report.notes)
+                .await?;
+            let warmed = self.warm(&service, keys.hottest(300)).await;
+            report.notes.push(format!("{label}: {}", warmed.note));
+            let workload = self.workload(keys.clone(), behaviour);
+            let phases = self.thirds(["before", "forced level 3", "after"]);
+            let (force_at, release_at) = (phases[1].start, phases[2].start);
+            let offered = match shared_rate {
+                Some(rate) => rate,
+                None => {
+                    self.moderate_rate(&service, capacity, &mut report.notes)
+                        .await?
+                }
+            };
+            shared_rate = Some(offered);
+            let plan = self.constant_plan(offered, self.timing.main, phases, 6)?;
+            let series = self
+                .measure_service(&service, &label, "service", &workload, &plan, |start| {
+                    let service = &service;
+                    async move {
+                        tokio::time::sleep_until(start + force_at).await;
+                        service.force_shedding(Some("cache_only")).await?;
+                        tokio::time::sleep_until(start + release_at).await;
+                        service.force_shedding(None).await
+                    }
+                })
+                .await?;
+            service.stop().await;
+            results.push(series);
+        }
+        let [well_behaved, naive]: [Series; 2] = results
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("expected two series"))?;
+        let sent_per_request = |series: &Series| {
+            ratio(
+                Some(series.total_sent as f64),
+                Some(series.stats.logical_requests as f64),
+            )
+        };
+        report.headline.insert(
+            "sent_per_request_well_behaved".into(),
+            sent_per_request(&well_behaved),
+        );
+        report
+            .headline
+            .insert("sent_per_request_naive".into(), sent_per_request(&naive));
+        report.ratios.insert(
+            "total_sent_naive_vs_well_behaved".into(),
+            ratio(
+                Some(naive.total_sent as f64),
+                Some(well_behaved.total_sent as f64),
+            ),
+        );
+        report.ratios.insert(
+            "http_success_well_behaved_vs_naive".into(),
+            ratio(
+                well_behaved.stats.http_success_rate,
+                naive.stats.http_success_rate,
+            ),
+        );
+        report.notes.push(
+            "shed level forced to cache_only (PUT /admin/v1/shedding) for the middle third; \
+             misses then get 503 overloaded with Retry-After 1–5 s"
+                .into(),
+        );
+        report.figures = Some(well_behaved.figures());
+        report.reference = Some(naive.figures());
+        report.series = vec![well_behaved, naive];
+        Ok(report)
+    }
+
+    async fn baseline(&mut self) -> anyhow::Result<ScenarioReport> {
+        let name = ScenarioName::Baseline;
+        let mut report = ScenarioReport::new(name.as_str(), name.description());
+        let keys = self.catalogue()?;
+        let workload = self.workload(keys.clone(), Behaviour::WellBehaved);
+
+        let service = self.start_service(name.as_str(), "service", &[]).await?;
+        let capacity = self
+            .ensure_capacity(name.as_str(), &mut report.notes)
+            .await?;
+        report.notes.push(format!(
+            "service: {}",
+            self.warm(&service, keys.hottest(300)).await.note
+        ));
+        let plan = self.constant_plan(
+            capacity * 0.8,
+            self.timing.main,
+            vec![phase("all", Duration::ZERO)],
+            7,
+        )?;
+        let service_series = self
+            .measure_service(&service, "service", "service", &workload, &plan, no_actions)
+            .await?;
+        service.stop().await;
+
+        let naive_service = self
+            .start_service(name.as_str(), "naive-profile", &naive_profile_env())
+            .await
+            .context(
+                "the naive profile did not start (does this build accept REBATE__ENGINE__MODE=naive?)",
+            )?;
+        let naive_series = self
+            .measure_service(
+                &naive_service,
+                "naive profile",
+                "naive-profile",
+                &workload,
+                &plan,
+                no_actions,
+            )
+            .await?;
+        naive_service.stop().await;
+        report.notes.push(format!(
+            "naive profile env: {}",
+            naive_profile_env()
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+        if naive_series
+            .loads_started_per_request
+            .is_some_and(|loads| loads > 0.0)
+        {
+            report.notes.push(
+                "the naive profile still started cache loads: this build may not have \
+                 REBATE__ENGINE__MODE=naive (check the naive-profile log)"
+                    .into(),
+            );
+        }
+        report.ratios.insert(
+            "p99_service_vs_naive".into(),
+            ratio(service_series.stats.p99_ms, naive_series.stats.p99_ms),
+        );
+        report.ratios.insert(
+            "goodput_service_vs_naive".into(),
+            ratio(
+                Some(service_series.goodput_rps),
+                Some(naive_series.goodput_rps),
+            ),
+        );
+        report.ratios.insert(
+            "upstream_calls_service_vs_naive".into(),
+            ratio(
+                service_series.upstream_calls_per_request,
+                naive_series.upstream_calls_per_request,
+            ),
+        );
+        report.ratios.insert(
+            "store_loads_service_vs_naive".into(),
+            ratio(
+                service_series.store_loads_per_request,
+                naive_series.store_loads_per_request,
+            ),
+        );
+        report.figures = Some(service_series.figures());
+        report.reference = Some(naive_series.figures());
+        report.series = vec![service_series, naive_series];
+        Ok(report)
+    }
+}
+
+fn collect_degraded(
+    joined: Option<Result<(ItemKey, bool), tokio::task::JoinError>>,
+    pending: &mut Vec<ItemKey>,
+) {
+    if let Some(Ok((key, false))) = joined {
+        pending.push(key);
+    }
+}
+
+async fn no_actions(_start: Instant) -> anyhow::Result<()> {
+    Ok(())
+}
+
+fn phase(name: &str, start: Duration) -> Phase {
+    Phase {
+        name: name.to_owned(),
+        start,
+    }
+}
+
+/// Figures = the `measured` phase, reference = the `reference` phase of the same series.
+fn phase_comparison(report: &mut ScenarioReport, series: &Series, measured: &str, reference: &str) {
+    let mut figures = series.phase_figures(measured);
+    let mut baseline = series.phase_figures(reference);
+    // Counters exist for the whole run only; show them on the measured row.
+    if let Some(figures) = figures.as_mut() {
+        figures.upstream_calls_per_request = series.upstream_calls_per_request;
+        figures.store_loads_per_request = series.store_loads_per_request;
+    }
+    if let Some(baseline) = baseline.as_mut() {
+        baseline.total_sent = 0;
+    }
+    let pick = |figures: &Option<crate::report::Figures>,
+                get: fn(&crate::report::Figures) -> Option<f64>| {
+        figures.as_ref().and_then(get)
+    };
+    report.ratios.insert(
+        format!("p99_{measured}_vs_{reference}").replace(' ', "_"),
+        ratio(pick(&figures, |f| f.p99_ms), pick(&baseline, |f| f.p99_ms)),
+    );
+    report.ratios.insert(
+        format!("business_success_{measured}_vs_{reference}").replace(' ', "_"),
+        ratio(
+            pick(&figures, |f| f.business_success_rate),
+            pick(&baseline, |f| f.business_success_rate),
+        ),
+    );
+    report.ratios.insert(
+        format!("http_success_{measured}_vs_{reference}").replace(' ', "_"),
+        ratio(
+            pick(&figures, |f| f.http_success_rate),
+            pick(&baseline, |f| f.http_success_rate),
+        ),
+    );
+    report.figures = figures;
+    report.reference = baseline;
+}
+
+/// Samples the service's shed level once per second (mid-window), `seconds` times.
+async fn sample_shed_levels(
+    service: &ServiceProcess,
+    start: Instant,
+    seconds: u32,
+) -> Vec<ShedSample> {
+    let mut samples = Vec::with_capacity(seconds as usize);
+    for second in 0..seconds {
+        let at = start + Duration::from_millis(u64::from(second) * 1000 + 500);
+        tokio::time::sleep_until(at).await;
+        let sample = tokio::time::timeout(Duration::from_millis(500), service.status())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|status| ShedSample::from_status(&status))
+            .unwrap_or_default();
+        samples.push(sample);
+    }
+    samples
+}
+
+fn open_loop_input(
+    label: &str,
+    target_kind: &str,
+    workload: &Workload,
+    output: &RunOutput,
+    readings: Option<(crate::service::Readings, crate::service::Readings)>,
+    shed_samples: Vec<ShedSample>,
+) -> SeriesInput {
+    SeriesInput {
+        label: label.to_owned(),
+        target: target_kind.to_owned(),
+        mode: "open-loop".to_owned(),
+        behaviour: workload.behaviour.as_str().to_owned(),
+        offered_rps: Some(output.offered_rps),
+        peak_offered_rps: Some(output.peak_offered_rps),
+        concurrency: None,
+        duration_s: output.schedule_duration.as_secs_f64(),
+        elapsed_s: output.elapsed.as_secs_f64(),
+        total_sent: output.total_sent,
+        unfinished: output.unfinished,
+        not_sent: output.not_sent,
+        key_draws: output.key_draws,
+        hot_key_draws: output.hot_key_draws,
+        dispatch: Some(output.dispatch),
+        readings,
+        shed_samples,
+    }
+}
+
+fn probe_input(
+    label: &str,
+    target_kind: &str,
+    output: &ProbeOutput,
+    readings: Option<(crate::service::Readings, crate::service::Readings)>,
+) -> SeriesInput {
+    SeriesInput {
+        label: label.to_owned(),
+        target: target_kind.to_owned(),
+        mode: "closed-loop".to_owned(),
+        behaviour: "no retries".to_owned(),
+        offered_rps: None,
+        peak_offered_rps: None,
+        concurrency: Some(output.concurrency),
+        duration_s: output.measured.as_secs_f64(),
+        elapsed_s: output.measured.as_secs_f64(),
+        total_sent: output.total_sent,
+        readings,
+        ..SeriesInput::default()
+    }
+}
+
+/// The host:port of a `mysql://` URL, refused unless it is loopback.
+pub fn loopback_socket(url: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let parsed = reqwest::Url::parse(url).with_context(|| format!("malformed URL {url:?}"))?;
+    let host = parsed.host_str().unwrap_or_default();
+    let port = parsed.port().unwrap_or(3306);
+    let address: std::net::IpAddr = if host.eq_ignore_ascii_case("localhost") {
+        std::net::Ipv4Addr::LOCALHOST.into()
+    } else {
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse()
+            .with_context(|| format!("{url:?}: use an IP address or localhost"))?
+    };
+    if !address.is_loopback() {
+        bail!("{url:?} is not on this machine's loopback; rebate-loadgen only uses local servers");
+    }
+    Ok((address, port).into())
+}
+
+fn one_line(report: &ScenarioReport) -> String {
+    match &report.figures {
+        Some(figures) => format!(
+            "{} achieved {:.0} rps, P99 {} ms, HTTP ok {}, business ok {}",
+            figures.label,
+            figures.achieved_rps,
+            figures.p99_ms.map_or("–".into(), |p99| format!("{p99:.2}")),
+            figures
+                .http_success_rate
+                .map_or("–".into(), |rate| format!("{:.1} %", rate * 100.0)),
+            figures
+                .business_success_rate
+                .map_or("–".into(), |rate| format!("{:.1} %", rate * 100.0)),
+        ),
+        None => report.notes.first().cloned().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_timing_is_about_a_tenth() {
+        let full = Timing::new(false, None);
+        let quick = Timing::new(true, None);
+        assert_eq!(
+            full.ramp,
+            Duration::from_secs(5),
+            "the burst ramps over 5 s"
+        );
+        assert!(quick.main * 8 <= full.main && quick.main * 12 >= full.main);
+        assert_eq!(
+            Timing::new(true, Some(7.5)).main,
+            Duration::from_millis(7500)
+        );
+    }
+
+    #[test]
+    fn database_urls_must_be_loopback() {
+        assert_eq!(
+            loopback_socket("mysql://root@127.0.0.1:3306").unwrap(),
+            "127.0.0.1:3306".parse().unwrap()
+        );
+        assert_eq!(
+            loopback_socket("mysql://root@localhost").unwrap(),
+            "127.0.0.1:3306".parse().unwrap()
+        );
+        assert!(loopback_socket("mysql://root@10.1.2.3:3306").is_err());
+        assert!(loopback_socket("mysql://root@db.example.com:3306").is_err());
+    }
+
+    #[test]
+    fn every_scenario_has_a_name_and_description() {
+        for name in ScenarioName::ALL {
+            assert!(!name.as_str().is_empty());
+            assert!(name.description().len() > 40);
+        }
+    }
+}

@@ -1,0 +1,579 @@
+//! The processes a run starts and talks to: the service under test (a child process of the
+//! release binary, killed on drop), its admin listener and embedded simulator, and for the
+//! production profile a private `redis-server` and a fresh MariaDB database.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::client::Target;
+
+/// How long a started service may take to answer `/readyz` 200 (seeding the demo catalogue
+/// takes ~0.3 s; the production profile builds its Bloom filter from MySQL).
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Environment variables of the harness's own shell that must not leak into the child.
+const SCRUBBED_PREFIXES: [&str; 1] = ["REBATE__"];
+const SCRUBBED_VARS: [&str; 6] = [
+    "DATABASE_URL",
+    "REDIS_URL",
+    "AMQP_URL",
+    "RUST_LOG",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "REBATE_ADMIN_TOKEN",
+];
+
+/// A loopback port free right now (another process could take it before we bind it again; the
+/// service then fails to start, which the readiness wait reports).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Env overrides of the "before" system: no cache, parts one after another, long timeouts, no
+/// breakers (min_calls out of reach), no shedding, no per-client limit.
+pub fn naive_profile_env() -> Vec<(String, String)> {
+    [
+        ("REBATE__ENGINE__MODE", "naive"),
+        ("REBATE__RESILIENCE__SHEDDING__ENABLED", "false"),
+        ("REBATE__RESILIENCE__CLIENT_LIMIT__ENABLED", "false"),
+        ("REBATE__TIMEOUTS__CORE_MS", "5000"),
+        ("REBATE__TIMEOUTS__NORMAL_MS", "5000"),
+        ("REBATE__TIMEOUTS__EDGE_MS", "5000"),
+        ("REBATE__HTTP__REQUEST_DEADLINE_MS", "20000"),
+        ("REBATE__HTTP__REQUEST_TIMEOUT_MS", "30000"),
+        ("REBATE__RESILIENCE__BREAKER__MIN_CALLS", "1000000"),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_owned(), value.to_owned()))
+    .collect()
+}
+
+/// Finds the service binary, building it first unless told not to.
+pub fn prepare_binary(explicit: Option<&Path>, build: bool) -> anyhow::Result<PathBuf> {
+    if let Some(path) = explicit {
+        if !path.is_file() {
+            bail!("--service-bin {} does not exist", path.display());
+        }
+        return Ok(path.to_owned());
+    }
+    let workspace = workspace_root();
+    let path = workspace.join("target/release/rebate-query");
+    if build {
+        eprintln!("building the service: cargo build --release -p query-api --bin rebate-query");
+        let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "query-api",
+                "--bin",
+                "rebate-query",
+            ])
+            .current_dir(&workspace)
+            .status();
+        match status {
+            Ok(status) if status.success() => {}
+            Ok(_) | Err(_) if path.is_file() => {
+                eprintln!(
+                    "warning: the build failed; using the existing {}",
+                    path.display()
+                );
+            }
+            Ok(status) => bail!("building the service failed ({status})"),
+            Err(error) => return Err(error).context("running cargo to build the service"),
+        }
+    }
+    if !path.is_file() {
+        bail!(
+            "{} is missing: build it with `cargo build --release -p query-api`",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The workspace root: the current directory when it holds the workspace, else the one this
+/// crate was compiled in.
+pub fn workspace_root() -> PathBuf {
+    let current = std::env::current_dir().unwrap_or_default();
+    if current.join("services/loadgen").is_dir() {
+        return current;
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A running `rebate-query`, killed when dropped.
+#[derive(Debug)]
+pub struct ServiceProcess {
+    child: Child,
+    pub api: Target,
+    pub admin_base: String,
+    pub simulator_base: String,
+    token: String,
+    control: reqwest::Client,
+    pub log_path: PathBuf,
+    /// Holds the SQLite catalogue and the child's working directory; removed on drop.
+    _workdir: tempfile::TempDir,
+}
+
+impl Drop for ServiceProcess {
+    fn drop(&mut self) {
+        // SIGKILL; the tempdir goes after it.
+        let _ = self.child.start_kill();
+    }
+}
+
+/// A short-timeout client for admin and simulator calls (never the load's client).
+pub fn control_client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()?)
+}
+
+fn scrubbed_command(binary: &Path) -> Command {
+    let mut command = Command::new(binary);
+    for (key, _) in std::env::vars_os() {
+        let name = key.to_string_lossy();
+        if SCRUBBED_PREFIXES
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+            || SCRUBBED_VARS.contains(&name.as_ref())
+        {
+            command.env_remove(&key);
+        }
+    }
+    command
+}
+
+impl ServiceProcess {
+    /// Starts the service on free loopback ports with `extra_env` on top of the harness's
+    /// overrides, and waits (bounded) for `/readyz` 200.
+    pub async fn start(
+        binary: &Path,
+        extra_env: &[(String, String)],
+        log_path: &Path,
+    ) -> anyhow::Result<Self> {
+        let workdir = tempfile::Builder::new()
+            .prefix("rebate-loadgen-")
+            .tempdir()
+            .context("creating the service's temp dir")?;
+        let (http_port, admin_port, simulator_port) = (free_port()?, free_port()?, free_port()?);
+        let token = format!("loadgen-{:032x}", rand::random::<u128>());
+        let log = std::fs::File::create(log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let mut command = scrubbed_command(binary);
+        command
+            .current_dir(workdir.path())
+            .env("REBATE__HTTP__LISTEN", format!("127.0.0.1:{http_port}"))
+            .env("REBATE__ADMIN__LISTEN", format!("127.0.0.1:{admin_port}"))
+            .env("REBATE__ADMIN__TOKEN", &token)
+            .env(
+                "REBATE__STORE__SQLITE__PATH",
+                workdir.path().join("catalogue.sqlite"),
+            )
+            .env(
+                "REBATE__UPSTREAMS__SIMULATOR_LISTEN",
+                format!("127.0.0.1:{simulator_port}"),
+            )
+            .env("REBATE__RESILIENCE__CLIENT_LIMIT__ENABLED", "false")
+            .env("REBATE__LOG__FILTER", "warn")
+            .envs(extra_env.iter().map(|(key, value)| (key, value)))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true);
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let mut service = Self {
+            child,
+            api: Target::parse(&format!("http://127.0.0.1:{http_port}"))?,
+            admin_base: format!("http://127.0.0.1:{admin_port}"),
+            simulator_base: format!("http://127.0.0.1:{simulator_port}"),
+            token,
+            control: control_client()?,
+            log_path: log_path.to_owned(),
+            _workdir: workdir,
+        };
+        service.wait_ready().await?;
+        Ok(service)
+    }
+
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let url = format!("{}/readyz", self.admin_base);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "the service exited during start-up ({status}); last log lines:\n{}",
+                    log_tail(&self.log_path)
+                );
+            }
+            if let Ok(response) = self.control.get(&url).send().await
+                && response.status().is_success()
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!(
+            "the service was not ready within {READY_TIMEOUT:?}; last log lines:\n{}",
+            log_tail(&self.log_path)
+        )
+    }
+
+    /// `GET /admin/v1/status`.
+    pub async fn status(&self) -> anyhow::Result<Value> {
+        let response = self
+            .control
+            .get(format!("{}/admin/v1/status", self.admin_base))
+            .bearer_auth(&self.token)
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(response.json().await?)
+    }
+
+    /// `PUT /admin/v1/shedding`: `Some("cache_only")` pins a level, `None` releases it.
+    pub async fn force_shedding(&self, level: Option<&str>) -> anyhow::Result<()> {
+        self.control
+            .put(format!("{}/admin/v1/shedding", self.admin_base))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({ "level": level }))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// `PUT /_sim/faults/{endpoint}` on the embedded simulator.
+    pub async fn set_fault(&self, endpoint: &str, fault: &Value) -> anyhow::Result<()> {
+        self.control
+            .put(format!("{}/_sim/faults/{endpoint}", self.simulator_base))
+            .json(fault)
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    pub async fn clear_faults(&self) -> anyhow::Result<()> {
+        self.control
+            .delete(format!("{}/_sim/faults", self.simulator_base))
+            .send()
+            .await?
+            .error_for_status()?;
+        Ok(())
+    }
+
+    /// Calls the simulator has seen (coupons + extras).
+    pub async fn upstream_calls(&self) -> anyhow::Result<u64> {
+        let counters: Value = self
+            .control
+            .get(format!("{}/_sim/counters", self.simulator_base))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        Ok(["coupons", "extras"]
+            .iter()
+            .filter_map(|endpoint| counters[endpoint]["calls"].as_u64())
+            .sum())
+    }
+
+    /// Counters sampled before and after a run.
+    pub async fn readings(&self) -> anyhow::Result<Readings> {
+        let status = self.status().await?;
+        Ok(Readings {
+            upstream_calls: self.upstream_calls().await?,
+            store_loads: store_loads(&status),
+            source_loads: ["product", "rate"]
+                .iter()
+                .filter_map(|part| status["caches"][part]["source_loads"].as_u64())
+                .sum(),
+            shed_level: shed_level(&status),
+            capacity_rps: status["protection"]["shedding_thresholds"]["capacity_rps"].as_u64(),
+            shedding_enabled: status["protection"]["shedding_thresholds"]["enabled"].as_bool(),
+        })
+    }
+
+    /// One real quote: its bytes and content type (the ceiling answers with the same).
+    pub async fn sample_quote(&self) -> anyhow::Result<(Vec<u8>, String)> {
+        let response = self
+            .control
+            .get(format!("{}/api/v1/items/jd/100002/rebate", self.api.base()))
+            .send()
+            .await?
+            .error_for_status()
+            .context("fetching a sample quote")?;
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("application/json")
+            .to_owned();
+        Ok((response.bytes().await?.to_vec(), content_type))
+    }
+
+    /// Stops the service now.
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// Product + rate `loads_started`: loads of the catalogue parts from the store.
+pub fn store_loads(status: &Value) -> u64 {
+    ["product", "rate"]
+        .iter()
+        .filter_map(|part| status["caches"][part]["loads_started"].as_u64())
+        .sum()
+}
+
+/// The shed level 0–3 from the status page (a name or a number).
+pub fn shed_level(status: &Value) -> Option<u8> {
+    let level = &status["shed_level"];
+    if let Some(number) = level.as_u64() {
+        return u8::try_from(number).ok();
+    }
+    match level.as_str()? {
+        "normal" => Some(0),
+        "drop_extras" => Some(1),
+        "short_timeouts" => Some(2),
+        "cache_only" => Some(3),
+        _ => None,
+    }
+}
+
+/// The shedder's view in one status sample: the level and why.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct ShedSample {
+    pub level: Option<u8>,
+    /// max(throughput ÷ capacity_rps, peak in-flight ÷ concurrency limit).
+    pub load: Option<f64>,
+    pub concurrency_limit: Option<f64>,
+    pub throughput_rps: Option<f64>,
+}
+
+impl ShedSample {
+    pub fn from_status(status: &Value) -> Self {
+        let shedding = &status["protection"]["shedding"];
+        Self {
+            level: shed_level(status),
+            load: shedding["load"].as_f64(),
+            concurrency_limit: shedding["concurrency_limit"].as_f64(),
+            throughput_rps: shedding["throughput_rps"].as_f64(),
+        }
+    }
+}
+
+/// Service and simulator counters at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readings {
+    pub upstream_calls: u64,
+    pub store_loads: u64,
+    pub source_loads: u64,
+    pub shed_level: Option<u8>,
+    pub capacity_rps: Option<u64>,
+    pub shedding_enabled: Option<bool>,
+}
+
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// Runs `rebate-query seed` with `env` (production profile) and waits for it, bounded.
+pub async fn seed(binary: &Path, env: &[(String, String)], log_path: &Path) -> anyhow::Result<()> {
+    let log = std::fs::File::create(log_path)?;
+    let workdir = tempfile::tempdir()?;
+    let mut child = scrubbed_command(binary)
+        .arg("seed")
+        .current_dir(workdir.path())
+        .env("REBATE__LOG__FILTER", "warn")
+        .envs(env.iter().map(|(key, value)| (key, value)))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting rebate-query seed")?;
+    let status = tokio::time::timeout(Duration::from_secs(300), child.wait())
+        .await
+        .context("rebate-query seed took over 300 s")??;
+    if !status.success() {
+        bail!(
+            "rebate-query seed failed ({status}):\n{}",
+            log_tail(log_path)
+        );
+    }
+    Ok(())
+}
+
+/// A private `redis-server` on a free port, no persistence; killed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+}
+
+impl RedisServer {
+    pub async fn start() -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting redis-server (is it installed?)")?;
+        let server = Self {
+            child: Some(child),
+            port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if ping_redis(port).await {
+                return Ok(server);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("redis-server on port {port} did not answer PING within 10 s")
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL: the outage.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+}
+
+async fn ping_redis(port: u16) -> bool {
+    let attempt = async {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        stream.write_all(b"PING\r\n").await?;
+        let mut reply = [0_u8; 7];
+        stream.read_exact(&mut reply).await?;
+        Ok::<_, std::io::Error>(&reply == b"+PONG\r\n")
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), attempt).await,
+        Ok(Ok(true))
+    )
+}
+
+/// True when something accepts TCP connections at `address` within 1 s.
+pub async fn reachable(address: SocketAddr) -> bool {
+    matches!(
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::net::TcpStream::connect(address)
+        )
+        .await,
+        Ok(Ok(_))
+    )
+}
+
+/// A fresh MariaDB database for one run, dropped by [`MySqlDatabase::drop_database`].
+#[derive(Debug)]
+pub struct MySqlDatabase {
+    server_url: String,
+    pub name: String,
+}
+
+impl MySqlDatabase {
+    pub async fn create(server_url: &str) -> anyhow::Result<Self> {
+        use sqlx::Connection;
+        let name = format!(
+            "rebate_loadgen_{}_{}",
+            chrono::Utc::now().format("%Y%m%d%H%M%S"),
+            std::process::id()
+        );
+        let mut connection = tokio::time::timeout(
+            Duration::from_secs(5),
+            sqlx::MySqlConnection::connect(server_url),
+        )
+        .await
+        .context("connecting to MariaDB timed out")??;
+        sqlx::query(&format!("CREATE DATABASE `{name}`"))
+            .execute(&mut connection)
+            .await?;
+        connection.close().await?;
+        Ok(Self {
+            server_url: server_url.to_owned(),
+            name,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("{}/{}", self.server_url.trim_end_matches('/'), self.name)
+    }
+
+    pub async fn drop_database(self) -> anyhow::Result<()> {
+        use sqlx::Connection;
+        let mut connection = sqlx::MySqlConnection::connect(&self.server_url).await?;
+        sqlx::query(&format!("DROP DATABASE IF EXISTS `{}`", self.name))
+            .execute(&mut connection)
+            .await?;
+        connection.close().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shed_level_reads_names_and_numbers() {
+        assert_eq!(
+            shed_level(&serde_json::json!({"shed_level": "cache_only"})),
+            Some(3)
+        );
+        assert_eq!(
+            shed_level(&serde_json::json!({"shed_level": "normal"})),
+            Some(0)
+        );
+        assert_eq!(shed_level(&serde_json::json!({"shed_level": 2})), Some(2));
+        assert_eq!(shed_level(&serde_json::json!({})), None);
+    }
+
+    #[test]
+    fn store_loads_add_product_and_rate() {
+        let status = serde_json::json!({"caches": {
+            "product": {"loads_started": 5}, "rate": {"loads_started": 7},
+            "coupons": {"loads_started": 100}}});
+        assert_eq!(store_loads(&status), 12);
+    }
+
+    #[test]
+    fn naive_profile_turns_off_every_protection() {
+        let env = naive_profile_env();
+        let get = |key: &str| {
+            env.iter()
+                .find(|(name, _)| name == key)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("REBATE__ENGINE__MODE"), Some("naive"));
+        assert_eq!(get("REBATE__RESILIENCE__SHEDDING__ENABLED"), Some("false"));
+        assert_eq!(
+            get("REBATE__RESILIENCE__BREAKER__MIN_CALLS"),
+            Some("1000000")
+        );
+    }
+}

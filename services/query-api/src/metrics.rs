@@ -1,0 +1,862 @@
+//! Prometheus metrics, served as OpenMetrics text on the admin listener's `/metrics`.
+//!
+//! Three kinds of numbers, each kept where it is cheapest:
+//! - **recorded per event** here: request latency by route, status and degradation
+//!   ([`track_requests`]), answers by outcome, and dependency calls by outcome ([`CallObserver`]);
+//! - **read at scrape time** from the counters the caches, guards, shedder and event bus keep
+//!   anyway ([`StateCollector`]), so nothing is counted twice;
+//! - **derived at scrape time**: the business success ratio, for dashboards without PromQL.
+//!
+//! Every name starts with `rebate_`; labels are small closed sets (never a raw path or an item id).
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use rebate_cache::CacheStatsSnapshot;
+use rebate_engine::QueryEngine;
+use rebate_resilience::BreakerState;
+use rebate_sources::{CallObserver, CallOutcome};
+use tokio::time::Instant;
+
+use crate::http::items::Answered;
+use crate::protection::Protection;
+use crate::startup::EventBus;
+
+/// What `/metrics` answers with: the OpenMetrics text format that `prometheus-client` encodes
+/// (Prometheus scrapes it natively).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Latency buckets in seconds, 100 µs … 5 s in 1–2.5–5 steps: fine enough to read P50, P99 and
+/// P999 of a cache hit (sub-millisecond) and of a timed-out dependency (hundreds of ms) alike.
+const LATENCY_BUCKETS: [f64; 15] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0,
+];
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+type LatencyFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// The service's metrics registry and the handles the hot path records into.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: LatencyFamily<RequestLabels>,
+    answers: Answers,
+    calls: Arc<CallMetrics>,
+}
+
+/// `route` is the matched path template, never the raw path: one series per route, however many
+/// items are asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    route: Route,
+    status: u16,
+    degraded: bool,
+}
+
+/// A matched route template (an `Arc<str>` inside axum, so cloning it never allocates), or
+/// `other` for whatever only the fallbacks answered.
+#[derive(Debug, Clone)]
+pub enum Route {
+    Matched(MatchedPath),
+    Other,
+}
+
+impl Route {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Route::Matched(path) => path.as_str(),
+            Route::Other => "other",
+        }
+    }
+}
+
+impl PartialEq for Route {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Route {}
+
+impl Hash for Route {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl EncodeLabelValue for Route {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
+        fmt::Write::write_str(encoder, self.as_str())
+    }
+}
+
+/// Per-item answers by outcome. Fixed handles, so recording is three atomic adds.
+#[derive(Debug, Clone, Default)]
+struct Answers {
+    complete: Counter,
+    degraded: Counter,
+    failed: Counter,
+}
+
+impl Answers {
+    /// complete ÷ all answers since start; 1.0 before the first answer (nothing has failed yet).
+    fn success_ratio(&self) -> f64 {
+        let complete = self.complete.get();
+        let all = complete + self.degraded.get() + self.failed.get();
+        if all == 0 {
+            return 1.0;
+        }
+        complete as f64 / all as f64
+    }
+}
+
+/// The success ratio, derived from the answer counters at scrape time.
+#[derive(Debug)]
+struct SuccessRatio(Answers);
+
+impl Collector for SuccessRatio {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let metric = encoder.encode_descriptor(
+            "rebate_business_success_ratio",
+            "Complete (live, non-degraded) answers divided by all answers since start; 1 before the first answer.",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(self.0.success_ratio()).encode(metric)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CallLabels {
+    dependency: &'static str,
+    outcome: &'static str,
+}
+
+/// Every guarded dependency call (attempts and the guard's own refusals), by outcome.
+#[derive(Debug)]
+struct CallMetrics {
+    calls: LatencyFamily<CallLabels>,
+}
+
+impl CallObserver for CallMetrics {
+    fn observe(&self, dependency: &'static str, outcome: CallOutcome, elapsed: Duration) {
+        let labels = CallLabels {
+            dependency,
+            outcome: outcome.as_str(),
+        };
+        self.calls
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// The registry with the per-event metrics. The state collector is added by
+    /// [`Metrics::collect_from`] once the state it reads exists.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests: LatencyFamily<RequestLabels> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register_with_unit(
+            "rebate_http_request_duration",
+            "API request latency by route template, status code and whether any answered item was degraded",
+            Unit::Seconds,
+            requests.clone(),
+        );
+        let answers = Answers::default();
+        registry.register(
+            "rebate_answers",
+            "Items answered, by outcome: complete (every part live), degraded (some part stale or template), failed (an error status)",
+            AnswerFamily(answers.clone()),
+        );
+        registry.register_collector(Box::new(SuccessRatio(answers.clone())));
+        let calls = Arc::new(CallMetrics {
+            calls: Family::new_with_constructor(latency_histogram),
+        });
+        registry.register_with_unit(
+            "rebate_dependency_call_duration",
+            "Guarded dependency calls (every attempt, and the guard's own instant refusals) by dependency and outcome",
+            Unit::Seconds,
+            calls.calls.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            answers,
+            calls,
+        }
+    }
+
+    /// The observer every dependency guard reports its calls to.
+    pub fn call_observer(&self) -> Arc<dyn CallObserver> {
+        Arc::clone(&self.calls) as Arc<dyn CallObserver>
+    }
+
+    /// Adds the numbers read from the service's state at scrape time.
+    pub fn collect_from(&mut self, collector: StateCollector) {
+        self.registry.register_collector(Box::new(collector));
+    }
+
+    /// Records one finished API request: its latency, and what it answered per item. A request
+    /// on a matched route that failed (status ≥ 400) without a per-item account is one failed
+    /// answer; fallbacks (unknown paths) answer no item.
+    pub fn record_request(
+        &self,
+        route: &Route,
+        status: u16,
+        answered: Option<Answered>,
+        elapsed: Duration,
+    ) {
+        let degraded = answered.is_some_and(|answered| answered.degraded > 0);
+        let labels = RequestLabels {
+            route: route.clone(),
+            status,
+            degraded,
+        };
+        self.requests
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+        match answered {
+            Some(answered) => {
+                self.answers.complete.inc_by(u64::from(answered.complete));
+                self.answers.degraded.inc_by(u64::from(answered.degraded));
+                self.answers.failed.inc_by(u64::from(answered.failed));
+            }
+            None if status >= 400 && matches!(route, Route::Matched(_)) => {
+                self.answers.failed.inc();
+            }
+            None => {}
+        }
+    }
+
+    /// The whole exposition, `# EOF` included.
+    pub fn encode(&self) -> Result<String, fmt::Error> {
+        let mut text = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+/// `rebate_answers_total{outcome}` over the three fixed counters.
+#[derive(Debug)]
+struct AnswerFamily(Answers);
+
+impl EncodeMetric for AnswerFamily {
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> fmt::Result {
+        for (outcome, counter) in [
+            ("complete", &self.0.complete),
+            ("degraded", &self.0.degraded),
+            ("failed", &self.0.failed),
+        ] {
+            let labels = [("outcome", outcome)];
+            counter.encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Counter
+    }
+}
+
+/// API middleware: times the request and records its route, final status (429s, 503s and
+/// timeouts of the layers below included) and answers. Sits just inside the trace layer.
+pub async fn track_requests(
+    State(metrics): State<Arc<Metrics>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .cloned()
+        .map_or(Route::Other, Route::Matched);
+    let started = Instant::now();
+    let response = next.run(request).await;
+    metrics.record_request(
+        &route,
+        response.status().as_u16(),
+        response.extensions().get::<Answered>().copied(),
+        started.elapsed(),
+    );
+    response
+}
+
+/// One part cache's counters, read once per scrape.
+struct PartStats {
+    part: &'static str,
+    has_l2: bool,
+    stats: CacheStatsSnapshot,
+}
+
+impl PartStats {
+    fn of<T>(part: &'static str, cache: &rebate_cache::PartCache<T>) -> Self
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+    {
+        Self {
+            part,
+            has_l2: cache.shared_tier().is_some(),
+            stats: cache.stats(),
+        }
+    }
+}
+
+/// A per-part counter family: name, help, and the snapshot field it reads.
+type PartCounter = (&'static str, &'static str, fn(&CacheStatsSnapshot) -> u64);
+
+/// Reads, at scrape time, the counters the caches, the Bloom filter, the guards, the shedder,
+/// the client limiter and the event bus keep anyway. Holds clones of what it reads (all cheap
+/// handles), not the `AppState`, which holds the metrics.
+#[derive(Debug)]
+pub struct StateCollector {
+    engine: QueryEngine,
+    protection: Arc<Protection>,
+    events: EventBus,
+}
+
+impl StateCollector {
+    pub fn new(engine: QueryEngine, protection: Arc<Protection>, events: EventBus) -> Self {
+        Self {
+            engine,
+            protection,
+            events,
+        }
+    }
+
+    fn encode_caches(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+        let parts = self.engine.parts();
+        let caches = [
+            PartStats::of("product", &parts.product),
+            PartStats::of("rate", &parts.rate),
+            PartStats::of("coupons", &parts.coupons),
+            PartStats::of("extras", &parts.extras),
+        ];
+        // L2 series only for parts that have an L2 tier: zeros for a tier that does not exist
+        // would read as a tier that never hits.
+        let with_l2 = || caches.iter().filter(|cache| cache.has_l2);
+        let lookups = caches.iter().flat_map(|cache| {
+            let stats = &cache.stats;
+            let l2 = [
+                ("l2", "hit", stats.l2_hits),
+                ("l2", "miss", stats.l2_misses),
+            ];
+            [("l1", "hit", stats.hits), ("l1", "miss", stats.misses)]
+                .into_iter()
+                .chain(l2.into_iter().filter(|_| cache.has_l2))
+                .map(|(tier, result, count)| {
+                    (
+                        [("part", cache.part), ("tier", tier), ("result", result)],
+                        count,
+                    )
+                })
+        });
+        counters(
+            encoder,
+            "rebate_cache_lookups",
+            "Cache lookups by part, tier (l1; l2 where configured) and result (hit: a fresh entry; miss).",
+            lookups,
+        )?;
+        let ratios = caches.iter().flat_map(|cache| {
+            let stats = &cache.stats;
+            let l2 = ("l2", stats.l2_hits, stats.l2_misses);
+            [("l1", stats.hits, stats.misses)]
+                .into_iter()
+                .chain(std::iter::once(l2).filter(|_| cache.has_l2))
+                .filter(|(_, hits, misses)| hits + misses > 0)
+                .map(|(tier, hits, misses)| {
+                    (
+                        [("part", cache.part), ("tier", tier)],
+                        hits as f64 / (hits + misses) as f64,
+                    )
+                })
+        });
+        gauges(
+            encoder,
+            "rebate_cache_hit_ratio",
+            "Hits divided by lookups since start, by part and tier; absent for a tier nothing was looked up in.",
+            ratios,
+        )?;
+        let per_part: [PartCounter; 7] = [
+            (
+                "rebate_cache_single_flight_joins",
+                "Callers that joined a load already in flight for the same key instead of starting one.",
+                |stats| stats.loads_joined,
+            ),
+            (
+                "rebate_cache_loads",
+                "Loads started (L2 read, lease, source) for keys L1 could not answer fresh.",
+                |stats| stats.loads_started,
+            ),
+            (
+                "rebate_cache_source_loads",
+                "Loads that reached the source (store or upstream API).",
+                |stats| stats.source_loads,
+            ),
+            (
+                "rebate_cache_load_failures",
+                "Loads that failed (timeout, error, breaker, bulkhead, quota).",
+                |stats| stats.load_failures,
+            ),
+            (
+                "rebate_cache_stale_served",
+                "Answers served from a stale entry after a failed or late load.",
+                |stats| stats.stale_served,
+            ),
+            (
+                "rebate_cache_not_found_cached",
+                "Not-found markers cached for ids that passed the Bloom filter but do not exist.",
+                |stats| stats.not_found_cached,
+            ),
+            (
+                "rebate_cache_invalidations",
+                "Invalidation fences applied.",
+                |stats| stats.invalidations,
+            ),
+        ];
+        for (name, help, read) in per_part {
+            counters(
+                encoder,
+                name,
+                help,
+                caches
+                    .iter()
+                    .map(|cache| ([("part", cache.part)], read(&cache.stats))),
+            )?;
+        }
+        gauges(
+            encoder,
+            "rebate_cache_entries",
+            "Entries in L1 (moka's estimate), by part.",
+            caches
+                .iter()
+                .map(|cache| ([("part", cache.part)], cache.stats.entries)),
+        )?;
+        if with_l2().next().is_none() {
+            return Ok(());
+        }
+        counters(
+            encoder,
+            "rebate_cache_l2_errors",
+            "L2 commands that failed or timed out (the tier was skipped).",
+            with_l2().map(|cache| ([("part", cache.part)], cache.stats.l2_errors)),
+        )?;
+        counters(
+            encoder,
+            "rebate_cache_leases",
+            "Cross-instance rebuild leases by part and result (won: this instance rebuilt; lost: waited for another).",
+            with_l2().flat_map(|cache| {
+                [
+                    ("won", cache.stats.leases_won),
+                    ("lost", cache.stats.leases_lost),
+                ]
+                .map(|(result, count)| ([("part", cache.part), ("result", result)], count))
+            }),
+        )
+    }
+
+    fn encode_bloom(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+        let Some(filter) = self.engine.item_filter() else {
+            return Ok(());
+        };
+        let stats = filter.stats();
+        single_gauge(
+            encoder,
+            "rebate_bloom_ready",
+            "1 once the Bloom filter of item keys is built (every key passes before).",
+            u64::from(stats.ready),
+        )?;
+        single_gauge(
+            encoder,
+            "rebate_bloom_keys",
+            "Keys in the Bloom filter.",
+            stats.keys,
+        )?;
+        single_counter(
+            encoder,
+            "rebate_bloom_checks",
+            "Keys checked against the Bloom filter.",
+            stats.checks,
+        )?;
+        single_counter(
+            encoder,
+            "rebate_bloom_rejections",
+            "Unknown keys refused by the Bloom filter before any cache tier.",
+            stats.rejections,
+        )
+    }
+
+    fn encode_dependencies(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+        let snapshots = self
+            .protection
+            .dependencies()
+            .map(|dependency| dependency.snapshot());
+        let by_dependency = |read: fn(&rebate_sources::DependencySnapshot) -> u64| {
+            snapshots
+                .iter()
+                .map(move |snapshot| ([("dependency", snapshot.name)], read(snapshot)))
+        };
+        gauges(
+            encoder,
+            "rebate_breaker_state",
+            "Circuit breaker state by dependency: 0 closed, 1 half-open, 2 open.",
+            by_dependency(|snapshot| match snapshot.breaker.state {
+                BreakerState::Closed => 0,
+                BreakerState::HalfOpen => 1,
+                BreakerState::Open => 2,
+            }),
+        )?;
+        counters(
+            encoder,
+            "rebate_breaker_trips",
+            "Times the breaker opened.",
+            by_dependency(|snapshot| snapshot.breaker.trips),
+        )?;
+        counters(
+            encoder,
+            "rebate_breaker_rejected",
+            "Calls the breaker refused.",
+            by_dependency(|snapshot| snapshot.breaker.rejected),
+        )?;
+        gauges(
+            encoder,
+            "rebate_bulkhead_in_flight",
+            "Calls in flight through the dependency's bulkhead.",
+            by_dependency(|snapshot| u64::from(snapshot.bulkhead.in_flight)),
+        )?;
+        gauges(
+            encoder,
+            "rebate_bulkhead_max",
+            "The bulkhead's bound on concurrent calls.",
+            by_dependency(|snapshot| u64::from(snapshot.bulkhead.max)),
+        )?;
+        counters(
+            encoder,
+            "rebate_bulkhead_rejected",
+            "Calls refused because the bulkhead was full.",
+            by_dependency(|snapshot| snapshot.bulkhead.rejected),
+        )?;
+        counters(
+            encoder,
+            "rebate_quota_refused",
+            "Calls refused by the outbound quota (dependencies with a quota only).",
+            snapshots.iter().filter_map(|snapshot| {
+                let quota = snapshot.quota.as_ref()?;
+                Some(([("dependency", snapshot.name)], quota.refused))
+            }),
+        )?;
+        counters(
+            encoder,
+            "rebate_retries",
+            "Retries made (dependencies that retry only).",
+            snapshots.iter().filter_map(|snapshot| {
+                let retry = snapshot.retry.as_ref()?;
+                Some(([("dependency", snapshot.name)], retry.retries))
+            }),
+        )?;
+        counters(
+            encoder,
+            "rebate_retries_refused",
+            "Retries the global retry budget refused.",
+            snapshots.iter().filter_map(|snapshot| {
+                let retry = snapshot.retry.as_ref()?;
+                Some(([("dependency", snapshot.name)], retry.refused))
+            }),
+        )
+    }
+
+    fn encode_edge(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+        let protection = &self.protection;
+        single_gauge(
+            encoder,
+            "rebate_shed_level",
+            "The load-shedding level new requests are served at: 0 normal, 1 drop extras, 2 short timeouts, 3 cache only.",
+            u64::from(protection.level().as_u8()),
+        )?;
+        if let Some(shedder) = &protection.shedder {
+            let snapshot = shedder.snapshot();
+            single_gauge(
+                encoder,
+                "rebate_shed_forced",
+                "1 while an operator pins the shed level.",
+                u64::from(snapshot.forced.is_some()),
+            )?;
+            single_gauge(
+                encoder,
+                "rebate_shed_load",
+                "The last load the shedder measured (1.0 = at capacity).",
+                snapshot.load,
+            )?;
+            single_gauge(
+                encoder,
+                "rebate_in_flight_requests",
+                "API requests admitted and not yet answered.",
+                snapshot.in_flight,
+            )?;
+            single_gauge(
+                encoder,
+                "rebate_concurrency_limit",
+                "The shedder's (adaptive) concurrency limit.",
+                snapshot.concurrency_limit,
+            )?;
+        }
+        let (clients, refused) = protection
+            .clients
+            .as_ref()
+            .map_or((0, 0), |clients| clients.limiter.stats());
+        single_gauge(
+            encoder,
+            "rebate_client_limit_clients",
+            "Clients with a token bucket (0 when the per-client limit is off).",
+            clients,
+        )?;
+        single_counter(
+            encoder,
+            "rebate_client_limit_refused",
+            "Requests refused with 429 by the per-client limit.",
+            refused,
+        )
+    }
+
+    fn encode_events(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+        let stats = self.events.stats();
+        counters(
+            encoder,
+            "rebate_events",
+            "Invalidation events by result: published (by this instance), processed (a delivery the handler accepted), failed (a delivery refused or failed; each is redelivered or dead-lettered), redelivered, dead_lettered.",
+            [
+                ("published", stats.published),
+                ("processed", stats.processed),
+                ("failed", stats.failed),
+                ("redelivered", stats.redelivered),
+                ("dead_lettered", stats.dead_lettered),
+            ]
+            .map(|(result, count)| ([("result", result)], count)),
+        )?;
+        single_gauge(
+            encoder,
+            "rebate_events_connected",
+            "1 while events can flow (always for the in-process bus; while connected for RabbitMQ).",
+            u64::from(self.events.is_ready()),
+        )
+    }
+}
+
+impl Collector for StateCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        self.encode_caches(&mut encoder)?;
+        self.encode_bloom(&mut encoder)?;
+        self.encode_dependencies(&mut encoder)?;
+        self.encode_edge(&mut encoder)?;
+        self.encode_events(&mut encoder)
+    }
+}
+
+/// One counter family: its descriptor, then a sample per label set.
+fn counters<L: EncodeLabelSet>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (L, u64)>,
+) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (labels, value) in samples {
+        ConstCounter::new(value).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// One gauge family: its descriptor, then a sample per label set.
+fn gauges<L: EncodeLabelSet, V: prometheus_client::encoding::EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: impl IntoIterator<Item = (L, V)>,
+) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in samples {
+        ConstGauge::new(value).encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+fn single_counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> fmt::Result {
+    let metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    ConstCounter::new(value).encode(metric)
+}
+
+fn single_gauge<V: prometheus_client::encoding::EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: V,
+) -> fmt::Result {
+    let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    ConstGauge::new(value).encode(metric)
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::Router;
+    use axum::body::Body;
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    fn sample<'a>(text: &'a str, series: &str) -> Option<&'a str> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+    }
+
+    #[test]
+    fn the_success_ratio_is_one_before_any_answer_then_complete_over_all() {
+        let metrics = Metrics::new();
+        assert_eq!(metrics.answers.success_ratio(), 1.0);
+        let text = metrics.encode().unwrap();
+        assert_eq!(sample(&text, "rebate_business_success_ratio"), Some("1.0"));
+
+        let route = Route::Other;
+        let answered = Answered {
+            complete: 3,
+            degraded: 1,
+            failed: 0,
+        };
+        metrics.record_request(&route, 200, Some(answered), Duration::from_millis(2));
+        assert_eq!(metrics.answers.success_ratio(), 0.75);
+        let text = metrics.encode().unwrap();
+        assert_eq!(
+            sample(&text, r#"rebate_answers_total{outcome="complete"}"#),
+            Some("3")
+        );
+        assert_eq!(
+            sample(&text, r#"rebate_answers_total{outcome="degraded"}"#),
+            Some("1")
+        );
+        assert_eq!(sample(&text, "rebate_business_success_ratio"), Some("0.75"));
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn requests_are_labelled_by_route_template_never_the_raw_path() {
+        let metrics = Arc::new(Metrics::new());
+        let router = Router::new()
+            .route(
+                "/items/{id}",
+                get(
+                    |axum::extract::Path(id): axum::extract::Path<u32>| async move {
+                        if id == 404 {
+                            return StatusCode::NOT_FOUND.into_response();
+                        }
+                        let mut response = "ok".into_response();
+                        response.extensions_mut().insert(Answered {
+                            complete: 0,
+                            degraded: 1,
+                            failed: 0,
+                        });
+                        response
+                    },
+                ),
+            )
+            .fallback(|| async { StatusCode::NOT_FOUND })
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&metrics),
+                track_requests,
+            ));
+        for path in ["/items/1", "/items/2", "/items/404", "/nowhere"] {
+            let request = Request::get(path).body(Body::empty()).unwrap();
+            router.clone().oneshot(request).await.unwrap();
+        }
+
+        let text = metrics.encode().unwrap();
+        let series = |route: &str, status: u16, degraded: bool| {
+            format!(
+                r#"rebate_http_request_duration_seconds_count{{route="{route}",status="{status}",degraded="{degraded}"}}"#
+            )
+        };
+        assert_eq!(sample(&text, &series("/items/{id}", 200, true)), Some("2"));
+        assert_eq!(sample(&text, &series("/items/{id}", 404, false)), Some("1"));
+        assert_eq!(sample(&text, &series("other", 404, false)), Some("1"));
+        assert!(!text.contains("/items/1"), "{text}");
+        // The error on the item route is a failed answer; the unknown path answered no item.
+        assert_eq!(
+            sample(&text, r#"rebate_answers_total{outcome="failed"}"#),
+            Some("1")
+        );
+        assert_eq!(
+            sample(&text, r#"rebate_answers_total{outcome="degraded"}"#),
+            Some("2")
+        );
+    }
+
+    #[test]
+    fn dependency_calls_are_timed_by_outcome() {
+        let metrics = Metrics::new();
+        let observer = metrics.call_observer();
+        observer.observe("coupons", CallOutcome::Timeout, Duration::from_millis(300));
+        observer.observe("coupons", CallOutcome::BreakerOpen, Duration::ZERO);
+        let text = metrics.encode().unwrap();
+        let prefix = "rebate_dependency_call_duration_seconds";
+        assert_eq!(
+            sample(
+                &text,
+                &format!(r#"{prefix}_count{{dependency="coupons",outcome="timeout"}}"#)
+            ),
+            Some("1")
+        );
+        // 300 ms falls in the 0.5 s bucket, not the 0.25 s one.
+        assert_eq!(
+            sample(
+                &text,
+                &format!(r#"{prefix}_bucket{{le="0.25",dependency="coupons",outcome="timeout"}}"#)
+            ),
+            Some("0")
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!(r#"{prefix}_bucket{{le="0.5",dependency="coupons",outcome="timeout"}}"#)
+            ),
+            Some("1")
+        );
+        assert_eq!(
+            sample(
+                &text,
+                &format!(r#"{prefix}_count{{dependency="coupons",outcome="breaker_open"}}"#)
+            ),
+            Some("1")
+        );
+    }
+}
