@@ -60,6 +60,9 @@ async fn a_rate_change_is_served_after_its_event_and_old_events_change_nothing()
         .await
         .unwrap();
     assert_eq!(rate_of(&app, "taobao", "100042").await, before);
+    // That answer came from the kept rendering of the whole quote: the event must drop it too.
+    let rendered = app.state.engine.rendered_stats().unwrap();
+    assert!(rendered.hits >= 1 && rendered.entries >= 1, "{rendered:?}");
 
     app.state
         .events

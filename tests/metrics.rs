@@ -238,6 +238,8 @@ async fn metrics_are_served_without_a_token_as_valid_openmetrics_text() {
         ("rebate_cache_lookups", "counter"),
         ("rebate_cache_single_flight_joins", "counter"),
         ("rebate_cache_entries", "gauge"),
+        ("rebate_rendered_quotes_served", "counter"),
+        ("rebate_rendered_quotes_bytes", "gauge"),
         ("rebate_breaker_state", "gauge"),
         ("rebate_bulkhead_in_flight", "gauge"),
         ("rebate_shed_level", "gauge"),
@@ -258,7 +260,8 @@ async fn known_traffic_moves_exactly_the_numbers_it_should() {
     let app = spawn_app().await;
     let before = scrape(&app).await;
 
-    // One item three times (a cold miss, then two L1 hits), one unknown item, one batch of two.
+    // One item three times (a cold miss, then two answers from its kept rendering), one unknown
+    // item, one batch of two.
     for _ in 0..3 {
         let response = app.get_item("jd", "100001").await;
         assert_eq!(response.status(), 200);
@@ -316,10 +319,24 @@ async fn known_traffic_moves_exactly_the_numbers_it_should() {
             )
             .unwrap()
     };
+    // The two warm single reads are answered from the kept rendering, without any part lookup.
+    let rendered_served = |metrics: &Exposition| {
+        metrics
+            .value("rebate_rendered_quotes_served_total", &[])
+            .unwrap_or(0.0)
+    };
     assert!(
-        product_l1_hits(&after) - product_l1_hits(&before) >= 2.0,
-        "the two warm reads hit L1"
+        rendered_served(&after) - rendered_served(&before) >= 2.0,
+        "the two warm reads were served from the rendering"
     );
+    assert!(
+        after
+            .value("rebate_rendered_quotes_kept_total", &[])
+            .unwrap()
+            >= 1.0
+    );
+    assert!(after.value("rebate_rendered_quotes_bytes", &[]).unwrap() > 0.0);
+    assert!(product_l1_hits(&after) >= product_l1_hits(&before));
     // No Redis in the embedded profile: no L2 series, rather than zeros that read as misses.
     assert_eq!(
         after.sum("rebate_cache_lookups_total", &[("tier", "l2")]),

@@ -295,6 +295,9 @@ async fn redis_outage_never_fails_a_request() {
         .spawn_instance(|settings| {
             settings.store.max_concurrent_loads = 4;
             settings.redis.command_timeout_ms = 50;
+            // The recovery loop below drops the product's L1 copy to force reads through L2; a
+            // kept rendering would answer without asking L1 at all.
+            settings.engine.rendered_max_bytes = 0;
         })
         .await;
     for id in 100_201..100_221u64 {

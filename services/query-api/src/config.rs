@@ -116,6 +116,9 @@ pub struct EngineConfig {
     /// `aggregated` (the service) or `naive` (the load harness's "before" baseline: no cache,
     /// parts fetched one after another). Never run `naive` in production.
     pub mode: rebate_engine::EngineMode,
+    /// Bytes of complete quotes kept as rendered JSON (the hot path's one lookup); 0 turns the
+    /// rendering cache off and every request assembles and serialises its quote.
+    pub rendered_max_bytes: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -383,6 +386,15 @@ impl Settings {
             return Err(invalid(
                 "http.body_limit_bytes",
                 format!("{} is outside 1024..=16777216", http.body_limit_bytes),
+            ));
+        }
+        let rendered = self.engine.rendered_max_bytes;
+        if rendered != 0 && !(65_536..=(64u64 << 30)).contains(&rendered) {
+            return Err(invalid(
+                "engine.rendered_max_bytes",
+                format!(
+                    "{rendered} is neither 0 (off) nor within 65536..=68719476736 (a size in bytes, e.g. 33554432 for 32 MiB)"
+                ),
             ));
         }
         if !(1..=200).contains(&http.max_batch_items) {

@@ -449,6 +449,35 @@ impl StateCollector {
                     .map(|cache| ([("part", cache.part)], read(&cache.stats))),
             )?;
         }
+        if let Some(rendered) = self.engine.rendered_stats() {
+            const NO_LABELS: [(&str, &str); 0] = [];
+            let rendered_counters: [(&str, &str, u64); 3] = [
+                (
+                    "rebate_rendered_quotes_served",
+                    "Quotes answered from a kept rendering (no part lookup, no serialisation); these requests do not appear in the L1 lookups.",
+                    rendered.hits,
+                ),
+                (
+                    "rebate_rendered_quotes_kept",
+                    "Complete quotes rendered and kept until a part stops being fresh, a coupon expires or a change event arrives.",
+                    rendered.inserts,
+                ),
+                (
+                    "rebate_rendered_quotes_fenced",
+                    "Renderings refused because an invalidation raced them.",
+                    rendered.fenced,
+                ),
+            ];
+            for (name, help, value) in rendered_counters {
+                counters(encoder, name, help, [(NO_LABELS, value)])?;
+            }
+            gauges(
+                encoder,
+                "rebate_rendered_quotes_bytes",
+                "Bytes of JSON held by kept renderings.",
+                [(NO_LABELS, rendered.bytes)],
+            )?;
+        }
         gauges(
             encoder,
             "rebate_cache_entries",

@@ -229,6 +229,7 @@ impl Application {
                 shedding.edge_timeout_factor,
             ),
             retries_per_request: settings.resilience.retry.max_per_request,
+            rendered_capacity_bytes: settings.engine.rendered_max_bytes,
         };
         let engine = QueryEngine::with_settings(parts, engine_settings, clock, filter);
 

@@ -8,7 +8,7 @@ use rebate_cache::{
     CacheOutcome, Clock, FailureKind, ItemFilter, LoadContext, LoadFailure, PartCache, TierError,
     TierKey,
 };
-use rebate_domain::{Coupon, Extras, ItemKey, PartKind, Product, RebateRate};
+use rebate_domain::{Coupon, Extras, ItemKey, PartKind, Product, RebateRate, Timestamp};
 use rebate_resilience::ShedLevel;
 use rebate_telemetry::record_stage;
 use serde::Serialize;
@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use crate::quote::{DegradeReason, PartResult, Quote, assemble};
+use crate::rendered::{QuoteAnswer, RenderTicket, RenderedQuotes, RenderedStats};
 use crate::tier::{Tier, TimeoutTiers};
 
 /// Why there is no quote at all. Everything else degrades inside the quote.
@@ -49,6 +50,8 @@ struct Inner {
     clock: Arc<dyn Clock>,
     /// The Bloom gate; `None` lets every key through (tests, tiny catalogues).
     filter: Option<Arc<ItemFilter>>,
+    /// Complete quotes as JSON; `None` when `rendered_capacity_bytes` is 0 or in naive mode.
+    rendered: Option<RenderedQuotes>,
 }
 
 /// How the engine fetches parts.
@@ -73,9 +76,15 @@ pub struct EngineSettings {
     /// Retries one request may spend across all its parts (the dependencies decide whether a
     /// failure is worth one).
     pub retries_per_request: u32,
+    /// Bytes of complete quotes kept as JSON for [`QueryEngine::answer_at`]; 0 turns that off.
+    pub rendered_capacity_bytes: u64,
 }
 
 impl EngineSettings {
+    /// Kept renderings (32 MiB) are the default for a service; tests that only want quotes can
+    /// set `rendered_capacity_bytes` to 0.
+    pub const DEFAULT_RENDERED_CAPACITY_BYTES: u64 = 32 << 20;
+
     /// No shortening; two retries per request.
     pub fn new(timeouts: PartTimeouts) -> Self {
         Self {
@@ -83,6 +92,7 @@ impl EngineSettings {
             timeouts,
             short_timeouts: timeouts,
             retries_per_request: 2,
+            rendered_capacity_bytes: Self::DEFAULT_RENDERED_CAPACITY_BYTES,
         }
     }
 }
@@ -154,14 +164,23 @@ impl QueryEngine {
         clock: Arc<dyn Clock>,
         filter: Option<Arc<ItemFilter>>,
     ) -> Self {
+        let rendered = (settings.mode == EngineMode::Aggregated
+            && settings.rendered_capacity_bytes > 0)
+            .then(|| RenderedQuotes::new(settings.rendered_capacity_bytes));
         Self {
             inner: Arc::new(Inner {
                 parts,
                 settings,
                 clock,
                 filter,
+                rendered,
             }),
         }
+    }
+
+    /// Counters of the rendered-quote map; `None` when it is off.
+    pub fn rendered_stats(&self) -> Option<RenderedStats> {
+        self.inner.rendered.as_ref().map(RenderedQuotes::stats)
     }
 
     pub fn item_filter(&self) -> Option<&Arc<ItemFilter>> {
@@ -196,23 +215,87 @@ impl QueryEngine {
     /// L1 or not at all; from level 2 every part waits its shortened timeout; level 3 answers
     /// from the cache tiers only, and a product nobody has cached is
     /// [`QueryError::Unavailable`] with reason `shed`.
-    #[tracing::instrument(
-        name = "quote",
-        level = "debug",
-        skip(self),
-        fields(%key, level = level.as_str())
-    )]
     pub async fn quote_at(
         &self,
         key: ItemKey,
         deadline: Instant,
         level: ShedLevel,
     ) -> Result<Quote, QueryError> {
+        self.assemble_at(key, deadline, level)
+            .await
+            .map(|(quote, _)| quote)
+    }
+
+    /// [`QueryEngine::quote_at`], answered from the quote's rendering when a complete quote for
+    /// `key` was assembled earlier and none of its inputs has changed since (see
+    /// [`RenderedQuotes`]): one lookup instead of four, and no serialisation. A complete quote
+    /// assembled now is rendered and kept for the next request.
+    pub async fn answer_at(
+        &self,
+        key: ItemKey,
+        deadline: Instant,
+        level: ShedLevel,
+    ) -> Result<QuoteAnswer, QueryError> {
+        let Some(rendered) = &self.inner.rendered else {
+            return self
+                .quote_at(key, deadline, level)
+                .await
+                .map(|quote| QuoteAnswer::Assembled(Box::new(quote)));
+        };
+        if let Some(hit) = rendered.get(&key, self.inner.clock.now()) {
+            return Ok(QuoteAnswer::Rendered(hit));
+        }
+        let ticket = rendered.begin();
+        let (quote, fresh_until) = self.assemble_at(key, deadline, level).await?;
+        Ok(self.keep(rendered, key, quote, fresh_until, ticket))
+    }
+
+    /// Renders and keeps a complete quote whose four parts were fresh until `fresh_until`.
+    fn keep(
+        &self,
+        rendered: &RenderedQuotes,
+        key: ItemKey,
+        quote: Quote,
+        fresh_until: Option<Timestamp>,
+        ticket: RenderTicket,
+    ) -> QuoteAnswer {
+        let now = self.inner.clock.now();
+        let kept = fresh_until.and_then(|fresh_until| {
+            // The estimate counts only coupons not yet expired: it changes at the next expiry.
+            let next_expiry = quote
+                .coupons
+                .iter()
+                .map(|coupon| coupon.expires_at)
+                .filter(|expires_at| *expires_at > now)
+                .min();
+            let valid_until = next_expiry.map_or(fresh_until, |expiry| expiry.min(fresh_until));
+            rendered.insert(key, &quote, ticket, valid_until, now)
+        });
+        match kept {
+            Some(rendered) => QuoteAnswer::Rendered(rendered),
+            None => QuoteAnswer::Assembled(Box::new(quote)),
+        }
+    }
+
+    /// The quote, and — when all four parts were fresh cache entries — the earliest time one of
+    /// them stops being fresh.
+    #[tracing::instrument(
+        name = "quote",
+        level = "debug",
+        skip(self),
+        fields(%key, level = level.as_str())
+    )]
+    async fn assemble_at(
+        &self,
+        key: ItemKey,
+        deadline: Instant,
+        level: ShedLevel,
+    ) -> Result<(Quote, Option<Timestamp>), QueryError> {
         if !self.passes_filter(&key) {
             return Err(QueryError::NotFound { delisted: false });
         }
         if self.inner.settings.mode == EngineMode::Naive {
-            return self.quote_naive(key).await;
+            return self.quote_naive(key).await.map(|quote| (quote, None));
         }
         if level == ShedLevel::CacheOnly {
             let started = Instant::now();
@@ -237,7 +320,7 @@ impl QueryEngine {
         deadline: Instant,
         level: ShedLevel,
         request: &LoadContext,
-    ) -> Result<Quote, QueryError> {
+    ) -> Result<(Quote, Option<Timestamp>), QueryError> {
         let parts = &self.inner.parts;
         let (product, rate, coupons, extras) = tokio::join!(
             self.fetch(
@@ -266,13 +349,20 @@ impl QueryEngine {
                 request
             ),
         );
-        let result = assemble(product, rate, coupons, extras, self.inner.clock.now());
+        let fresh_until = earliest([product.1, rate.1, coupons.1, extras.1]);
+        let result = assemble(
+            product.0,
+            rate.0,
+            coupons.0,
+            extras.0,
+            self.inner.clock.now(),
+        );
         if let Ok(quote) = &result
             && quote.degraded
         {
             tracing::debug!(parts = ?quote.degraded_parts, "quote degraded");
         }
-        result
+        result.map(|quote| (quote, fresh_until))
     }
 
     /// Fences one part of one item at `version` after a change event (see
@@ -286,7 +376,7 @@ impl QueryEngine {
         through_l2: bool,
     ) -> Result<(), TierError> {
         let parts = &self.inner.parts;
-        match part {
+        let fenced = match part {
             PartKind::Product => {
                 parts
                     .product
@@ -311,7 +401,13 @@ impl QueryEngine {
                     .invalidate_to(key, version, fence_for, through_l2)
                     .await
             }
+        };
+        // After the part's L1 fence (even if L2 failed): a rendering begun before this point is
+        // refused, and one begun after it reads the fenced part.
+        if let Some(rendered) = &self.inner.rendered {
+            rendered.invalidate(&key);
         }
+        fenced
     }
 
     /// Quotes for several items under one deadline, in order. Whatever L1 lacks is read from L2
@@ -331,6 +427,73 @@ impl QueryEngine {
         deadline: Instant,
         level: ShedLevel,
     ) -> Vec<Result<Quote, QueryError>> {
+        self.assemble_many_at(keys, deadline, level)
+            .await
+            .into_iter()
+            .map(|answer| answer.map(|(quote, _)| quote))
+            .collect()
+    }
+
+    /// [`QueryEngine::quote_many_at`], each key answered from its rendering when one is valid
+    /// (see [`QueryEngine::answer_at`]); the rest are assembled together, and the complete ones
+    /// kept.
+    pub async fn answer_many_at(
+        &self,
+        keys: &[ItemKey],
+        deadline: Instant,
+        level: ShedLevel,
+    ) -> Vec<Result<QuoteAnswer, QueryError>> {
+        let Some(rendered) = &self.inner.rendered else {
+            return self
+                .quote_many_at(keys, deadline, level)
+                .await
+                .into_iter()
+                .map(|answer| answer.map(|quote| QuoteAnswer::Assembled(Box::new(quote))))
+                .collect();
+        };
+        let now = self.inner.clock.now();
+        let mut answers: Vec<Option<Result<QuoteAnswer, QueryError>>> = keys
+            .iter()
+            .map(|key| {
+                rendered
+                    .get(key, now)
+                    .map(|hit| Ok(QuoteAnswer::Rendered(hit)))
+            })
+            .collect();
+        let missing: Vec<ItemKey> = keys
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|(key, _)| *key)
+            .collect();
+        if !missing.is_empty() {
+            let ticket = rendered.begin();
+            let mut assembled = self
+                .assemble_many_at(&missing, deadline, level)
+                .await
+                .into_iter()
+                .zip(missing);
+            for answer in answers.iter_mut().filter(|answer| answer.is_none()) {
+                let (result, key) = assembled
+                    .next()
+                    .expect("one assembled answer per missing key");
+                *answer = Some(result.map(|(quote, fresh_until)| {
+                    self.keep(rendered, key, quote, fresh_until, ticket)
+                }));
+            }
+        }
+        answers
+            .into_iter()
+            .map(|answer| answer.expect("every key answered"))
+            .collect()
+    }
+
+    async fn assemble_many_at(
+        &self,
+        keys: &[ItemKey],
+        deadline: Instant,
+        level: ShedLevel,
+    ) -> Vec<Result<(Quote, Option<Timestamp>), QueryError>> {
         let admitted: Vec<bool> = keys.iter().map(|key| self.passes_filter(key)).collect();
         let to_prefetch: Vec<ItemKey> = keys
             .iter()
@@ -358,7 +521,7 @@ impl QueryEngine {
             let mut quotes = Vec::with_capacity(keys.len());
             for (key, admitted) in keys.iter().zip(admitted) {
                 quotes.push(if admitted {
-                    self.quote_naive(*key).await
+                    self.quote_naive(*key).await.map(|quote| (quote, None))
                 } else {
                     Err(QueryError::NotFound { delisted: false })
                 });
@@ -389,16 +552,17 @@ impl QueryEngine {
     }
 
     /// Shed level 3: whatever L1 holds (after any L2 prefetch), fresh or stale; no loads.
-    fn quote_cached(&self, key: ItemKey) -> Result<Quote, QueryError> {
+    fn quote_cached(&self, key: ItemKey) -> Result<(Quote, Option<Timestamp>), QueryError> {
         let parts = &self.inner.parts;
         let now = self.inner.clock.now();
-        assemble(
+        let (product, rate, coupons, extras) = (
             cached(&parts.product, key, now),
             cached(&parts.rate, key, now),
             cached(&parts.coupons, key, now),
             cached(&parts.extras, key, now),
-            now,
-        )
+        );
+        let fresh_until = earliest([product.1, rate.1, coupons.1, extras.1]);
+        assemble(product.0, rate.0, coupons.0, extras.0, now).map(|quote| (quote, fresh_until))
     }
 
     async fn prefetch_shared_tier(&self, keys: &[ItemKey]) {
@@ -449,7 +613,7 @@ impl QueryEngine {
         deadline: Instant,
         level: ShedLevel,
         request: &LoadContext,
-    ) -> PartResult<T> {
+    ) -> (PartResult<T>, Option<Timestamp>) {
         if part == PartKind::Extras && level >= ShedLevel::DropExtras {
             return cached(cache, key, self.inner.clock.now());
         }
@@ -468,17 +632,25 @@ impl QueryEngine {
             .for_part(timeout)
             .scope(cache.get(key, budget))
             .await;
-        match outcome {
-            CacheOutcome::Hit(envelope) => PartResult::Live {
-                value: envelope.value.clone(),
-                as_of: envelope.fetched_at,
-            },
+        let result = match outcome {
+            CacheOutcome::Hit(envelope) => {
+                return (
+                    PartResult::Live {
+                        value: envelope.value.clone(),
+                        as_of: envelope.fetched_at,
+                    },
+                    Some(envelope.fresh_until),
+                );
+            }
             CacheOutcome::Loaded(envelope) => {
                 record_stage("part", part.as_str(), "loaded", started, None);
-                PartResult::Live {
-                    value: envelope.value.clone(),
-                    as_of: envelope.fetched_at,
-                }
+                return (
+                    PartResult::Live {
+                        value: envelope.value.clone(),
+                        as_of: envelope.fetched_at,
+                    },
+                    Some(envelope.fresh_until),
+                );
             }
             CacheOutcome::Stale(envelope, failure) => {
                 tracing::debug!(part = part.as_str(), %failure, "serving stale");
@@ -508,13 +680,23 @@ impl QueryEngine {
                 );
                 PartResult::Failed { reason }
             }
-        }
+        };
+        (result, None)
     }
+}
+
+/// The earliest of the parts' fresh ends; `None` if any part was not a fresh cache entry.
+fn earliest(fresh_until: [Option<Timestamp>; 4]) -> Option<Timestamp> {
+    fresh_until
+        .into_iter()
+        .try_fold(Timestamp::from_millis(i64::MAX), |earliest, part| {
+            part.map(|part| earliest.min(part))
+        })
 }
 
 fn naive_part<T>(
     loaded: Result<rebate_cache::Loaded<T>, LoadFailure>,
-    now: rebate_domain::Timestamp,
+    now: Timestamp,
 ) -> PartResult<T> {
     match loaded {
         Ok(loaded) => PartResult::Live {
@@ -527,17 +709,23 @@ fn naive_part<T>(
     }
 }
 
-/// A part from L1 alone, without any load: fresh is live, stale is served with reason `shed`.
+/// A part from L1 alone, without any load: fresh is live (with its fresh end), stale is served
+/// with reason `shed`.
 fn cached<T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static>(
     cache: &PartCache<T>,
     key: ItemKey,
-    now: rebate_domain::Timestamp,
-) -> PartResult<T> {
-    match cache.peek(&key) {
-        Some(envelope) if envelope.is_fresh(now) => PartResult::Live {
-            value: envelope.value.clone(),
-            as_of: envelope.fetched_at,
-        },
+    now: Timestamp,
+) -> (PartResult<T>, Option<Timestamp>) {
+    let result = match cache.peek(&key) {
+        Some(envelope) if envelope.is_fresh(now) => {
+            return (
+                PartResult::Live {
+                    value: envelope.value.clone(),
+                    as_of: envelope.fetched_at,
+                },
+                Some(envelope.fresh_until),
+            );
+        }
         Some(envelope) if envelope.is_servable(now) => PartResult::Stale {
             value: envelope.value.clone(),
             as_of: envelope.fetched_at,
@@ -546,7 +734,8 @@ fn cached<T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static>(
         _ => PartResult::Failed {
             reason: DegradeReason::Shed,
         },
-    }
+    };
+    (result, None)
 }
 
 fn reason_of(failure: &LoadFailure) -> DegradeReason {
@@ -617,6 +806,15 @@ mod tests {
 
     fn engine(coupon_delay: Duration, rate_fails: bool) -> QueryEngine {
         let clock = ManualClock::starting_now();
+        engine_with(coupon_delay, rate_fails, Vec::new(), &clock)
+    }
+
+    fn engine_with(
+        coupon_delay: Duration,
+        rate_fails: bool,
+        coupons: Vec<Coupon>,
+        clock: &ManualClock,
+    ) -> QueryEngine {
         let product = Product {
             platform: Platform::Jd,
             item_id: ItemId::from_u64(100_001),
@@ -634,7 +832,7 @@ mod tests {
                     delay: Duration::from_millis(5),
                     fail: false,
                 },
-                &clock,
+                clock,
             ),
             rate: part(
                 "rate",
@@ -645,16 +843,16 @@ mod tests {
                     delay: Duration::from_millis(5),
                     fail: rate_fails,
                 },
-                &clock,
+                clock,
             ),
             coupons: part(
                 "coupons",
                 Fixed {
-                    value: Some(Vec::new()),
+                    value: Some(coupons),
                     delay: coupon_delay,
                     fail: false,
                 },
-                &clock,
+                clock,
             ),
             extras: part(
                 "extras",
@@ -666,14 +864,122 @@ mod tests {
                     delay: Duration::from_millis(5),
                     fail: false,
                 },
-                &clock,
+                clock,
             ),
         };
         QueryEngine::new(
             parts,
             PartTimeouts::from_tiers(&TimeoutTiers::default()),
-            Arc::new(clock),
+            Arc::new(clock.clone()),
         )
+    }
+
+    fn deadline() -> Instant {
+        Instant::now() + Duration::from_secs(2)
+    }
+
+    async fn answer(engine: &QueryEngine) -> QuoteAnswer {
+        engine
+            .answer_at(key(), deadline(), ShedLevel::Normal)
+            .await
+            .unwrap()
+    }
+
+    fn rendered_json(answer: &QuoteAnswer) -> String {
+        match answer {
+            QuoteAnswer::Rendered(rendered) => rendered.json().get().to_owned(),
+            QuoteAnswer::Assembled(quote) => panic!("expected a rendering, got {quote:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_complete_quote_is_kept_rendered_as_it_serialises() {
+        let engine = engine(Duration::from_millis(5), false);
+        let first = answer(&engine).await;
+        let second = answer(&engine).await;
+        let quote = engine.quote(key(), deadline()).await.unwrap();
+        assert_eq!(
+            rendered_json(&first),
+            serde_json::to_string(&quote).unwrap()
+        );
+        assert_eq!(rendered_json(&second), rendered_json(&first));
+        let stats = engine.rendered_stats().unwrap();
+        assert_eq!((stats.inserts, stats.hits, stats.entries), (1, 1, 1));
+        // The second answer touched no part cache.
+        assert_eq!(engine.parts().product.stats().hits, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_degraded_quote_is_never_kept() {
+        let engine = engine(Duration::from_millis(5), true);
+        for _ in 0..2 {
+            let answer = answer(&engine).await;
+            assert!(answer.degraded());
+            assert!(answer.assembled().is_some());
+        }
+        assert_eq!(engine.rendered_stats().unwrap().entries, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rendering_ends_when_a_part_stops_being_fresh() {
+        let clock = ManualClock::starting_now();
+        let engine = engine_with(Duration::from_millis(5), false, Vec::new(), &clock);
+        answer(&engine).await;
+        assert!(matches!(answer(&engine).await, QuoteAnswer::Rendered(_)));
+        // Fresh for 60 s ± 10 %: past 66 s every part has to be loaded again.
+        clock.advance(Duration::from_secs(67));
+        assert!(answer(&engine).await.assembled().is_none(), "re-rendered");
+        assert_eq!(engine.rendered_stats().unwrap().inserts, 2);
+        assert_eq!(engine.parts().product.stats().misses, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rendering_ends_when_a_coupon_in_it_expires() {
+        let clock = ManualClock::starting_now();
+        let coupon = Coupon {
+            coupon_id: "c1".to_owned(),
+            discount_cents: Cents::new(2_000),
+            threshold_cents: Cents::new(5_000),
+            expires_at: clock.now().saturating_add_millis(10_000),
+        };
+        let engine = engine_with(Duration::from_millis(5), false, vec![coupon], &clock);
+        let with_coupon: serde_json::Value =
+            serde_json::from_str(&rendered_json(&answer(&engine).await)).unwrap();
+        assert_eq!(with_coupon["rebate"]["estimated_cents"], 800);
+        clock.advance(Duration::from_secs(11));
+        // The parts are still fresh, but the estimate no longer counts the coupon.
+        let without: serde_json::Value =
+            serde_json::from_str(&rendered_json(&answer(&engine).await)).unwrap();
+        assert_eq!(without["rebate"]["estimated_cents"], 1_000);
+        assert_eq!(engine.parts().product.stats().misses, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_invalidation_drops_the_rendering() {
+        let engine = engine(Duration::from_millis(5), false);
+        answer(&engine).await;
+        engine
+            .invalidate(key(), PartKind::Rate, 2, Duration::from_secs(60), false)
+            .await
+            .unwrap();
+        assert_eq!(engine.rendered_stats().unwrap().entries, 0);
+        // The rate is loaded again (the fence at version 2 refuses the loader's version 1, so
+        // that answer is not kept either: nothing stale is rendered).
+        answer(&engine).await;
+        assert_eq!(engine.parts().rate.stats().misses, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_zero_capacity_renders_nothing() {
+        let plain = engine(Duration::from_millis(5), false);
+        let clock = ManualClock::starting_now();
+        let mut settings = plain.settings();
+        settings.rendered_capacity_bytes = 0;
+        let off =
+            QueryEngine::with_settings(plain.parts().clone(), settings, Arc::new(clock), None);
+        assert!(off.rendered_stats().is_none());
+        assert!(answer(&off).await.assembled().is_some());
+        assert!(answer(&off).await.assembled().is_some());
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,15 +16,19 @@
 //! - [`tier`]: [`Tier`], [`TimeoutTiers`]: how long each part may take.
 //! - [`quote`]: [`Quote`] and its views, the degrade vocabulary, and [`assemble`].
 //! - [`engine`]: [`QueryEngine`], the fan-out.
+//! - [`rendered`]: [`RenderedQuotes`], complete quotes kept as JSON until an input changes, so a
+//!   hot item costs one lookup ([`QueryEngine::answer_at`]).
 
 pub mod engine;
 pub mod quote;
+pub mod rendered;
 pub mod tier;
 
 pub use engine::{EngineMode, EngineParts, EngineSettings, PartTimeouts, QueryEngine, QueryError};
 pub use quote::{
     DegradeReason, DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble,
 };
+pub use rendered::{QuoteAnswer, RenderedQuote, RenderedQuotes, RenderedStats};
 pub use tier::{Tier, TimeoutTiers};
 
 pub use rebate_resilience::ShedLevel;

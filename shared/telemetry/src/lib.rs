@@ -85,11 +85,46 @@ impl TraceId {
     }
 
     pub fn to_hex(self) -> String {
-        self.to_string()
+        self.hex().to_string()
+    }
+
+    /// The 32 lowercase hex digits, without allocating: [`TraceId::hex`] borrows from it.
+    pub fn hex_digits(self) -> [u8; 32] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [0u8; 32];
+        for (index, byte) in self.0.into_iter().enumerate() {
+            text[2 * index] = DIGITS[usize::from(byte >> 4)];
+            text[2 * index + 1] = DIGITS[usize::from(byte & 0x0f)];
+        }
+        text
+    }
+
+    /// The id as text, in a stack buffer (every request sends it at least once).
+    pub fn hex(self) -> HexTraceId {
+        HexTraceId(self.hex_digits())
     }
 
     pub fn to_bytes(self) -> [u8; 16] {
         self.0
+    }
+}
+
+/// A trace id's 32 hex digits on the stack; derefs to `str`.
+#[derive(Clone, Copy)]
+pub struct HexTraceId([u8; 32]);
+
+impl fmt::Debug for HexTraceId {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(self)
+    }
+}
+
+impl std::ops::Deref for HexTraceId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        // Only ASCII hex digits are ever written into it.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
@@ -124,10 +159,7 @@ impl FromStr for TraceId {
 
 impl fmt::Display for TraceId {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in self.0 {
-            write!(formatter, "{byte:02x}")?;
-        }
-        Ok(())
+        formatter.write_str(&self.hex())
     }
 }
 
@@ -139,7 +171,7 @@ impl fmt::Debug for TraceId {
 
 impl serde::Serialize for TraceId {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        serializer.serialize_str(&self.hex())
     }
 }
 
@@ -313,6 +345,18 @@ mod tests {
     fn future_versions_may_carry_more_fields() {
         let header = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-later";
         assert!(TraceId::from_traceparent(header).is_some());
+    }
+
+    #[test]
+    fn hex_keeps_leading_zeros_and_every_digit() {
+        let text = "00010a0f10a0ff7f0123456789abcdef";
+        let trace_id: TraceId = text.parse().unwrap();
+        assert_eq!(&*trace_id.hex(), text);
+        assert_eq!(trace_id.to_string(), text);
+        assert_eq!(
+            serde_json::to_string(&trace_id).unwrap(),
+            format!("\"{text}\"")
+        );
     }
 
     #[test]

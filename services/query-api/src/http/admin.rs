@@ -124,6 +124,7 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
             "coupons": parts.coupons.stats(),
             "extras": parts.extras.stats(),
         },
+        "rendered_quotes": state.engine.rendered_stats(),
         "bloom": state.engine.item_filter().map(|filter| filter.stats()),
         "store_loads_max_in_flight": state.load_limiter.max_in_flight(),
         "redis": if state.tier.is_some() { "enabled" } else { "disabled" },

@@ -3,11 +3,12 @@
 use std::collections::HashSet;
 
 use axum::extract::{Path, State};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use rebate_domain::{ItemKey, KeyError};
-use rebate_engine::{DegradeReason, QueryError, Quote, ShedLevel};
+use rebate_engine::{DegradeReason, QueryError, Quote, QuoteAnswer, ShedLevel};
 use rebate_telemetry::TraceId;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -54,19 +55,38 @@ async fn item_rebate(
 ) -> Result<Response, ApiError> {
     let key = parse_key(&platform, &item_id)?;
     let deadline = Instant::now() + state.limits.request_deadline;
-    let quote = state
+    let answer = state
         .engine
-        .quote_at(key, deadline, level)
+        .answer_at(key, deadline, level)
         .await
         .map_err(|error| query_error(&state, error))?;
-    let mut response = Json(QuoteBody {
-        quote: &quote,
-        trace_id,
-    })
-    .into_response();
+    let body = match &answer {
+        // The hot path: the kept JSON with the trace id appended, one copy.
+        QuoteAnswer::Rendered(rendered) => {
+            let mut member = [0u8; 45];
+            member[..12].copy_from_slice(br#""trace_id":""#);
+            member[12..44].copy_from_slice(&trace_id.hex_digits());
+            member[44] = b'"';
+            rendered.with_members(&member)
+        }
+        QuoteAnswer::Assembled(quote) => serde_json::to_vec(&QuoteBody { quote, trace_id })
+            .map_err(|error| {
+                tracing::error!(%error, "cannot render a quote");
+                ApiError::Internal
+            })?,
+    };
+    let degraded = answer.degraded();
+    let mut response = (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response();
     response.extensions_mut().insert(Answered {
-        complete: u32::from(!quote.degraded),
-        degraded: u32::from(quote.degraded),
+        complete: u32::from(!degraded),
+        degraded: u32::from(degraded),
         failed: 0,
     });
     Ok(response)
@@ -146,7 +166,7 @@ struct BatchResult {
     /// The HTTP status this item would have had on its own.
     status: u16,
     #[serde(skip_serializing_if = "Option::is_none")]
-    quote: Option<Quote>,
+    quote: Option<QuoteAnswer>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<BatchError>,
 }
@@ -200,7 +220,7 @@ async fn batch_rebate(
     let deadline = Instant::now() + state.limits.request_deadline;
     let mut quotes = state
         .engine
-        .quote_many_at(&valid, deadline, level)
+        .answer_many_at(&valid, deadline, level)
         .await
         .into_iter();
     let answers = parsed.into_iter().map(|key| {
@@ -211,7 +231,7 @@ async fn batch_rebate(
             .map_err(|error| query_error(&state, error))
     });
 
-    let answers: Vec<Result<Quote, ApiError>> = answers.collect();
+    let answers: Vec<Result<QuoteAnswer, ApiError>> = answers.collect();
     // Shedding with nothing cached for any item: the batch as a whole is overloaded, so that
     // clients see one 503 with one Retry-After rather than a 200 full of refusals.
     if answers
@@ -246,7 +266,7 @@ async fn batch_rebate(
     let mut answered = Answered::default();
     for result in &results {
         match &result.quote {
-            Some(quote) if quote.degraded => answered.degraded += 1,
+            Some(quote) if quote.degraded() => answered.degraded += 1,
             Some(_) => answered.complete += 1,
             None => answered.failed += 1,
         }

@@ -1,0 +1,338 @@
+//! [`RenderedQuotes`]: complete quotes kept as their JSON, so that a hot item is answered with one
+//! lookup and a copy instead of four part lookups, an assembly and a serialisation.
+//!
+//! Only complete (non-degraded) quotes are kept, and each only for as long as every input it was
+//! built from stays unchanged:
+//! - until the earliest `fresh_until` of its four parts (an L1 part is replaced only once it is no
+//!   longer fresh, or by an invalidation);
+//! - until the earliest coupon expiry still ahead (the estimate depends on which coupons are
+//!   usable);
+//! - until any of its parts is invalidated. An invalidation bumps an epoch *before* it removes
+//!   the key; a rendering that began under an older epoch removes what it inserted, so a quote
+//!   assembled from pre-change parts cannot outlive the change.
+//!
+//! Lookups go to a `quick_cache` map (read-locked shards, no per-read bookkeeping queue) rather
+//! than moka: this is the one lookup every hot request pays, and it must cost tens of
+//! nanoseconds. The map is bounded by the bytes it holds.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use quick_cache::Weighter;
+use quick_cache::sync::Cache;
+use rebate_domain::{ItemKey, Timestamp};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::quote::Quote;
+
+/// A complete quote as JSON, and until when it may be served as is.
+#[derive(Debug)]
+pub struct RenderedQuote {
+    json: Box<RawValue>,
+    valid_until: Timestamp,
+}
+
+impl RenderedQuote {
+    /// The quote's JSON object, exactly as [`Quote`] serialises.
+    pub fn json(&self) -> &RawValue {
+        &self.json
+    }
+
+    /// The quote's JSON object with more members appended: `extra` is inserted before the
+    /// closing brace, after a comma (e.g. `"trace_id":"…"`). One allocation, one copy.
+    pub fn with_members(&self, extra: &[u8]) -> Vec<u8> {
+        let object = self.json.get().as_bytes();
+        // A quote always has members, so the object ends in `}` after at least one of them.
+        let open = &object[..object.len() - 1];
+        let mut body = Vec::with_capacity(object.len() + extra.len() + 1);
+        body.extend_from_slice(open);
+        body.push(b',');
+        body.extend_from_slice(extra);
+        body.push(b'}');
+        body
+    }
+
+    pub fn valid_until(&self) -> Timestamp {
+        self.valid_until
+    }
+
+    pub fn len(&self) -> usize {
+        self.json.get().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.json.get().is_empty()
+    }
+}
+
+/// A quote as the engine answers it: just assembled, or served from its rendering.
+#[derive(Debug, Clone)]
+pub enum QuoteAnswer {
+    /// The same quote as one assembled now, already rendered: never degraded.
+    Rendered(Arc<RenderedQuote>),
+    Assembled(Box<Quote>),
+}
+
+impl QuoteAnswer {
+    pub fn degraded(&self) -> bool {
+        match self {
+            QuoteAnswer::Rendered(_) => false,
+            QuoteAnswer::Assembled(quote) => quote.degraded,
+        }
+    }
+
+    /// The assembled quote, if this answer was not served from its rendering.
+    pub fn assembled(&self) -> Option<&Quote> {
+        match self {
+            QuoteAnswer::Rendered(_) => None,
+            QuoteAnswer::Assembled(quote) => Some(quote),
+        }
+    }
+}
+
+/// Serialises as the quote's JSON object either way.
+impl Serialize for QuoteAnswer {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            QuoteAnswer::Rendered(rendered) => rendered.json.serialize(serializer),
+            QuoteAnswer::Assembled(quote) => quote.serialize(serializer),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ByteWeighter;
+
+impl Weighter<ItemKey, Arc<RenderedQuote>> for ByteWeighter {
+    fn weight(&self, _key: &ItemKey, value: &Arc<RenderedQuote>) -> u64 {
+        // The JSON plus the entry's own bookkeeping, roughly.
+        value.len() as u64 + 64
+    }
+}
+
+/// Counters of the rendered-quote map, for status pages and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RenderedStats {
+    /// Requests answered from a rendering.
+    pub hits: u64,
+    /// Renderings stored.
+    pub inserts: u64,
+    /// Renderings dropped because an invalidation raced them.
+    pub fenced: u64,
+    pub entries: u64,
+    pub bytes: u64,
+    pub capacity_bytes: u64,
+}
+
+/// The map of rendered quotes. See the module documentation.
+#[derive(Debug)]
+pub struct RenderedQuotes {
+    cache: Cache<ItemKey, Arc<RenderedQuote>, ByteWeighter>,
+    capacity_bytes: u64,
+    /// Bumped by every invalidation, before the key is removed.
+    epoch: AtomicU64,
+    hits: AtomicU64,
+    inserts: AtomicU64,
+    fenced: AtomicU64,
+}
+
+/// What a rendering must carry from before its parts were read: see [`RenderedQuotes::begin`].
+#[derive(Debug, Clone, Copy)]
+pub struct RenderTicket {
+    epoch: u64,
+}
+
+impl RenderedQuotes {
+    /// A map holding at most about `capacity_bytes` of JSON. Typical quotes are 0.5–1 KiB.
+    pub fn new(capacity_bytes: u64) -> Self {
+        // quick_cache sizes its shards from an item estimate; 700 bytes is a typical quote.
+        let estimated_items = usize::try_from(capacity_bytes / 700).unwrap_or(usize::MAX);
+        Self {
+            cache: Cache::with_weighter(estimated_items.max(16), capacity_bytes, ByteWeighter),
+            capacity_bytes,
+            epoch: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            inserts: AtomicU64::new(0),
+            fenced: AtomicU64::new(0),
+        }
+    }
+
+    /// The rendering of `key`'s quote if it is still valid at `now`.
+    pub fn get(&self, key: &ItemKey, now: Timestamp) -> Option<Arc<RenderedQuote>> {
+        let rendered = self.cache.get(key)?;
+        if rendered.valid_until <= now {
+            self.cache.remove(key);
+            return None;
+        }
+        self.hits.fetch_add(1, Ordering::Relaxed);
+        Some(rendered)
+    }
+
+    /// Call before reading the parts a rendering will be built from.
+    pub fn begin(&self) -> RenderTicket {
+        RenderTicket {
+            epoch: self.epoch.load(Ordering::Acquire),
+        }
+    }
+
+    /// Stores the rendering of a complete quote valid until `valid_until`; does nothing for a
+    /// degraded quote, one already expired at `now`, or one whose parts an invalidation may have
+    /// changed since `ticket` was taken.
+    pub fn insert(
+        &self,
+        key: ItemKey,
+        quote: &Quote,
+        ticket: RenderTicket,
+        valid_until: Timestamp,
+        now: Timestamp,
+    ) -> Option<Arc<RenderedQuote>> {
+        if quote.degraded || valid_until <= now {
+            return None;
+        }
+        let json = match serde_json::value::to_raw_value(quote) {
+            Ok(json) => json,
+            Err(error) => {
+                tracing::error!(%error, %key, "cannot render a quote");
+                return None;
+            }
+        };
+        let rendered = Arc::new(RenderedQuote { json, valid_until });
+        if self.epoch.load(Ordering::Acquire) != ticket.epoch {
+            self.fenced.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        self.cache.insert(key, Arc::clone(&rendered));
+        // An invalidation may have bumped the epoch and removed the key between the check above
+        // and the insert: then this rendering may hold pre-change data and must go.
+        if self.epoch.load(Ordering::Acquire) != ticket.epoch {
+            self.cache.remove(&key);
+            self.fenced.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        self.inserts.fetch_add(1, Ordering::Relaxed);
+        Some(rendered)
+    }
+
+    /// Drops `key`'s rendering after one of its parts changed, and fences renderings in flight.
+    pub fn invalidate(&self, key: &ItemKey) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.cache.remove(key);
+    }
+
+    pub fn stats(&self) -> RenderedStats {
+        RenderedStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            inserts: self.inserts.load(Ordering::Relaxed),
+            fenced: self.fenced.load(Ordering::Relaxed),
+            entries: self.cache.len() as u64,
+            bytes: self.cache.weight(),
+            capacity_bytes: self.capacity_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quote::{ItemView, RebateView, Served};
+    use rebate_domain::{Cents, ItemId, Platform};
+
+    fn key() -> ItemKey {
+        ItemKey::new(Platform::Taobao, ItemId::from_u64(100_001))
+    }
+
+    fn quote(degraded: bool) -> Quote {
+        Quote {
+            item: ItemView {
+                platform: Platform::Taobao,
+                item_id: ItemId::from_u64(100_001),
+                title: "耳机 \"Pro\"".to_owned(),
+                price_cents: Cents::new(12_900),
+                image_url: String::new(),
+                shop_name: String::new(),
+            },
+            rebate: RebateView {
+                rate_bps: None,
+                estimated_cents: None,
+                source: Served::Template,
+                as_of: None,
+            },
+            coupons: Vec::new(),
+            extras: None,
+            degraded,
+            degraded_parts: Vec::new(),
+            notices: Vec::new(),
+        }
+    }
+
+    const NOW: Timestamp = Timestamp::from_millis(1_000_000);
+    const LATER: Timestamp = Timestamp::from_millis(2_000_000);
+
+    #[test]
+    fn members_are_appended_inside_the_object() {
+        let map = RenderedQuotes::new(1 << 20);
+        let rendered = map
+            .insert(key(), &quote(false), map.begin(), LATER, NOW)
+            .unwrap();
+        let body = rendered.with_members(br#""trace_id":"4bf92f3577b34da6a3ce929d0e0e4736""#);
+        let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let mut expected = serde_json::to_value(quote(false)).unwrap();
+        expected["trace_id"] = "4bf92f3577b34da6a3ce929d0e0e4736".into();
+        assert_eq!(value, expected);
+    }
+
+    #[test]
+    fn an_invalidation_during_a_rendering_refuses_it() {
+        let map = RenderedQuotes::new(1 << 20);
+        let ticket = map.begin();
+        map.invalidate(&key());
+        assert!(
+            map.insert(key(), &quote(false), ticket, LATER, NOW)
+                .is_none()
+        );
+        assert!(map.get(&key(), NOW).is_none());
+        assert_eq!(map.stats().fenced, 1);
+        // A rendering begun after the invalidation is kept.
+        assert!(
+            map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+                .is_some()
+        );
+        assert!(map.get(&key(), NOW).is_some());
+    }
+
+    #[test]
+    fn degraded_or_expired_quotes_are_not_kept_and_validity_ends_exactly() {
+        let map = RenderedQuotes::new(1 << 20);
+        assert!(
+            map.insert(key(), &quote(true), map.begin(), LATER, NOW)
+                .is_none()
+        );
+        assert!(
+            map.insert(key(), &quote(false), map.begin(), NOW, NOW)
+                .is_none()
+        );
+        map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+            .unwrap();
+        let just_before = Timestamp::from_millis(LATER.as_millis() - 1);
+        assert!(map.get(&key(), just_before).is_some());
+        assert!(map.get(&key(), LATER).is_none());
+        assert_eq!(
+            map.stats().entries,
+            0,
+            "an expired rendering is removed when found"
+        );
+    }
+
+    #[test]
+    fn the_map_is_bounded_by_bytes() {
+        let map = RenderedQuotes::new(64 * 1024);
+        for id in 0..1_000 {
+            let key = ItemKey::new(Platform::Jd, ItemId::from_u64(100_000 + id));
+            map.insert(key, &quote(false), map.begin(), LATER, NOW);
+        }
+        let stats = map.stats();
+        assert!(stats.bytes <= 64 * 1024, "{stats:?}");
+        assert!(stats.entries > 10 && stats.entries < 1_000, "{stats:?}");
+    }
+}
