@@ -35,9 +35,28 @@ use rebate_events::{
     BusSettings, EventPublisher, InProcessBus, SigningKey, Subscription, ValidationPolicy,
 };
 
-/// What every handler shares. Cheap to clone.
+/// What every handler shares: one `Arc`, so the per-request clones axum makes of the state (one
+/// per `State` extractor) cost one reference count, not one per field. Derefs to [`AppShared`].
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppShared>);
+
+impl AppState {
+    pub fn new(shared: AppShared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = AppShared;
+
+    fn deref(&self) -> &AppShared {
+        &self.0
+    }
+}
+
+/// The fields of [`AppState`].
+#[derive(Debug)]
+pub struct AppShared {
     pub engine: QueryEngine,
     pub store: Arc<dyn CatalogRepository>,
     /// The shared L2 tier, when Redis is enabled.
@@ -284,7 +303,7 @@ impl Application {
             .await
             .with_context(|| format!("binding admin.listen {}", settings.admin.listen))?;
         let admin_token = admin_token(&settings)?;
-        let state = AppState {
+        let state = AppState::new(AppShared {
             engine,
             store,
             tier,
@@ -301,7 +320,7 @@ impl Application {
                 max_batch_items: settings.http.max_batch_items,
             }),
             metrics: Arc::new(metrics),
-        };
+        });
         Ok(Self {
             listener,
             admin_listener,
