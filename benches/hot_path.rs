@@ -14,7 +14,7 @@ use rebate_domain::{
     Cents, Coupon, Extras, ItemId, ItemKey, Platform, Product, ProductStatus, RateBps, RebateRate,
     Timestamp, estimate_rebate,
 };
-use rebate_engine::{EngineParts, PartTimeouts, QueryEngine, TimeoutTiers};
+use rebate_engine::{EngineParts, PartTimeouts, QueryAnswer, QueryEngine, ShedLevel, TimeoutTiers};
 
 #[derive(Debug)]
 struct Constant<T>(T);
@@ -143,6 +143,25 @@ fn bench_cache(criterion: &mut Criterion) {
         bench
             .to_async(&runtime)
             .iter(|| async { engine.quote(key, deadline()).await.unwrap() })
+    });
+    // What the HTTP handler does on the hot path: the kept rendering, the trace id appended.
+    let answer = || engine.answer_at(key, deadline(), ShedLevel::Normal);
+    runtime.block_on(answer()).unwrap();
+    let member = br#""trace_id":"4bf92f3577b34da6a3ce929d0e0e4736""#;
+    criterion.bench_function("rendered_quote_with_trace_id", |bench| {
+        bench.to_async(&runtime).iter(|| async {
+            match answer().await.unwrap() {
+                QuoteAnswer::Rendered(rendered) => rendered.with_members(member),
+                QuoteAnswer::Assembled(_) => panic!("the quote was not kept"),
+            }
+        })
+    });
+    // The same answer without renderings: four L1 hits, assembly and serialisation.
+    criterion.bench_function("quote_all_parts_from_l1_serialised", |bench| {
+        bench.to_async(&runtime).iter(|| async {
+            let quote = engine.quote(key, deadline()).await.unwrap();
+            serde_json::to_vec(&quote).unwrap()
+        })
     });
 }
 

@@ -298,6 +298,9 @@ pub struct ObservabilitySettings {
     pub slow_request_ms: u64,
     /// How many slow, failed or degraded requests the in-process log keeps.
     pub slow_log_size: usize,
+    /// At most this many of them a second also write a log line (0: none); the rest are counted
+    /// in the next line's `suppressed_since_last_line`.
+    pub slow_log_lines_per_sec: u32,
     /// OTLP/HTTP collector base URL (`OTEL_EXPORTER_OTLP_ENDPOINT` wins); empty: no export.
     pub otlp_endpoint: String,
     pub otlp_sample_ratio: f64,
@@ -463,6 +466,15 @@ impl Settings {
             return Err(invalid(
                 "observability.slow_request_ms",
                 format!("{} is outside 1..=600000", observability.slow_request_ms),
+            ));
+        }
+        if observability.slow_log_lines_per_sec > 10_000 {
+            return Err(invalid(
+                "observability.slow_log_lines_per_sec",
+                format!(
+                    "{} is above 10000 (0 writes no lines; the slow-request log still records)",
+                    observability.slow_log_lines_per_sec
+                ),
             ));
         }
         if !(1..=100_000).contains(&observability.slow_log_size) {

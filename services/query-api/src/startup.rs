@@ -69,6 +69,8 @@ pub struct AppShared {
     /// This instance's name in slow-request records and traces.
     pub instance: Arc<str>,
     pub slow_after: Duration,
+    /// At most this many slow-request log lines a second (every one is still recorded).
+    pub slow_log_lines_per_sec: u32,
     /// Where operators' change events are published and received.
     pub events: EventBus,
     pub limits: Arc<HttpLimits>,
@@ -312,6 +314,7 @@ impl Application {
             slow_log: Arc::new(SlowLog::new(settings.observability.slow_log_size)),
             instance: Arc::from(settings.instance_id()),
             slow_after: Duration::from_millis(settings.observability.slow_request_ms),
+            slow_log_lines_per_sec: settings.observability.slow_log_lines_per_sec,
             events,
             limits: Arc::new(HttpLimits {
                 request_deadline: settings.request_deadline(),

@@ -3,6 +3,7 @@
 
 use std::any::Any;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::extract::{Request, State};
@@ -10,6 +11,7 @@ use axum::http::{HeaderName, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rebate_domain::Timestamp;
+use rebate_resilience::{RateConfig, Ticker, TokenBucket};
 use rebate_telemetry::{Timeline, TraceId};
 use serde::Serialize;
 use tokio::time::Instant;
@@ -44,6 +46,49 @@ pub struct RequestObserver {
     /// A request at least this slow is recorded.
     pub slow_after: Duration,
     pub instance: Arc<str>,
+    /// How many of those records also become a log line.
+    pub lines: LineBudget,
+}
+
+/// At most `per_sec` "slow request" log lines a second (bursts of as many): when a dependency
+/// fails, every answer is degraded, and one warn line per request would make the log the
+/// bottleneck at tens of thousands of requests a second. Every request is still recorded in the
+/// slow-request log; a line that follows suppressed ones says how many were left out.
+#[derive(Debug)]
+pub struct LineBudget {
+    bucket: Option<TokenBucket>,
+    ticker: Arc<dyn Ticker>,
+    suppressed: AtomicU64,
+}
+
+impl LineBudget {
+    /// `per_sec` 0 writes no line at all (the slow-request log still records).
+    pub fn new(per_sec: u32, ticker: Arc<dyn Ticker>) -> Self {
+        Self {
+            bucket: (per_sec > 0).then(|| {
+                TokenBucket::new(RateConfig {
+                    per_second: f64::from(per_sec),
+                    burst: per_sec,
+                })
+            }),
+            ticker,
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines suppressed since the last one)` when this line may be written.
+    pub fn take(&self) -> Option<u64> {
+        let allowed = self
+            .bucket
+            .as_ref()
+            .is_some_and(|bucket| bucket.try_acquire_at(self.ticker.now_nanos()).is_ok());
+        if allowed {
+            Some(self.suppressed.swap(0, Ordering::Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
 }
 
 /// Outermost layer of the admin listener: see [`observe_requests`], without the slow-request
@@ -158,26 +203,29 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
     match observer {
         Some(observer) if !reasons.is_empty() => {
             let stages = timeline.stages();
-            let summary = stages
-                .iter()
-                .map(|stage| {
-                    format!(
-                        "{} {} {} {}ms",
-                        stage.kind, stage.name, stage.outcome, stage.elapsed_ms
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("; ");
-            tracing::warn!(
-                parent: &span,
-                %trace_id,
-                status,
-                latency_ms,
-                shed_level,
-                reasons = ?reasons,
-                stages = %summary,
-                "slow request"
-            );
+            if let Some(suppressed) = observer.lines.take() {
+                let summary = stages
+                    .iter()
+                    .map(|stage| {
+                        format!(
+                            "{} {} {} {}ms",
+                            stage.kind, stage.name, stage.outcome, stage.elapsed_ms
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                tracing::warn!(
+                    parent: &span,
+                    %trace_id,
+                    status,
+                    latency_ms,
+                    shed_level,
+                    reasons = ?reasons,
+                    stages = %summary,
+                    suppressed_since_last_line = suppressed,
+                    "slow request"
+                );
+            }
             observer.slow_log.push(SlowRequest {
                 trace_id,
                 instance: Arc::clone(&observer.instance),
@@ -230,4 +278,30 @@ pub fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
         .unwrap_or("non-string panic payload");
     tracing::error!(panic = message, "handler panicked");
     ApiError::Internal.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rebate_resilience::ManualTicker;
+
+    #[test]
+    fn log_lines_are_budgeted_and_the_next_line_counts_the_suppressed() {
+        let ticker = Arc::new(ManualTicker::new());
+        let lines = LineBudget::new(2, Arc::clone(&ticker) as Arc<dyn Ticker>);
+        assert_eq!(lines.take(), Some(0));
+        assert_eq!(lines.take(), Some(0));
+        for _ in 0..5 {
+            assert_eq!(lines.take(), None);
+        }
+        ticker.advance(Duration::from_millis(500));
+        assert_eq!(lines.take(), Some(5), "one token back after half a second");
+        assert_eq!(lines.take(), None);
+    }
+
+    #[test]
+    fn a_zero_budget_writes_no_line() {
+        let lines = LineBudget::new(0, Arc::new(ManualTicker::new()));
+        assert_eq!(lines.take(), None);
+    }
 }

@@ -9,7 +9,7 @@ pub mod admin;
 mod error;
 mod extract;
 pub mod items;
-mod middleware;
+pub mod middleware;
 pub mod protect;
 mod slow_requests;
 
@@ -52,6 +52,10 @@ pub fn router(state: AppState) -> Router {
                 slow_log: std::sync::Arc::clone(&state.slow_log),
                 slow_after: state.slow_after,
                 instance: std::sync::Arc::clone(&state.instance),
+                lines: middleware::LineBudget::new(
+                    state.slow_log_lines_per_sec,
+                    std::sync::Arc::new(rebate_resilience::MonotonicTicker::new()),
+                ),
             }),
             middleware::observe_requests,
         ))
