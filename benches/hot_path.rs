@@ -14,7 +14,7 @@ use rebate_domain::{
     Cents, Coupon, Extras, ItemId, ItemKey, Platform, Product, ProductStatus, RateBps, RebateRate,
     Timestamp, estimate_rebate,
 };
-use rebate_engine::{EngineParts, PartTimeouts, QueryAnswer, QueryEngine, ShedLevel, TimeoutTiers};
+use rebate_engine::{EngineParts, PartTimeouts, QueryEngine, QuoteAnswer, ShedLevel, TimeoutTiers};
 
 #[derive(Debug)]
 struct Constant<T>(T);
