@@ -2,7 +2,9 @@
 //! says, and classify how it ended.
 //!
 //! Every HTTP attempt is counted (`attempts`); the logical request ends with the last attempt's
-//! outcome. Latency is not measured here: the caller measures from the *scheduled* time.
+//! outcome. The logical latency is measured by the caller from the *scheduled* time; each
+//! attempt's own latency ([`AttemptRecord`]) is measured here from the time that attempt was due
+//! (the request's due time for the first, the end of the retry wait for a retry).
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -232,6 +234,58 @@ impl Target {
     }
 }
 
+/// One HTTP attempt of a logical request, as the recorder counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptRecord {
+    /// The HTTP status, or the failure below HTTP.
+    pub status: Result<u16, TransportError>,
+    /// From the moment this attempt was due to its answer: for the first attempt the request's
+    /// scheduled time (so a late dispatcher stays in), for a retry the end of its wait.
+    pub latency: Duration,
+}
+
+impl AttemptRecord {
+    /// The service did the work: any HTTP answer but 429/503 (which refuse it up front), or a
+    /// timeout (no answer in time; kept so that a slow service cannot hide behind its
+    /// timeouts). Refused connections and other transport failures are not admitted.
+    pub fn admitted(&self) -> bool {
+        match self.status {
+            Ok(status) => !matches!(status, 429 | 503),
+            Err(TransportError::Timeout) => true,
+            Err(TransportError::Connect | TransportError::Other) => false,
+        }
+    }
+}
+
+impl Attempt {
+    /// The HTTP status, or the failure below HTTP.
+    pub fn status(&self) -> Result<u16, TransportError> {
+        match self {
+            Self::Response(response) => Ok(response.status),
+            Self::Transport(error) => Err(*error),
+        }
+    }
+}
+
+/// When a logical request was due (its schedule) and when its retries must stop (the run's
+/// bound).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestTimes {
+    pub due: Instant,
+    pub give_up_at: Instant,
+}
+
+impl RequestTimes {
+    /// Due now, bounded `bound` from now.
+    pub fn from_now(bound: Duration) -> Self {
+        let now = Instant::now();
+        Self {
+            due: now,
+            give_up_at: now + bound,
+        }
+    }
+}
+
 /// How a logical request ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogicalOutcome {
@@ -241,6 +295,8 @@ pub struct LogicalOutcome {
     pub attempts: u32,
     /// Highest `x-shed-level` seen on any attempt.
     pub shed_level: Option<u8>,
+    /// Every attempt, in order (`attempts` of them).
+    pub log: Vec<AttemptRecord>,
 }
 
 /// The shared HTTP client of one run: a pool of keep-alive HTTP/1.1 connections.
@@ -300,37 +356,48 @@ impl LoadClient {
         })
     }
 
-    /// A logical request: attempts and retries per `behaviour`, never sleeping past
-    /// `give_up_at` (the run's bound).
+    /// A logical request: attempts and retries per `behaviour`, the first timed from
+    /// `times.due`, never sleeping past `times.give_up_at` (the run's bound).
     pub async fn logical(
         &self,
         target: &Target,
         request: &RequestKind,
         client_id: &str,
         behaviour: Behaviour,
-        give_up_at: Instant,
+        times: RequestTimes,
         on_attempt: &(dyn Fn() + Sync),
     ) -> LogicalOutcome {
         let mut attempts = 0;
         let mut shed_level = None;
+        let mut log = Vec::with_capacity(behaviour.max_retries() as usize + 1);
+        let RequestTimes { due, give_up_at } = times;
+        let mut attempt_due = due;
         loop {
             on_attempt();
             attempts += 1;
             let attempt = self.attempt(target, request, client_id).await;
+            let answered = Instant::now();
+            log.push(AttemptRecord {
+                status: attempt.status(),
+                latency: answered.saturating_duration_since(attempt_due),
+            });
             if let Attempt::Response(response) = &attempt {
                 shed_level = shed_level.max(response.shed_level);
             }
             let jitter = rand::rng().random::<f64>();
             let delay = behaviour.retry_delay(attempts - 1, &attempt, jitter);
             match delay {
-                Some(delay) if Instant::now() + delay < give_up_at => {
-                    tokio::time::sleep(delay).await;
+                Some(delay) if answered + delay < give_up_at => {
+                    // The retry is due when its wait ends; a late wake-up counts against it.
+                    attempt_due = answered + delay;
+                    tokio::time::sleep_until(attempt_due).await;
                 }
                 _ => {
                     return LogicalOutcome {
                         last: attempt,
                         attempts,
                         shed_level,
+                        log,
                     };
                 }
             }
@@ -348,8 +415,9 @@ fn classify(error: &reqwest::Error) -> TransportError {
     }
 }
 
+/// A tiny axum server for the tests of this crate.
 #[cfg(test)]
-mod tests {
+pub(crate) mod test_server {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -357,6 +425,40 @@ mod tests {
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
     use axum::routing::get;
+
+    use super::Target;
+
+    /// Answers its first `refusals` calls 503 with `Retry-After: 1` (like the service's level 3),
+    /// every later one 200 with an undegraded quote at once; counts calls.
+    pub(crate) async fn overloaded_for(refusals: u32) -> (Target, Arc<AtomicU32>) {
+        let calls = Arc::new(AtomicU32::new(0));
+        let counter = calls.clone();
+        let app = Router::new().fallback(get(move || {
+            let counter = counter.clone();
+            async move {
+                if counter.fetch_add(1, Ordering::Relaxed) < refusals {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [("retry-after", "1")],
+                        "{}",
+                    )
+                        .into_response()
+                } else {
+                    (StatusCode::OK, "{\"degraded\":false}").into_response()
+                }
+            }
+        }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (Target::parse(&format!("http://{address}")).unwrap(), calls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
 
@@ -505,26 +607,8 @@ mod tests {
         );
     }
 
-    /// A tiny server that always answers 503 with `Retry-After: 1`, counting calls.
     async fn always_overloaded() -> (Target, Arc<AtomicU32>) {
-        let calls = Arc::new(AtomicU32::new(0));
-        let counter = calls.clone();
-        let app = Router::new().fallback(get(move || {
-            let counter = counter.clone();
-            async move {
-                counter.fetch_add(1, Ordering::Relaxed);
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    [("retry-after", "1")],
-                    "{}",
-                )
-                    .into_response()
-            }
-        }));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        (Target::parse(&format!("http://{address}")).unwrap(), calls)
+        test_server::overloaded_for(u32::MAX).await
     }
 
     async fn run_against_overloaded(behaviour: Behaviour) -> (LogicalOutcome, u32, Duration, u32) {
@@ -541,7 +625,7 @@ mod tests {
                 }),
                 "app-ios-1",
                 behaviour,
-                Instant::now() + Duration::from_secs(8),
+                RequestTimes::from_now(Duration::from_secs(8)),
                 &|| {
                     counted.fetch_add(1, Ordering::Relaxed);
                 },
@@ -595,7 +679,7 @@ mod tests {
                 }),
                 "h5-web-1",
                 Behaviour::WellBehaved,
-                Instant::now() + Duration::from_millis(300),
+                RequestTimes::from_now(Duration::from_millis(300)),
                 &|| {},
             )
             .await;
@@ -604,5 +688,64 @@ mod tests {
             "a 1 s Retry-After does not fit a 300 ms bound"
         );
         assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn retry_after_wait_is_in_the_logical_latency_not_in_the_admitted_attempt() {
+        let (target, calls) = test_server::overloaded_for(1).await;
+        let client = LoadClient::new(Duration::from_secs(2)).unwrap();
+        let times = RequestTimes::from_now(Duration::from_secs(8));
+        let outcome = client
+            .logical(
+                &target,
+                &RequestKind::Single(ItemKey {
+                    platform: "jd",
+                    item_id: 100_002,
+                }),
+                "app-ios-1",
+                Behaviour::WellBehaved,
+                times,
+                &|| {},
+            )
+            .await;
+        let logical = times.due.elapsed();
+        assert_eq!((outcome.attempts, calls.load(Ordering::Relaxed)), (2, 2));
+        assert!(matches!(
+            outcome.last,
+            Attempt::Response(ResponseSummary {
+                status: 200,
+                business_ok: true,
+                ..
+            })
+        ));
+        let [refused, admitted] = outcome.log.as_slice() else {
+            panic!("two attempts expected: {:?}", outcome.log)
+        };
+        assert_eq!(refused.status, Ok(503));
+        assert!(!refused.admitted());
+        assert_eq!(admitted.status, Ok(200));
+        assert!(admitted.admitted());
+        assert!(logical >= Duration::from_secs(1), "{logical:?}");
+        assert!(
+            admitted.latency < Duration::from_millis(100),
+            "the admitted attempt is timed from the end of its wait: {:?}",
+            admitted.latency
+        );
+    }
+
+    #[test]
+    fn admitted_means_the_service_did_the_work() {
+        let record = |status| AttemptRecord {
+            status,
+            latency: Duration::from_millis(1),
+        };
+        for status in [200, 404, 500, 502, 504] {
+            assert!(record(Ok(status)).admitted(), "{status}");
+        }
+        assert!(!record(Ok(503)).admitted());
+        assert!(!record(Ok(429)).admitted());
+        assert!(record(Err(TransportError::Timeout)).admitted());
+        assert!(!record(Err(TransportError::Connect)).admitted());
+        assert!(!record(Err(TransportError::Other)).admitted());
     }
 }

@@ -20,7 +20,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::client::{Attempt, Behaviour, LoadClient, LogicalOutcome, RequestKind, Target};
+use crate::client::{
+    Attempt, AttemptRecord, Behaviour, LoadClient, LogicalOutcome, RequestKind, RequestTimes,
+    Target,
+};
 use crate::keys::KeyPicker;
 use crate::recorder::{Final, Kind, Phase, Recorded, Recorder};
 use crate::schedule::Schedule;
@@ -200,7 +203,14 @@ pub async fn run_open_loop(
         };
         let items = request.items() as u32;
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            recorder.record(offset, Duration::ZERO, Final::ClientOverflow, kind, items);
+            recorder.record(
+                offset,
+                Duration::ZERO,
+                Final::ClientOverflow,
+                kind,
+                items,
+                &[],
+            );
             continue;
         };
         let (client, target, recorder, sent) = (
@@ -220,12 +230,19 @@ pub async fn run_open_loop(
                     &request,
                     &client_id,
                     behaviour,
-                    give_up_at,
+                    RequestTimes { due, give_up_at },
                     &count_attempt,
                 )
                 .await;
             let latency = Instant::now().saturating_duration_since(due);
-            recorder.record(offset, latency, final_of(&outcome), kind, items);
+            recorder.record(
+                offset,
+                latency,
+                final_of(&outcome),
+                kind,
+                items,
+                &outcome.log,
+            );
             drop(permit);
         });
     }
@@ -335,23 +352,30 @@ pub async fn closed_loop_probe(
                 let (request, client_id, _, _) = workload.next(&mut rng);
                 let sent_at = Instant::now();
                 let attempt = client.attempt(&target, &request, &client_id).await;
+                let latency = sent_at.elapsed();
                 if sent_at >= measure_from {
                     sent.fetch_add(1, Ordering::Relaxed);
                     let kind = match request {
                         RequestKind::Single(_) => Kind::Single,
                         RequestKind::Batch(_) => Kind::Batch,
                     };
+                    let record = AttemptRecord {
+                        status: attempt.status(),
+                        latency,
+                    };
                     let outcome = LogicalOutcome {
                         last: attempt,
                         attempts: 1,
                         shed_level: None,
+                        log: Vec::new(),
                     };
                     recorder.record(
                         sent_at - measure_from,
-                        sent_at.elapsed(),
+                        latency,
                         final_of(&outcome),
                         kind,
                         request.items() as u32,
+                        &[record],
                     );
                 }
             }
@@ -500,6 +524,41 @@ mod tests {
         assert_eq!(output.total_sent, 30);
         assert!((output.offered_rps - 100.0).abs() < 1e-6);
         assert_eq!(output.schedule_duration, Duration::from_millis(300));
+    }
+
+    #[tokio::test]
+    async fn a_503_then_200_after_retry_after_is_slow_logically_but_fast_when_admitted() {
+        // The service sheds the request (503, Retry-After: 1), then answers the retry at once:
+        // the logical latency holds the 1 s wait, the admitted attempt only its own few ms.
+        let (target, calls) = crate::client::test_server::overloaded_for(1).await;
+        let client = LoadClient::new(Duration::from_secs(2)).unwrap();
+        let plan = OpenLoop {
+            schedule: Schedule::constant(1.0, Duration::from_secs(1)).unwrap(),
+            measure_from: Duration::ZERO,
+            phases: vec![Phase {
+                name: "all".into(),
+                start: Duration::ZERO,
+            }],
+            max_in_flight: 10,
+            drain_timeout: Duration::from_secs(3),
+            window: Duration::from_secs(1),
+            seed: 5,
+        };
+        let output = run_open_loop(&client, &target, &workload(), &plan, Instant::now()).await;
+        let total = output.recorded.total.summary();
+        assert_eq!(total.logical_requests, 1);
+        assert_eq!((total.ok_2xx, total.business_ok), (1, 1));
+        assert_eq!((output.total_sent, total.attempts), (2, 2));
+        assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 2);
+        assert_eq!(total.received_503, 1);
+        assert_eq!(total.server_errors_non_503, 0);
+        assert_eq!(total.admitted_attempts, 1);
+        let logical = total.p99_ms.unwrap();
+        assert!(logical >= 1000.0, "logical latency {logical} ms");
+        let admitted = total.admitted_p99_ms.unwrap();
+        assert!(admitted < 100.0, "admitted-attempt latency {admitted} ms");
+        let window = &output.recorded.windows[0].summary();
+        assert_eq!(window.admitted_p99_ms, total.admitted_p99_ms);
     }
 
     #[test]

@@ -12,7 +12,8 @@
 //! - [`schedule`]: when request *i* is due (constant rates, ramps): pure math.
 //! - [`keys`]: the demo catalogue and a Zipf key picker calibrated to "top 10 % → 90 %".
 //! - [`client`]: one logical request — build, send, retry (well-behaved / naive), classify.
-//! - [`recorder`]: HDR latency histograms and counters: total, per second, per phase, per kind.
+//! - [`recorder`]: HDR histograms (logical latency and admitted attempts) and counters: total,
+//!   per second, per phase, per kind.
 //! - [`generator`]: the open-loop dispatcher and the closed-loop saturation probe.
 //! - [`ceiling`]: the fixed-body axum server on its own runtime.
 //! - [`service`]: the service child process, its admin and simulator APIs, Redis, MariaDB.

@@ -1,8 +1,12 @@
 //! Where completed logical requests are counted: a total, one set per 1-second window (by
 //! *scheduled* time, for the charts), one per named phase, one per request kind.
 //!
-//! Latencies go into HDR histograms in microseconds with 3 significant digits. The lock is held
-//! only for a few counter bumps and histogram records, never across an `.await`.
+//! Latencies go into HDR histograms in microseconds with 3 significant digits: the *logical*
+//! latency (due time to final answer, retries and their waits included) and, separately, the
+//! latency of every *admitted attempt* (see [`AttemptRecord::admitted`]), timed from when that
+//! attempt was due. Attempts count in the slice of their logical request (its scheduled time).
+//! The lock is held only for a few counter bumps and histogram records, never across an
+//! `.await`.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -11,7 +15,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::client::TransportError;
+use crate::client::{AttemptRecord, TransportError};
 
 /// Largest latency the histograms hold (longer ones are recorded as this): 2 minutes.
 const MAX_LATENCY_MICROS: u64 = 120_000_000;
@@ -36,10 +40,29 @@ pub enum Kind {
     Batch,
 }
 
-/// Counters and a latency histogram for one slice of a run.
+fn latency_histogram() -> Histogram<u64> {
+    Histogram::new_with_max(MAX_LATENCY_MICROS, 3)
+        .expect("3 significant digits up to 2 minutes is a valid histogram")
+}
+
+fn micros(latency: Duration) -> u64 {
+    u64::try_from(latency.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// Counters and latency histograms for one slice of a run.
 #[derive(Debug, Clone)]
 pub struct Stats {
     latency: Histogram<u64>,
+    /// Attempts the service did the work for, each from its own due time.
+    admitted: Histogram<u64>,
+    /// HTTP attempts of the recorded logical requests.
+    attempts: u64,
+    received_503: u64,
+    received_429: u64,
+    /// Attempts answered 5xx other than 503 (503 is the service's deliberate refusal).
+    server_errors_non_503: u64,
     logical: u64,
     ok_2xx: u64,
     business_ok: u64,
@@ -55,8 +78,12 @@ pub struct Stats {
 impl Default for Stats {
     fn default() -> Self {
         Self {
-            latency: Histogram::new_with_max(MAX_LATENCY_MICROS, 3)
-                .expect("3 significant digits up to 2 minutes is a valid histogram"),
+            latency: latency_histogram(),
+            admitted: latency_histogram(),
+            attempts: 0,
+            received_503: 0,
+            received_429: 0,
+            server_errors_non_503: 0,
             logical: 0,
             ok_2xx: 0,
             business_ok: 0,
@@ -72,9 +99,27 @@ impl Default for Stats {
 }
 
 impl Stats {
-    fn record(&mut self, latency: Duration, outcome: Final, items: u32) {
+    fn record(
+        &mut self,
+        latency: Duration,
+        outcome: Final,
+        items: u32,
+        attempts: &[AttemptRecord],
+    ) {
         self.logical += 1;
         self.items += u64::from(items);
+        self.attempts += attempts.len() as u64;
+        for attempt in attempts {
+            match attempt.status {
+                Ok(503) => self.received_503 += 1,
+                Ok(429) => self.received_429 += 1,
+                Ok(500..=599) => self.server_errors_non_503 += 1,
+                _ => {}
+            }
+            if attempt.admitted() {
+                self.admitted.saturating_record(micros(attempt.latency));
+            }
+        }
         match outcome {
             Final::Response {
                 status,
@@ -98,8 +143,7 @@ impl Stats {
                 return;
             }
         }
-        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
-        self.latency.saturating_record(micros.max(1));
+        self.latency.saturating_record(micros(latency));
     }
 
     pub fn logical(&self) -> u64 {
@@ -112,7 +156,12 @@ impl Stats {
 
     /// Latency at `quantile` (0–1) in milliseconds; `None` without any completed request.
     pub fn quantile_ms(&self, quantile: f64) -> Option<f64> {
-        (!self.latency.is_empty()).then(|| self.latency.value_at_quantile(quantile) as f64 / 1000.0)
+        quantile_of(&self.latency, quantile)
+    }
+
+    /// Admitted-attempt latency at `quantile` (0–1) in milliseconds; `None` without any.
+    pub fn admitted_quantile_ms(&self, quantile: f64) -> Option<f64> {
+        quantile_of(&self.admitted, quantile)
     }
 
     pub fn summary(&self) -> StatsSummary {
@@ -135,6 +184,15 @@ impl Stats {
             p99_ms: self.quantile_ms(0.99),
             p999_ms: self.quantile_ms(0.999),
             max_ms: (!self.latency.is_empty()).then(|| self.latency.max() as f64 / 1000.0),
+            attempts: self.attempts,
+            admitted_attempts: self.admitted.len(),
+            admitted_p50_ms: self.admitted_quantile_ms(0.5),
+            admitted_p99_ms: self.admitted_quantile_ms(0.99),
+            admitted_max_ms: (!self.admitted.is_empty())
+                .then(|| self.admitted.max() as f64 / 1000.0),
+            received_503: self.received_503,
+            received_429: self.received_429,
+            server_errors_non_503: self.server_errors_non_503,
             by_status: self
                 .by_status
                 .iter()
@@ -147,6 +205,10 @@ impl Stats {
             max_shed_level_seen: self.max_shed_level,
         }
     }
+}
+
+fn quantile_of(histogram: &Histogram<u64>, quantile: f64) -> Option<f64> {
+    (!histogram.is_empty()).then(|| histogram.value_at_quantile(quantile) as f64 / 1000.0)
 }
 
 /// The figures of one slice, as reported.
@@ -166,6 +228,20 @@ pub struct StatsSummary {
     pub p99_ms: Option<f64>,
     pub p999_ms: Option<f64>,
     pub max_ms: Option<f64>,
+    /// HTTP attempts of these logical requests (retries included).
+    pub attempts: u64,
+    /// Attempts the service did the work for: answered with any status but 429/503, or timed
+    /// out. Each is timed from when it was due: the request's scheduled time for a first
+    /// attempt, the end of the retry wait for a retry.
+    pub admitted_attempts: u64,
+    pub admitted_p50_ms: Option<f64>,
+    pub admitted_p99_ms: Option<f64>,
+    pub admitted_max_ms: Option<f64>,
+    /// Attempts answered 503 (shed, or a dependency refused) and 429 (rate limited).
+    pub received_503: u64,
+    pub received_429: u64,
+    /// Attempts answered 5xx other than 503: errors, not deliberate refusals.
+    pub server_errors_non_503: u64,
     /// Final HTTP status of logical requests, by status.
     pub by_status: BTreeMap<String, u64>,
     pub timeouts: u64,
@@ -220,7 +296,8 @@ impl Recorder {
         }
     }
 
-    /// One finished (or overflowed) logical request scheduled at `offset` into the run.
+    /// One finished (or overflowed) logical request scheduled at `offset` into the run, with
+    /// its HTTP attempts (none for an overflow).
     pub fn record(
         &self,
         offset: Duration,
@@ -228,6 +305,7 @@ impl Recorder {
         outcome: Final,
         kind: Kind,
         items: u32,
+        attempts: &[AttemptRecord],
     ) {
         let window_index = (offset.as_nanos() / self.window.as_nanos()) as usize;
         let phase_index = self
@@ -239,17 +317,17 @@ impl Recorder {
             .inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        inner.total.record(latency, outcome, items);
+        inner.total.record(latency, outcome, items, attempts);
         if inner.windows.len() <= window_index {
             inner.windows.resize_with(window_index + 1, Stats::default);
         }
-        inner.windows[window_index].record(latency, outcome, items);
+        inner.windows[window_index].record(latency, outcome, items, attempts);
         if let Some(phase) = inner.phases.get_mut(phase_index) {
-            phase.record(latency, outcome, items);
+            phase.record(latency, outcome, items, attempts);
         }
         match kind {
-            Kind::Single => inner.single.record(latency, outcome, items),
-            Kind::Batch => inner.batch.record(latency, outcome, items),
+            Kind::Single => inner.single.record(latency, outcome, items, attempts),
+            Kind::Batch => inner.batch.record(latency, outcome, items, attempts),
         }
     }
 
@@ -290,6 +368,13 @@ pub struct Recorded {
 mod tests {
     use super::*;
 
+    fn attempt(status: Result<u16, TransportError>, latency_ms: u64) -> AttemptRecord {
+        AttemptRecord {
+            status,
+            latency: Duration::from_millis(latency_ms),
+        }
+    }
+
     fn ok(business_ok: bool) -> Final {
         Final::Response {
             status: 200,
@@ -314,14 +399,29 @@ mod tests {
             ],
         );
         let ms = Duration::from_millis;
-        recorder.record(ms(100), ms(2), ok(true), Kind::Single, 1);
-        recorder.record(ms(1200), ms(4), ok(false), Kind::Single, 1);
+        recorder.record(
+            ms(100),
+            ms(2),
+            ok(true),
+            Kind::Single,
+            1,
+            &[attempt(Ok(200), 2)],
+        );
+        recorder.record(
+            ms(1200),
+            ms(4),
+            ok(false),
+            Kind::Single,
+            1,
+            &[attempt(Ok(200), 4)],
+        );
         recorder.record(
             ms(1600),
             ms(900),
             Final::Transport(TransportError::Timeout),
             Kind::Batch,
             10,
+            &[attempt(Err(TransportError::Timeout), 900)],
         );
         recorder.record(
             ms(2100),
@@ -329,6 +429,7 @@ mod tests {
             Final::ClientOverflow,
             Kind::Single,
             1,
+            &[],
         );
         recorder.record(
             ms(2200),
@@ -340,6 +441,7 @@ mod tests {
             },
             Kind::Single,
             1,
+            &[attempt(Ok(503), 8)],
         );
         let recorded = recorder.snapshot();
         let total = recorded.total.summary();
@@ -353,6 +455,15 @@ mod tests {
         assert_eq!(total.by_status.get("503"), Some(&1));
         assert_eq!(total.max_shed_level_seen, Some(3));
         assert_eq!(total.items, 14);
+        assert_eq!(total.attempts, 4);
+        assert_eq!(total.received_503, 1);
+        assert_eq!(total.server_errors_non_503, 0);
+        assert_eq!(
+            total.admitted_attempts, 3,
+            "the 503 is not admitted; the timeout is"
+        );
+        let admitted_max = total.admitted_max_ms.unwrap();
+        assert!((899.0..=901.0).contains(&admitted_max), "{admitted_max}");
 
         assert_eq!(recorded.windows.len(), 3);
         assert_eq!(
@@ -374,9 +485,71 @@ mod tests {
     }
 
     #[test]
+    fn admitted_attempts_are_timed_apart_from_the_logical_latency() {
+        let recorder = Recorder::new(
+            Duration::from_secs(1),
+            vec![
+                Phase {
+                    name: "shedding".into(),
+                    start: Duration::ZERO,
+                },
+                Phase {
+                    name: "released".into(),
+                    start: Duration::from_secs(1),
+                },
+            ],
+        );
+        let ms = Duration::from_millis;
+        // Shed (503, Retry-After 2 s), then a 502, then a 200: the logical latency holds both
+        // waits; the admitted attempts are the 502 and the 200, each timed from its own due time.
+        recorder.record(
+            ms(300),
+            ms(3_010),
+            ok(true),
+            Kind::Single,
+            1,
+            &[
+                attempt(Ok(503), 1),
+                attempt(Ok(502), 6),
+                attempt(Ok(200), 3),
+            ],
+        );
+        recorder.record(
+            ms(1_300),
+            ms(2),
+            ok(true),
+            Kind::Single,
+            1,
+            &[attempt(Ok(200), 2)],
+        );
+        let recorded = recorder.snapshot();
+        let total = recorded.total.summary();
+        assert_eq!(total.attempts, 4);
+        assert_eq!(total.admitted_attempts, 3);
+        assert_eq!(total.received_503, 1);
+        assert_eq!(total.server_errors_non_503, 1);
+        assert_eq!(total.by_status.get("200"), Some(&2));
+        let logical_p99 = total.p99_ms.unwrap();
+        assert!(logical_p99 >= 3_000.0, "{logical_p99}");
+        let admitted_p99 = total.admitted_p99_ms.unwrap();
+        assert!((5.9..=6.1).contains(&admitted_p99), "{admitted_p99}");
+        let admitted_p50 = total.admitted_p50_ms.unwrap();
+        assert!((2.9..=3.1).contains(&admitted_p50), "{admitted_p50}");
+        // Attempts count where their logical request was scheduled.
+        let shedding = recorded.phases[0].1.summary();
+        assert_eq!((shedding.attempts, shedding.admitted_attempts), (3, 2));
+        assert_eq!(shedding.server_errors_non_503, 1);
+        let window = recorded.windows[1].summary();
+        assert_eq!((window.attempts, window.received_503), (1, 0));
+        assert_eq!(window.admitted_p99_ms, window.p99_ms);
+    }
+
+    #[test]
     fn empty_stats_report_no_rates() {
         let summary = Stats::default().summary();
         assert_eq!(summary.http_success_rate, None);
         assert_eq!(summary.p99_ms, None);
+        assert_eq!(summary.admitted_p99_ms, None);
+        assert_eq!(summary.admitted_attempts, 0);
     }
 }

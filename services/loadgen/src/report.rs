@@ -89,6 +89,12 @@ pub struct Figures {
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub p999_ms: Option<f64>,
+    /// Latency of the attempts the service did the work for, each from its own due time
+    /// (see [`StatsSummary::admitted_attempts`]).
+    pub admitted_p50_ms: Option<f64>,
+    pub admitted_p99_ms: Option<f64>,
+    /// Attempts answered 5xx other than 503.
+    pub server_errors_non_503: u64,
     pub http_success_rate: Option<f64>,
     pub business_success_rate: Option<f64>,
     pub upstream_calls_per_request: Option<f64>,
@@ -203,6 +209,12 @@ pub struct WindowReport {
     pub business_ok: u64,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
+    /// Admitted attempts of the requests scheduled in this second, and their latency.
+    pub admitted_attempts: u64,
+    pub admitted_p50_ms: Option<f64>,
+    pub admitted_p99_ms: Option<f64>,
+    pub received_503: u64,
+    pub server_errors_non_503: u64,
     /// The service's shed level: the status page sampled in this second, or the highest
     /// `x-shed-level` header seen, whichever is higher.
     pub shed_level: Option<u8>,
@@ -276,6 +288,11 @@ impl Series {
                     business_ok: summary.as_ref().map_or(0, |s| s.business_ok),
                     p50_ms: summary.as_ref().and_then(|s| s.p50_ms),
                     p99_ms: summary.as_ref().and_then(|s| s.p99_ms),
+                    admitted_attempts: summary.as_ref().map_or(0, |s| s.admitted_attempts),
+                    admitted_p50_ms: summary.as_ref().and_then(|s| s.admitted_p50_ms),
+                    admitted_p99_ms: summary.as_ref().and_then(|s| s.admitted_p99_ms),
+                    received_503: summary.as_ref().map_or(0, |s| s.received_503),
+                    server_errors_non_503: summary.as_ref().map_or(0, |s| s.server_errors_non_503),
                     shed_level: header.max(sample.level),
                     shed_load: sample.load,
                     shed_concurrency_limit: sample.concurrency_limit,
@@ -347,6 +364,9 @@ impl Series {
             p50_ms: self.stats.p50_ms,
             p99_ms: self.stats.p99_ms,
             p999_ms: self.stats.p999_ms,
+            admitted_p50_ms: self.stats.admitted_p50_ms,
+            admitted_p99_ms: self.stats.admitted_p99_ms,
+            server_errors_non_503: self.stats.server_errors_non_503,
             http_success_rate: self.stats.http_success_rate,
             business_success_rate: self.stats.business_success_rate,
             upstream_calls_per_request: self.upstream_calls_per_request,
@@ -367,6 +387,9 @@ impl Series {
             p50_ms: stats.p50_ms,
             p99_ms: stats.p99_ms,
             p999_ms: stats.p999_ms,
+            admitted_p50_ms: stats.admitted_p50_ms,
+            admitted_p99_ms: stats.admitted_p99_ms,
+            server_errors_non_503: stats.server_errors_non_503,
             http_success_rate: stats.http_success_rate,
             business_success_rate: stats.business_success_rate,
             upstream_calls_per_request: None,
@@ -389,6 +412,9 @@ impl Series {
             p50_ms: phase.stats.p50_ms,
             p99_ms: phase.stats.p99_ms,
             p999_ms: phase.stats.p999_ms,
+            admitted_p50_ms: phase.stats.admitted_p50_ms,
+            admitted_p99_ms: phase.stats.admitted_p99_ms,
+            server_errors_non_503: phase.stats.server_errors_non_503,
             http_success_rate: phase.stats.http_success_rate,
             business_success_rate: phase.stats.business_success_rate,
             upstream_calls_per_request: None,
@@ -433,13 +459,15 @@ fn percent(value: Option<f64>) -> String {
 
 fn figures_row(scenario: &str, figures: &Figures, role: &str) -> String {
     format!(
-        "| {scenario} | {} ({role}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+        "| {scenario} | {} ({role}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
         figures.label,
         number(figures.offered_rps, 0),
         number(Some(figures.achieved_rps), 0),
         number(figures.p50_ms, 2),
         number(figures.p99_ms, 2),
         number(figures.p999_ms, 2),
+        number(figures.admitted_p99_ms, 2),
+        figures.server_errors_non_503,
         percent(figures.http_success_rate),
         percent(figures.business_success_rate),
         number(figures.upstream_calls_per_request, 3),
@@ -449,7 +477,7 @@ fn figures_row(scenario: &str, figures: &Figures, role: &str) -> String {
     )
 }
 
-const FIGURES_HEADER: &str = "| scenario | series | offered rps | achieved rps | P50 ms | P99 ms | P99.9 ms | HTTP ok | business ok | upstream calls/req | store loads/req | client overflow | sent (incl. retries) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+const FIGURES_HEADER: &str = "| scenario | series | offered rps | achieved rps | P50 ms | P99 ms | P99.9 ms | admitted P99 ms | 5xx ≠ 503 | HTTP ok | business ok | upstream calls/req | store loads/req | client overflow | sent (incl. retries) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
 
 /// The report as Markdown.
 pub fn markdown(report: &RunReport) -> String {
@@ -498,7 +526,7 @@ pub fn markdown(report: &RunReport) -> String {
             (None, status) => {
                 let _ = writeln!(
                     out,
-                    "| {} | {:?}: {} | | | | | | | | | | | |",
+                    "| {} | {:?}: {} | | | | | | | | | | | | | |",
                     scenario.name,
                     status,
                     scenario
@@ -536,7 +564,7 @@ pub fn markdown(report: &RunReport) -> String {
         if !scenario.series.is_empty() {
             let _ = writeln!(
                 out,
-                "| series | mode | offered rps | achieved rps | logical | P50 ms | P99 ms | P99.9 ms | max ms | HTTP ok | business ok | upstream/req | store/req | overflow | unfinished | sent | hot-key share | dispatch lag P99 ms | shedding |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+                "| series | mode | offered rps | achieved rps | logical | P50 ms | P99 ms | P99.9 ms | max ms | admitted | admitted P50 ms | admitted P99 ms | 503 received | 5xx ≠ 503 | HTTP ok | business ok | upstream/req | store/req | overflow | unfinished | sent | hot-key share | dispatch lag P99 ms | shedding |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
             );
             for series in &scenario.series {
                 let mode = match series.concurrency {
@@ -545,7 +573,7 @@ pub fn markdown(report: &RunReport) -> String {
                 };
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     series.label,
                     mode,
                     number(series.offered_rps, 0),
@@ -555,6 +583,11 @@ pub fn markdown(report: &RunReport) -> String {
                     number(series.stats.p99_ms, 2),
                     number(series.stats.p999_ms, 2),
                     number(series.stats.max_ms, 1),
+                    series.stats.admitted_attempts,
+                    number(series.stats.admitted_p50_ms, 2),
+                    number(series.stats.admitted_p99_ms, 2),
+                    series.stats.received_503,
+                    series.stats.server_errors_non_503,
                     percent(series.stats.http_success_rate),
                     percent(series.stats.business_success_rate),
                     number(series.upstream_calls_per_request, 3),
@@ -577,7 +610,7 @@ pub fn markdown(report: &RunReport) -> String {
         if !phased.is_empty() {
             let _ = writeln!(
                 out,
-                "| series | phase | from s | logical | P50 ms | P99 ms | max ms | HTTP ok | business ok | statuses |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+                "| series | phase | from s | logical | P50 ms | P99 ms | max ms | admitted P50 ms | admitted P99 ms | sent | 503 received | 5xx ≠ 503 | HTTP ok | business ok | final statuses |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
             );
             for series in phased {
                 for phase in &series.phases {
@@ -589,7 +622,7 @@ pub fn markdown(report: &RunReport) -> String {
                         .collect();
                     let _ = writeln!(
                         out,
-                        "| {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} |",
+                        "| {} | {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                         series.label,
                         phase.name,
                         phase.start_s,
@@ -597,6 +630,11 @@ pub fn markdown(report: &RunReport) -> String {
                         number(phase.stats.p50_ms, 2),
                         number(phase.stats.p99_ms, 2),
                         number(phase.stats.max_ms, 1),
+                        number(phase.stats.admitted_p50_ms, 2),
+                        number(phase.stats.admitted_p99_ms, 2),
+                        phase.stats.attempts,
+                        phase.stats.received_503,
+                        phase.stats.server_errors_non_503,
                         percent(phase.stats.http_success_rate),
                         percent(phase.stats.business_success_rate),
                         statuses.join(" "),
@@ -612,16 +650,17 @@ pub fn markdown(report: &RunReport) -> String {
             let _ = writeln!(out, "{} by request kind:\n", series.label);
             let _ = writeln!(
                 out,
-                "| kind | logical | items | P50 ms | P99 ms | HTTP ok | business ok |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+                "| kind | logical | items | P50 ms | P99 ms | admitted P99 ms | HTTP ok | business ok |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
             );
             for (kind, stats) in &series.kinds {
                 let _ = writeln!(
                     out,
-                    "| {kind} | {} | {} | {} | {} | {} | {} |",
+                    "| {kind} | {} | {} | {} | {} | {} | {} | {} |",
                     stats.logical_requests,
                     stats.items,
                     number(stats.p50_ms, 2),
                     number(stats.p99_ms, 2),
+                    number(stats.admitted_p99_ms, 2),
                     percent(stats.http_success_rate),
                     percent(stats.business_success_rate),
                 );
@@ -640,6 +679,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::client::AttemptRecord;
     use crate::recorder::{Final, Kind, Phase, Recorder};
 
     fn sample_series(label: &str, latency_ms: u64) -> Series {
@@ -661,6 +701,10 @@ mod tests {
                 },
                 Kind::Single,
                 1,
+                &[AttemptRecord {
+                    status: Ok(200),
+                    latency: Duration::from_millis(latency_ms),
+                }],
             );
         }
         let before = Readings {
@@ -765,9 +809,13 @@ mod tests {
         assert!(text.contains("2 CPUs (`nproc`), Test CPU"));
         assert!(text.contains("rebate-loadgen run --scenario steady --quick"));
         assert!(text.contains(
-            "| steady | service (measured) | 50 | 50 | 2.00 | 2.00 | 2.00 | 100.0 % | 90.0 % | 0.500 | 0.200 | 0 | 100 |"
+            "| steady | service (measured) | 50 | 50 | 2.00 | 2.00 | 2.00 | 2.00 | 0 | 100.0 % | 90.0 % | 0.500 | 0.200 | 0 | 100 |"
         ));
         assert!(text.contains("| steady | ceiling (reference) |"));
+        assert!(text.contains(
+            "| admitted | admitted P50 ms | admitted P99 ms | 503 received | 5xx ≠ 503 |"
+        ));
+        assert!(text.contains("| 2.0 | 100 | 2.00 | 2.00 | 0 | 0 | 100.0 % |"));
         assert!(text.contains("| ratio: p99_vs_ceiling | 2.000 |"));
         assert!(text.contains("| redis-outage | Skipped: redis-server not found |"));
         assert!(text.contains("![steady-latency.svg](steady-latency.svg)"));
@@ -779,6 +827,12 @@ mod tests {
         assert_eq!(steady["reference"]["label"], "ceiling");
         assert_eq!(steady["ratios"]["p99_vs_ceiling"], 2.0);
         assert_eq!(steady["series"][0]["business_success_rate"], 0.9);
+        assert_eq!(steady["figures"]["admitted_p99_ms"], 2.0);
+        assert_eq!(steady["series"][0]["admitted_attempts"], 100);
+        assert_eq!(steady["series"][0]["admitted_p50_ms"], 2.0);
+        assert_eq!(steady["series"][0]["admitted_p99_ms"], 2.0);
+        assert_eq!(steady["series"][0]["server_errors_non_503"], 0);
+        assert_eq!(steady["series"][0]["windows"][0]["admitted_p99_ms"], 2.0);
         assert_eq!(json["scenarios"][1]["status"], "skipped");
     }
 }

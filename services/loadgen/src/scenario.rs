@@ -74,12 +74,13 @@ impl ScenarioName {
                  maximum in open loop."
             }
             Self::Burst => {
-                "Open loop over the whole catalogue (Zipf): 0 → 150 % of capacity over the ramp, \
+                "Open loop over the whole catalogue (Zipf): 0 → 150 % of capacity (the lesser of \
+                 the measured capacity and the service's shedding capacity_rps) over the ramp, \
                  held, then back to 80 %. Reference: the ceiling under the same schedule."
             }
             Self::Steady => {
-                "Open loop over the whole catalogue (Zipf) at 80 % of capacity. Reference: the \
-                 ceiling under the same schedule."
+                "Open loop over the whole catalogue (Zipf) at 80 % of capacity (as for burst). \
+                 Reference: the ceiling under the same schedule."
             }
             Self::Mixed => {
                 "Singles and 20 % batches (1–50 keys) over the whole catalogue, at a request rate \
@@ -97,13 +98,16 @@ impl ScenarioName {
                  is killed a third of the way in. Figures: after the kill; reference: before it."
             }
             Self::RetryStorm => {
-                "Shedding forced to level 3 (cache only) for the middle third, at the moderate \
-                 rate over the whole catalogue: well-behaved clients (honour Retry-After, ≤ 2 \
-                 retries) against naive ones (500 ms, 3 retries) at the same offered load, each \
-                 on a fresh service."
+                "The moderate rate over the whole catalogue with only the 300 hottest keys \
+                 cached: shedding is forced to level 3 (cache only: misses get 503 with \
+                 Retry-After 1–5 s) from the end of the warm-up until a few seconds into the \
+                 run (3 s; 1.5 s quick), then released while the load goes on. Well-behaved \
+                 clients (honour Retry-After, ≤ 2 retries) against naive ones (500 ms, 3 \
+                 retries) at the same offered load, each on a fresh service: success, HTTP \
+                 attempts sent and 503s received per kind."
             }
             Self::Baseline => {
-                "The steady load (80 % of capacity) against the naive profile (no cache, parts \
+                "The steady load (80 % of capacity, as for burst) against the naive profile (no cache, parts \
                  one after another, long timeouts, no breakers, no shedding) and the real \
                  service, each freshly started."
             }
@@ -145,6 +149,9 @@ struct Timing {
     recover: Duration,
     drain: Duration,
     warmup_budget: Duration,
+    /// retry-storm: how long the forced cache-only window lasts into the measured run. Fixed,
+    /// not scaled with the run: the clients' retry delays (Retry-After 1–5 s; 0.5 s) are not.
+    storm: Duration,
     /// Unrecorded lead-in of constant-rate runs at the same rate (connections, caches).
     lead_in: Duration,
 }
@@ -163,6 +170,7 @@ impl Timing {
                 recover: secs(1.0),
                 drain: secs(3.0),
                 warmup_budget: secs(15.0),
+                storm: secs(1.5),
                 lead_in: secs(0.5),
             }
         } else {
@@ -176,6 +184,7 @@ impl Timing {
                 recover: secs(10.0),
                 drain: secs(15.0),
                 warmup_budget: secs(30.0),
+                storm: secs(3.0),
                 lead_in: secs(2.0),
             }
         };
@@ -183,6 +192,26 @@ impl Timing {
             timing.main = secs(main);
         }
         timing
+    }
+}
+
+/// The capacity the catalogue scenarios scale with, and where it came from.
+#[derive(Debug, Clone, Copy)]
+struct SizedCapacity {
+    rps: f64,
+    measured: f64,
+    configured: Option<f64>,
+}
+
+impl SizedCapacity {
+    fn describe(&self) -> String {
+        format!(
+            "{:.0} rps = min(measured capacity {:.0}, the service's shedding capacity_rps {})",
+            self.rps,
+            self.measured,
+            self.configured
+                .map_or("unset".to_owned(), |value| format!("{value:.0}"))
+        )
     }
 }
 
@@ -489,27 +518,43 @@ impl Harness {
         }
     }
 
-    /// Half the lesser of the capacity and the service's configured shedding capacity: fault
-    /// scenarios should show the fault, not load shedding.
+    /// Half the sized capacity (see [`Harness::sized_capacity`]): fault scenarios should show the
+    /// fault, not load shedding.
     async fn moderate_rate(
         &self,
         service: &ServiceProcess,
         capacity: f64,
         notes: &mut Vec<String>,
     ) -> anyhow::Result<f64> {
+        let sized = self.sized_capacity(service, capacity).await?;
+        let rate = (sized.rps * 0.5).max(1.0);
+        notes.push(format!(
+            "offered {rate:.0} rps = 50 % of {}",
+            sized.describe()
+        ));
+        Ok(rate)
+    }
+
+    /// What "100 %" means in the catalogue scenarios: the lesser of the measured capacity and
+    /// the service's shedding `capacity_rps`, so that the harness and the shedder agree on it.
+    /// (The hot-path maximum is a closed-loop figure for L1 hits; an open loop over the whole
+    /// catalogue at that rate overloads the generator itself on a small machine, the ceiling
+    /// included.)
+    async fn sized_capacity(
+        &self,
+        service: &ServiceProcess,
+        capacity: f64,
+    ) -> anyhow::Result<SizedCapacity> {
         let readings = service.readings().await?;
         let configured = match (readings.shedding_enabled, readings.capacity_rps) {
             (Some(true), Some(configured)) if configured > 0 => Some(configured as f64),
             _ => None,
         };
-        let base = configured.map_or(capacity, |configured| configured.min(capacity));
-        let rate = (base * 0.5).max(1.0);
-        notes.push(format!(
-            "offered {rate:.0} rps = 50 % of min(capacity {capacity:.0}, the service's shedding \
-             capacity_rps {})",
-            configured.map_or("unset".to_owned(), |value| format!("{value:.0}"))
-        ));
-        Ok(rate)
+        Ok(SizedCapacity {
+            rps: configured.map_or(capacity, |configured| configured.min(capacity)),
+            measured: capacity,
+            configured,
+        })
     }
 
     /// The capacity the load levels scale with: `--capacity`, the hot-path measurement of this
@@ -783,6 +828,11 @@ impl Harness {
         let capacity = self
             .ensure_capacity(name.as_str(), &mut report.notes)
             .await?;
+        let sized = self.sized_capacity(&service, capacity).await?;
+        report
+            .notes
+            .push(format!("load levels are fractions of {}", sized.describe()));
+        let capacity = sized.rps;
         let keys = self.catalogue()?;
         report
             .notes
@@ -818,6 +868,10 @@ impl Harness {
                 .max()
                 .map(f64::from),
         );
+        admitted_headline(&mut report, &service_series, &ceiling_series);
+        if name == ScenarioName::Burst {
+            report.notes.push(burst_target_note(&service_series));
+        }
         report.ratios.insert(
             "p99_vs_ceiling".into(),
             ratio(service_series.stats.p99_ms, ceiling_series.stats.p99_ms),
@@ -1059,8 +1113,9 @@ impl Harness {
         let name = ScenarioName::RetryStorm;
         let mut report = ScenarioReport::new(name.as_str(), name.description());
         let keys = self.catalogue()?;
+        let window = self.timing.storm.min(self.timing.main);
         let mut results = Vec::new();
-        // The same offered load for both behaviours.
+        // The same offered load (rate, seed, so the same requests) for both behaviours.
         let mut shared_rate = None;
         for behaviour in [Behaviour::WellBehaved, Behaviour::Naive] {
             let label = format!("{} clients", behaviour.as_str());
@@ -1073,8 +1128,10 @@ impl Harness {
             let warmed = self.warm(&service, keys.hottest(300)).await;
             report.notes.push(format!("{label}: {}", warmed.note));
             let workload = self.workload(keys.clone(), behaviour);
-            let phases = self.thirds(["before", "forced level 3", "after"]);
-            let (force_at, release_at) = (phases[1].start, phases[2].start);
+            let phases = vec![
+                phase("cache_only forced", Duration::ZERO),
+                phase("released", window),
+            ];
             let offered = match shared_rate {
                 Some(rate) => rate,
                 None => {
@@ -1083,56 +1140,62 @@ impl Harness {
                 }
             };
             shared_rate = Some(offered);
-            let plan = self.constant_plan(offered, self.timing.main, phases, 6)?;
+            let mut plan = self.constant_plan(offered, self.timing.main, phases, 6)?;
+            plan.drain_timeout = storm_drain(self.timing.drain, self.timing.main, window);
+            // Shedding from the start of the measured run: forced right after the warm-up, so
+            // the unrecorded lead-in (connection set-up) is shed too and caches nothing more.
+            service.force_shedding(Some("cache_only")).await?;
             let series = self
                 .measure_service(&service, &label, "service", &workload, &plan, |start| {
                     let service = &service;
                     async move {
-                        tokio::time::sleep_until(start + force_at).await;
-                        service.force_shedding(Some("cache_only")).await?;
-                        tokio::time::sleep_until(start + release_at).await;
+                        tokio::time::sleep_until(start + window).await;
                         service.force_shedding(None).await
                     }
                 })
                 .await?;
             service.stop().await;
-            results.push(series);
+            results.push((series, plan.drain_timeout));
         }
-        let [well_behaved, naive]: [Series; 2] = results
+        let [(well_behaved, drain), (naive, _)]: [(Series, Duration); 2] = results
             .try_into()
             .map_err(|_| anyhow::anyhow!("expected two series"))?;
-        let sent_per_request = |series: &Series| {
-            ratio(
-                Some(series.total_sent as f64),
-                Some(series.stats.logical_requests as f64),
-            )
-        };
-        report.headline.insert(
-            "sent_per_request_well_behaved".into(),
-            sent_per_request(&well_behaved),
-        );
-        report
-            .headline
-            .insert("sent_per_request_naive".into(), sent_per_request(&naive));
-        report.ratios.insert(
-            "total_sent_naive_vs_well_behaved".into(),
-            ratio(
-                Some(naive.total_sent as f64),
-                Some(well_behaved.total_sent as f64),
-            ),
-        );
-        report.ratios.insert(
-            "http_success_well_behaved_vs_naive".into(),
-            ratio(
-                well_behaved.stats.http_success_rate,
-                naive.stats.http_success_rate,
-            ),
-        );
-        report.notes.push(
-            "shed level forced to cache_only (PUT /admin/v1/shedding) for the middle third; \
-             misses then get 503 overloaded with Retry-After 1–5 s"
-                .into(),
-        );
+        report.notes.push(format!(
+            "shed level forced to cache_only (PUT /admin/v1/shedding) right after the warm-up, \
+             through the {:.1} s unrecorded lead-in, until {:.1} s into the measured run, then \
+             released; the load goes on to {:.1} s and retries may run until {:.1} s. Level-3 \
+             misses are answered 503 with Retry-After {}–{} s (the service's default range)",
+            self.timing.lead_in.as_secs_f64(),
+            window.as_secs_f64(),
+            self.timing.main.as_secs_f64(),
+            (self.timing.main + drain).as_secs_f64(),
+            SHED_RETRY_AFTER.0.as_secs(),
+            SHED_RETRY_AFTER.1.as_secs(),
+        ));
+        storm_figures(&mut report, &well_behaved, &naive);
+        for (kind, series) in [("well_behaved", &well_behaved), ("naive", &naive)] {
+            // The level the service itself went to once the forced level was released.
+            let after = series
+                .windows
+                .iter()
+                .filter(|w| w.t_s >= window.as_secs_f64())
+                .filter_map(|w| w.shed_level)
+                .max();
+            report.headline.insert(
+                format!("max_shed_level_after_release_{kind}"),
+                after.map(f64::from),
+            );
+        }
+        report.notes.extend(storm_verdict(&well_behaved, &naive));
+        for series in [&well_behaved, &naive] {
+            if series.stats.client_overflow > 0 {
+                report.notes.push(format!(
+                    "{}: {} requests were not sent because --max-in-flight ({}) was reached \
+                     (requests waiting to retry hold their slot); they count as failures",
+                    series.label, series.stats.client_overflow, self.options.max_in_flight
+                ));
+            }
+        }
         report.figures = Some(well_behaved.figures());
         report.reference = Some(naive.figures());
         report.series = vec![well_behaved, naive];
@@ -1149,6 +1212,11 @@ impl Harness {
         let capacity = self
             .ensure_capacity(name.as_str(), &mut report.notes)
             .await?;
+        let sized = self.sized_capacity(&service, capacity).await?;
+        report
+            .notes
+            .push(format!("load is 80 % of {}", sized.describe()));
+        let capacity = sized.rps;
         report.notes.push(format!(
             "service: {}",
             self.warm(&service, keys.hottest(300)).await.note
@@ -1229,6 +1297,201 @@ impl Harness {
         report.series = vec![service_series, naive_series];
         Ok(report)
     }
+}
+
+/// The issue's burst target: no 5xx except deliberate 503s, P99 of admitted requests ≤ 50 ms.
+const ADMITTED_P99_TARGET_MS: f64 = 50.0;
+
+/// Admitted-attempt latency and non-503 5xx of the service (whole run and per phase) and of
+/// the ceiling, as named figures.
+fn admitted_headline(report: &mut ScenarioReport, service: &Series, ceiling: &Series) {
+    let headline = &mut report.headline;
+    headline.insert(
+        "admitted_p50_ms_service".into(),
+        service.stats.admitted_p50_ms,
+    );
+    headline.insert(
+        "admitted_p99_ms_service".into(),
+        service.stats.admitted_p99_ms,
+    );
+    headline.insert(
+        "admitted_p99_ms_ceiling".into(),
+        ceiling.stats.admitted_p99_ms,
+    );
+    headline.insert(
+        "server_errors_non_503_service".into(),
+        Some(service.stats.server_errors_non_503 as f64),
+    );
+    headline.insert(
+        "received_503_service".into(),
+        Some(service.stats.received_503 as f64),
+    );
+    if service.phases.len() > 1 {
+        for phase in &service.phases {
+            headline.insert(
+                format!("admitted_p99_ms_service_{}", phase.name.replace(' ', "_")),
+                phase.stats.admitted_p99_ms,
+            );
+        }
+    }
+}
+
+/// Whether the service met the burst target, read off the figures.
+fn burst_target_note(service: &Series) -> String {
+    let errors = service.stats.server_errors_non_503;
+    let p99 = service.stats.admitted_p99_ms;
+    let met = errors == 0 && p99.is_some_and(|p99| p99 <= ADMITTED_P99_TARGET_MS);
+    format!(
+        "burst target (no 5xx but deliberate 503s, P99 of admitted attempts ≤ \
+         {ADMITTED_P99_TARGET_MS:.0} ms): {} — {errors} 5xx other than 503, {} 503s, admitted \
+         P99 {} ms over {} admitted attempts (logical P99 {} ms includes Retry-After waits)",
+        if met { "met" } else { "not met" },
+        service.stats.received_503,
+        p99.map_or("–".to_owned(), |p99| format!("{p99:.2}")),
+        service.stats.admitted_attempts,
+        service
+            .stats
+            .p99_ms
+            .map_or("–".to_owned(), |p99| format!("{p99:.2}")),
+    )
+}
+
+/// The service's default level-3 `Retry-After` range (`resilience.shedding.retry_after_*_secs`).
+const SHED_RETRY_AFTER: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(5));
+
+/// retry-storm's drain: long enough that a well-behaved retry of a request shed at the end of
+/// the window (after the longest Retry-After, its jitter and a second to be answered) is still
+/// sent, so that neither kind loses a retry to the run's bound.
+fn storm_drain(drain: Duration, main: Duration, window: Duration) -> Duration {
+    let last_retry = window + SHED_RETRY_AFTER.1 + Duration::from_millis(100);
+    drain.max((last_retry + Duration::from_secs(1)).saturating_sub(main))
+}
+
+/// retry-storm's named figures: success, attempts, 503s and admitted latency per kind.
+fn storm_figures(report: &mut ScenarioReport, well_behaved: &Series, naive: &Series) {
+    let sent_per_request = |series: &Series| {
+        ratio(
+            Some(series.total_sent as f64),
+            Some(series.stats.logical_requests as f64),
+        )
+    };
+    for (kind, series) in [("well_behaved", well_behaved), ("naive", naive)] {
+        let headline = &mut report.headline;
+        headline.insert(format!("success_{kind}"), series.stats.http_success_rate);
+        headline.insert(
+            format!("business_success_{kind}"),
+            series.stats.business_success_rate,
+        );
+        headline.insert(format!("total_sent_{kind}"), Some(series.total_sent as f64));
+        headline.insert(format!("sent_per_request_{kind}"), sent_per_request(series));
+        headline.insert(
+            format!("received_503_{kind}"),
+            Some(series.stats.received_503 as f64),
+        );
+        headline.insert(
+            format!("admitted_p99_ms_{kind}"),
+            series.stats.admitted_p99_ms,
+        );
+        headline.insert(
+            format!("server_errors_non_503_{kind}"),
+            Some(series.stats.server_errors_non_503 as f64),
+        );
+    }
+    report.ratios.insert(
+        "total_sent_naive_vs_well_behaved".into(),
+        ratio(
+            Some(naive.total_sent as f64),
+            Some(well_behaved.total_sent as f64),
+        ),
+    );
+    report.ratios.insert(
+        "received_503_naive_vs_well_behaved".into(),
+        ratio(
+            Some(naive.stats.received_503 as f64),
+            Some(well_behaved.stats.received_503 as f64),
+        ),
+    );
+    report.ratios.insert(
+        "http_success_well_behaved_vs_naive".into(),
+        ratio(
+            well_behaved.stats.http_success_rate,
+            naive.stats.http_success_rate,
+        ),
+    );
+}
+
+/// Below this gap in HTTP success (points) and this ratio of attempts sent, the naive clients
+/// are not said to have done worse.
+const STORM_SUCCESS_GAP: f64 = 0.02;
+const STORM_SENT_RATIO: f64 = 1.2;
+
+/// What the retry storm showed, in words, whichever way it went.
+fn storm_verdict(well_behaved: &Series, naive: &Series) -> Vec<String> {
+    let percent =
+        |rate: Option<f64>| rate.map_or("–".to_owned(), |rate| format!("{:.1} %", rate * 100.0));
+    let (good, bad) = (
+        well_behaved.stats.http_success_rate.unwrap_or(0.0),
+        naive.stats.http_success_rate.unwrap_or(0.0),
+    );
+    let sent = ratio(
+        Some(naive.total_sent as f64),
+        Some(well_behaved.total_sent as f64),
+    )
+    .unwrap_or(f64::NAN);
+    let worse_success = good - bad >= STORM_SUCCESS_GAP;
+    let more_sent = sent >= STORM_SENT_RATIO;
+    let mut notes = vec![format!(
+        "per kind: HTTP success {} (well-behaved) vs {} (naive), business success {} vs {}; \
+         HTTP attempts {} vs {} ({sent:.2}×); 503s received {} vs {}; logical P99 {} vs {} ms, \
+         admitted-attempt P99 {} vs {} ms",
+        percent(well_behaved.stats.http_success_rate),
+        percent(naive.stats.http_success_rate),
+        percent(well_behaved.stats.business_success_rate),
+        percent(naive.stats.business_success_rate),
+        well_behaved.total_sent,
+        naive.total_sent,
+        well_behaved.stats.received_503,
+        naive.stats.received_503,
+        number_or_dash(well_behaved.stats.p99_ms),
+        number_or_dash(naive.stats.p99_ms),
+        number_or_dash(well_behaved.stats.admitted_p99_ms),
+        number_or_dash(naive.stats.admitted_p99_ms),
+    )];
+    notes.push(match (worse_success, more_sent) {
+        (true, true) => format!(
+            "the naive clients did worse: {:.1} points less HTTP success while sending {sent:.2}× \
+             the attempts",
+            (good - bad) * 100.0
+        ),
+        (true, false) => format!(
+            "the naive clients got {:.1} points less HTTP success, but did not send clearly more \
+             (attempts {sent:.2}×, threshold {STORM_SENT_RATIO}×)",
+            (good - bad) * 100.0
+        ),
+        (false, true) => format!(
+            "the naive clients sent {sent:.2}× the attempts but did not do clearly worse on \
+             success (gap {:+.1} points, threshold {:.0}): the extra load is their cost here",
+            (good - bad) * 100.0,
+            STORM_SUCCESS_GAP * 100.0
+        ),
+        (false, false) => format!(
+            "the naive clients did NOT do clearly worse in this run: HTTP success gap {:+.1} \
+             points (threshold {:.0}), attempts {sent:.2}× (threshold {STORM_SENT_RATIO}×); \
+             the forced window did not turn their retries into a storm",
+            (good - bad) * 100.0,
+            STORM_SUCCESS_GAP * 100.0
+        ),
+    });
+    notes.push(
+        "well-behaved clients pay for honouring Retry-After in logical latency (their wait is \
+         in it); the admitted-attempt latency shows how fast the service answered what it took"
+            .into(),
+    );
+    notes
+}
+
+fn number_or_dash(value: Option<f64>) -> String {
+    value.map_or("–".to_owned(), |value| format!("{value:.2}"))
 }
 
 fn collect_degraded(
@@ -1383,10 +1646,13 @@ pub fn loopback_socket(url: &str) -> anyhow::Result<std::net::SocketAddr> {
 fn one_line(report: &ScenarioReport) -> String {
     match &report.figures {
         Some(figures) => format!(
-            "{} achieved {:.0} rps, P99 {} ms, HTTP ok {}, business ok {}",
+            "{} achieved {:.0} rps, P99 {} ms (admitted {} ms), HTTP ok {}, business ok {}",
             figures.label,
             figures.achieved_rps,
             figures.p99_ms.map_or("–".into(), |p99| format!("{p99:.2}")),
+            figures
+                .admitted_p99_ms
+                .map_or("–".into(), |p99| format!("{p99:.2}")),
             figures
                 .http_success_rate
                 .map_or("–".into(), |rate| format!("{:.1} %", rate * 100.0)),
@@ -1430,6 +1696,85 @@ mod tests {
         );
         assert!(loopback_socket("mysql://root@10.1.2.3:3306").is_err());
         assert!(loopback_socket("mysql://root@db.example.com:3306").is_err());
+    }
+
+    #[test]
+    fn the_storm_window_sorts_well_behaved_from_naive_retries_and_the_drain_fits_them() {
+        for (quick, window) in [(false, 3.0), (true, 1.5)] {
+            let timing = Timing::new(quick, None);
+            assert_eq!(timing.storm, Duration::from_secs_f64(window));
+            // Naive retries at +0.5 and +1.0 s can land inside it; the load goes on after it for
+            // at least as long as it lasted.
+            assert!(timing.storm > Duration::from_secs(1), "{quick}");
+            assert!(timing.storm <= timing.main / 2, "{quick}");
+            // The latest well-behaved retry of a request shed in the window still fits the run.
+            let drain = storm_drain(timing.drain, timing.main, timing.storm);
+            assert!(drain >= timing.drain);
+            assert!(
+                timing.main + drain
+                    > timing.storm + SHED_RETRY_AFTER.1 + Duration::from_millis(100),
+                "{quick}: {drain:?}"
+            );
+        }
+    }
+
+    fn storm_series(label: &str, successes: u64, attempts_each: usize) -> Series {
+        use crate::client::AttemptRecord;
+        use crate::recorder::{Final, Kind, Recorder};
+        let recorder = Recorder::new(Duration::from_secs(1), vec![phase("all", Duration::ZERO)]);
+        for index in 0..100 {
+            let status = if index < successes { 200 } else { 503 };
+            let mut attempts = vec![
+                AttemptRecord {
+                    status: Ok(503),
+                    latency: Duration::from_millis(1),
+                };
+                attempts_each - 1
+            ];
+            attempts.push(AttemptRecord {
+                status: Ok(status),
+                latency: Duration::from_millis(2),
+            });
+            recorder.record(
+                Duration::from_millis(index * 10),
+                Duration::from_millis(1500),
+                Final::Response {
+                    status,
+                    business_ok: status == 200,
+                    shed_level: Some(3),
+                },
+                Kind::Single,
+                1,
+                &attempts,
+            );
+        }
+        Series::build(
+            SeriesInput {
+                label: label.into(),
+                duration_s: 1.0,
+                total_sent: 100 * attempts_each as u64,
+                ..SeriesInput::default()
+            },
+            &recorder.snapshot(),
+        )
+    }
+
+    #[test]
+    fn the_storm_report_says_plainly_when_naive_clients_do_not_do_worse() {
+        let mut report = ScenarioReport::new("retry-storm", "…");
+        let (well_behaved, naive) = (storm_series("wb", 99, 2), storm_series("naive", 99, 2));
+        storm_figures(&mut report, &well_behaved, &naive);
+        assert_eq!(report.headline["success_well_behaved"], Some(0.99));
+        assert_eq!(report.headline["success_naive"], Some(0.99));
+        assert_eq!(report.headline["received_503_naive"], Some(101.0));
+        assert_eq!(report.ratios["total_sent_naive_vs_well_behaved"], Some(1.0));
+        let verdict = storm_verdict(&well_behaved, &naive).join("\n");
+        assert!(verdict.contains("did NOT do clearly worse"), "{verdict}");
+
+        let naive = storm_series("naive", 80, 4);
+        let verdict = storm_verdict(&well_behaved, &naive).join("\n");
+        assert!(verdict.contains("the naive clients did worse"), "{verdict}");
+        assert!(verdict.contains("2.00×"), "{verdict}");
     }
 
     #[test]
