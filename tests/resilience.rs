@@ -417,22 +417,12 @@ async fn measured_load_walks_the_shed_levels_up_and_back_down_one_dwell_at_a_tim
             .get("x-shed-level")
             .map_or(0, |level| level.to_str().unwrap().parse::<u8>().unwrap())
     };
-    // 40 requests in each 250 ms interval: 160 requests/s against a capacity of 100. The
-    // throughput is smoothed over about a second, so the levels climb within 1.5 s, not at the
-    // first busy interval.
-    let mut levels = Vec::new();
-    for _ in 0..6 {
-        for _ in 0..40 {
-            let response = app.get_item("jd", "100001").await;
-            levels.push(level_of(&response));
-        }
-        app.ticker.advance(Duration::from_millis(250));
+    // 40 requests inside one 250 ms interval: 160 requests/s against a capacity of 100.
+    for _ in 0..40 {
+        let response = app.get_item("jd", "100001").await;
+        assert_eq!(level_of(&response), 0);
     }
-    assert_eq!(levels[..40], [0; 40], "one busy interval does not shed");
-    assert!(
-        levels.windows(2).all(|pair| pair[0] <= pair[1]),
-        "{levels:?}"
-    );
+    app.ticker.advance(Duration::from_millis(250));
     let response = app.get_item("jd", "100001").await;
     assert_eq!(level_of(&response), 3);
     assert_eq!(response.status(), 200, "a cached item is still served");
