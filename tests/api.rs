@@ -299,15 +299,7 @@ async fn unknown_routes_and_methods_get_json_errors() {
 #[tokio::test]
 async fn a_slow_coupon_api_is_cut_at_its_tier() {
     let app = spawn_app().await;
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                latency_ms: 5_000,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.slow_upstream(Endpoint::Coupons, 5_000);
     let started = Instant::now();
     let response = app.get_item("taobao", "100010").await;
     let elapsed = started.elapsed();
@@ -344,15 +336,13 @@ async fn a_failing_coupon_api_after_a_success_serves_stale_coupons() {
     assert_eq!(first["degraded"], false);
     let fetched_at = app.clock.now().to_rfc3339();
 
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                error_rate: 1.0,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.set_upstream_fault(
+        Endpoint::Coupons,
+        Fault {
+            error_rate: 1.0,
+            ..Fault::default()
+        },
+    );
     app.expire_fresh_windows();
     let second = json_of(app.get_item("jd", "100020").await).await;
     assert_eq!(second["degraded"], true, "{second}");
@@ -431,15 +421,7 @@ async fn concurrent_requests_for_a_cold_item_load_each_part_once() {
     let app = spawn_app().await;
     // Slow the upstreams a little so that all requests arrive while the loads are in flight.
     for endpoint in [Endpoint::Coupons, Endpoint::Extras] {
-        app.simulator
-            .set_fault(
-                endpoint,
-                Fault {
-                    latency_ms: 100,
-                    ..Fault::default()
-                },
-            )
-            .unwrap();
+        app.slow_upstream(endpoint, 100);
     }
     let requests = (0..200).map(|_| app.get_item("pdd", "100500"));
     let responses = futures::future::join_all(requests).await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rebate_tests::{ProductionEnv, TestApp, spawn_app};
 use serde_json::json;
-use upstream_sim::{Endpoint, Fault};
+use upstream_sim::Endpoint;
 
 const SINGLE_ROUTE: &str = "/api/v1/items/{platform}/{item_id}/rebate";
 const BATCH_ROUTE: &str = "/api/v1/items:batch";
@@ -374,15 +374,7 @@ async fn a_coupon_outage_shows_as_degraded_answers_and_a_lower_success_ratio() {
         Some(1.0)
     );
 
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                outage: true,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.break_upstream(Endpoint::Coupons);
     let response = app.get_item("taobao", "100002").await;
     assert_eq!(response.status(), 200);
     let quote: serde_json::Value = response.json().await.unwrap();

@@ -3,7 +3,7 @@
 
 use rebate_tests::{TestApp, spawn_app_with};
 use serde_json::Value;
-use upstream_sim::{Endpoint, Fault};
+use upstream_sim::Endpoint;
 
 async fn json_of(response: reqwest::Response) -> Value {
     response.json().await.expect("a JSON body")
@@ -35,15 +35,7 @@ async fn a_slow_request_is_explained_stage_by_stage_by_its_trace_id() {
     assert_eq!(slow_request(&app, &fast_id).await.status(), 404);
 
     // The coupon API answers in 400 ms: within its 500 ms tier, but a slow request.
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                latency_ms: 400,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.slow_upstream(Endpoint::Coupons, 400);
     let slow = app.get_item("jd", "100002").await;
     assert_eq!(slow.status(), 200);
     let slow_id = trace_id_of(&slow);
@@ -84,15 +76,7 @@ async fn a_slow_request_is_explained_stage_by_stage_by_its_trace_id() {
     }
 
     // A degraded answer is recorded with its reason and every attempt.
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                outage: true,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.break_upstream(Endpoint::Coupons);
     let degraded = app.get_item("jd", "100003").await;
     let degraded_id = trace_id_of(&degraded);
     let record = json_of(slow_request(&app, &degraded_id).await).await;
@@ -123,15 +107,7 @@ async fn the_log_stays_bounded_and_its_api_checks_its_input() {
         settings.observability.slow_log_size = 5;
     })
     .await;
-    app.simulator
-        .set_fault(
-            Endpoint::Extras,
-            Fault {
-                outage: true,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.break_upstream(Endpoint::Extras);
     // Fifty degraded answers (ten times the log's size).
     let mut ids = Vec::new();
     for id in 100_001..100_051u64 {

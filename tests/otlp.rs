@@ -15,7 +15,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use prost::Message;
 use rebate_telemetry::{LogFormat, OtlpSettings};
 use rebate_tests::spawn_app_with;
-use upstream_sim::{Endpoint, Fault};
+use upstream_sim::Endpoint;
 
 /// A received span: trace id (hex), name, and its string or integer attributes.
 #[derive(Debug, Clone)]
@@ -110,15 +110,7 @@ async fn slow_requests_are_exported_under_the_clients_trace_id_and_fast_ones_are
     let fast_id = fast.headers()["x-trace-id"].to_str().unwrap().to_owned();
 
     // Slow (the coupon API takes 400 ms), under the client's own trace id.
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                latency_ms: 400,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.slow_upstream(Endpoint::Coupons, 400);
     let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let slow = app
         .client

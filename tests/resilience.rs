@@ -76,16 +76,14 @@ async fn a_slow_coupon_api_trips_its_breaker_relieves_it_and_recovers_without_a_
     })
     .await;
     // 800 ms latency, 20 % of calls hanging: every call overruns the 500 ms coupon tier.
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                latency_ms: 800,
-                hang_rate: 0.2,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.set_upstream_fault(
+        Endpoint::Coupons,
+        Fault {
+            latency_ms: 800,
+            hang_rate: 0.2,
+            ..Fault::default()
+        },
+    );
 
     // Wave 1: twelve cold items at once. Each waits the coupon tier, then degrades.
     let wave = quote_all(&app, 100_001..100_013).await;
@@ -117,9 +115,7 @@ async fn a_slow_coupon_api_trips_its_breaker_relieves_it_and_recovers_without_a_
     assert_eq!(app.upstream_calls(Endpoint::Coupons), calls_when_open);
 
     // The API heals; after the cool-down the breaker probes 1, 2, then 4 calls and closes.
-    app.simulator
-        .set_fault(Endpoint::Coupons, Fault::default())
-        .unwrap();
+    app.set_upstream_fault(Endpoint::Coupons, Fault::default());
     app.ticker.advance(Duration::from_secs(5));
     for id in 100_201..100_211u64 {
         let quote = json_of(app.get_item("jd", &id.to_string()).await).await;
@@ -140,15 +136,7 @@ async fn a_failing_api_costs_at_most_three_attempts_per_request_and_a_tenth_more
         settings.resilience.retry.max_backoff_ms = 2;
     })
     .await;
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                outage: true,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.break_upstream(Endpoint::Coupons);
     let requests = 60u64;
     let mut most = 0;
     for id in 100_001..100_001 + requests {
@@ -179,15 +167,7 @@ async fn a_full_bulkhead_and_a_spent_quota_degrade_at_once() {
         settings.resilience.extras.quota_burst = Some(3);
     })
     .await;
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                latency_ms: 200,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.slow_upstream(Endpoint::Coupons, 200);
     let wave = quote_all(&app, 100_001..100_007).await;
     let reasons: Vec<Option<(String, String)>> = wave
         .iter()
@@ -250,15 +230,7 @@ async fn each_shed_level_gives_up_what_it_should() {
     assert_eq!(app.upstream_calls(Endpoint::Coupons), coupons_before + 1);
 
     // Level 2: the coupon tier is halved (500 → 250 ms).
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                latency_ms: 400,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.slow_upstream(Endpoint::Coupons, 400);
     app.admin_put("/admin/v1/shedding", &json!({"level": "short_timeouts"}))
         .await;
     let started = Instant::now();
@@ -456,15 +428,7 @@ async fn a_batch_spends_one_request_allowance_of_retries() {
     for id in 100_001..100_021u64 {
         assert_eq!(app.get_item("jd", &id.to_string()).await.status(), 200);
     }
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                outage: true,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.break_upstream(Endpoint::Coupons);
     let before = app.upstream_calls(Endpoint::Coupons);
     let items: Vec<Value> = (100_101..100_111u64)
         .map(|id| json!({"platform": "jd", "item_id": id.to_string()}))
@@ -485,15 +449,7 @@ async fn shortened_timeouts_still_count_against_the_breaker() {
         settings.resilience.coupons.min_calls = Some(5);
     })
     .await;
-    app.simulator
-        .set_fault(
-            Endpoint::Coupons,
-            Fault {
-                latency_ms: 400,
-                ..Fault::default()
-            },
-        )
-        .unwrap();
+    app.slow_upstream(Endpoint::Coupons, 400);
     app.admin_put("/admin/v1/shedding", &json!({"level": "short_timeouts"}))
         .await;
     // Five cold items time out at the halved coupon tier (250 ms): the breaker hears of each.

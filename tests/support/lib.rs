@@ -14,7 +14,7 @@ use rebate_resilience::ManualTicker;
 use tempfile::TempDir;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use upstream_sim::{Endpoint, SimState};
+use upstream_sim::{Endpoint, Fault, SimState};
 
 /// A running service and the handles a test needs to steer and observe it.
 #[derive(Debug)]
@@ -274,6 +274,34 @@ impl TestApp {
             .send()
             .await
             .expect("request reaches the admin listener")
+    }
+
+    /// Makes one simulated API fail every call (5xx) until its fault is set again.
+    pub fn break_upstream(&self, endpoint: Endpoint) {
+        self.set_upstream_fault(
+            endpoint,
+            Fault {
+                outage: true,
+                ..Fault::default()
+            },
+        );
+    }
+
+    /// Makes one simulated API answer every call after `latency_ms`.
+    pub fn slow_upstream(&self, endpoint: Endpoint, latency_ms: u64) {
+        self.set_upstream_fault(
+            endpoint,
+            Fault {
+                latency_ms,
+                ..Fault::default()
+            },
+        );
+    }
+
+    pub fn set_upstream_fault(&self, endpoint: Endpoint, fault: Fault) {
+        self.simulator
+            .set_fault(endpoint, fault)
+            .expect("a valid simulator fault");
     }
 
     /// Calls the simulator has received on one endpoint.

@@ -518,6 +518,25 @@ impl Harness {
         }
     }
 
+    /// A fresh service for a catalogue scenario, started with `env`; the capacity (probed if
+    /// this run has none yet) and the catalogue, its hottest keys warmed (noted in `report`).
+    async fn start_catalogue_service(
+        &mut self,
+        name: ScenarioName,
+        env: &[(String, String)],
+        report: &mut ScenarioReport,
+    ) -> anyhow::Result<(ServiceProcess, f64, Arc<KeyPicker>)> {
+        let service = self.start_service(name.as_str(), "service", env).await?;
+        let capacity = self
+            .ensure_capacity(name.as_str(), &mut report.notes)
+            .await?;
+        let keys = self.catalogue()?;
+        report
+            .notes
+            .push(self.warm(&service, keys.hottest(WARMED_KEYS)).await.note);
+        Ok((service, capacity, keys))
+    }
+
     /// Half the sized capacity (see [`Harness::sized_capacity`]): fault scenarios should show the
     /// fault, not load shedding.
     async fn moderate_rate(
@@ -824,19 +843,13 @@ impl Harness {
         schedule: impl FnOnce(f64, &Timing) -> anyhow::Result<(Schedule, Duration, Vec<Phase>)>,
     ) -> anyhow::Result<ScenarioReport> {
         let mut report = ScenarioReport::new(name.as_str(), name.description());
-        let service = self.start_service(name.as_str(), "service", &[]).await?;
-        let capacity = self
-            .ensure_capacity(name.as_str(), &mut report.notes)
-            .await?;
+        let (service, capacity, keys) =
+            self.start_catalogue_service(name, &[], &mut report).await?;
         let sized = self.sized_capacity(&service, capacity).await?;
         report
             .notes
             .push(format!("load levels are fractions of {}", sized.describe()));
         let capacity = sized.rps;
-        let keys = self.catalogue()?;
-        report
-            .notes
-            .push(self.warm(&service, keys.hottest(300)).await.note);
         let workload = self.workload(keys, Behaviour::WellBehaved);
         let (schedule, measure_from, phases) = schedule(capacity, &self.timing)?;
         let mut plan = self.plan(schedule, phases, 2);
@@ -925,14 +938,8 @@ impl Harness {
     async fn mixed(&mut self) -> anyhow::Result<ScenarioReport> {
         let name = ScenarioName::Mixed;
         let mut report = ScenarioReport::new(name.as_str(), name.description());
-        let service = self.start_service(name.as_str(), "service", &[]).await?;
-        let capacity = self
-            .ensure_capacity(name.as_str(), &mut report.notes)
-            .await?;
-        let keys = self.catalogue()?;
-        report
-            .notes
-            .push(self.warm(&service, keys.hottest(300)).await.note);
+        let (service, capacity, keys) =
+            self.start_catalogue_service(name, &[], &mut report).await?;
         let mut workload = self.workload(keys, Behaviour::WellBehaved);
         workload.batch_ratio = self.options.batch_ratio;
         let items_rate = self
@@ -977,14 +984,8 @@ impl Harness {
     async fn coupon_fault(&mut self) -> anyhow::Result<ScenarioReport> {
         let name = ScenarioName::CouponFault;
         let mut report = ScenarioReport::new(name.as_str(), name.description());
-        let service = self.start_service(name.as_str(), "service", &[]).await?;
-        let capacity = self
-            .ensure_capacity(name.as_str(), &mut report.notes)
-            .await?;
-        let keys = self.catalogue()?;
-        report
-            .notes
-            .push(self.warm(&service, keys.hottest(300)).await.note);
+        let (service, capacity, keys) =
+            self.start_catalogue_service(name, &[], &mut report).await?;
         let workload = self.workload(keys, Behaviour::WellBehaved);
         let healthy = json!({"latency_ms": 5});
         let faulty = json!({"latency_ms": 800, "hang_rate": 0.2});
@@ -1072,14 +1073,9 @@ impl Harness {
             &self.options.out_dir.join("logs/redis-outage-seed.log"),
         )
         .await?;
-        let service = self.start_service(name.as_str(), "service", &env).await?;
-        let capacity = self
-            .ensure_capacity(name.as_str(), &mut report.notes)
+        let (service, capacity, keys) = self
+            .start_catalogue_service(name, &env, &mut report)
             .await?;
-        let keys = self.catalogue()?;
-        report
-            .notes
-            .push(self.warm(&service, keys.hottest(300)).await.note);
         let workload = self.workload(keys, Behaviour::WellBehaved);
         let third = self.timing.main / 3;
         let phases = vec![phase("before", Duration::ZERO), phase("outage", third)];
@@ -1125,7 +1121,7 @@ impl Harness {
             let capacity = self
                 .ensure_capacity(name.as_str(), &mut report.notes)
                 .await?;
-            let warmed = self.warm(&service, keys.hottest(300)).await;
+            let warmed = self.warm(&service, keys.hottest(WARMED_KEYS)).await;
             report.notes.push(format!("{label}: {}", warmed.note));
             let workload = self.workload(keys.clone(), behaviour);
             let phases = vec![
@@ -1219,7 +1215,7 @@ impl Harness {
         let capacity = sized.rps;
         report.notes.push(format!(
             "service: {}",
-            self.warm(&service, keys.hottest(300)).await.note
+            self.warm(&service, keys.hottest(WARMED_KEYS)).await.note
         ));
         let plan = self.constant_plan(
             capacity * 0.8,
@@ -1300,6 +1296,9 @@ impl Harness {
 }
 
 /// The burst target: no 5xx except deliberate 503s, P99 of admitted requests ≤ 50 ms.
+/// How many of the catalogue's hottest keys a catalogue scenario warms before it measures.
+const WARMED_KEYS: usize = 300;
+
 const ADMITTED_P99_TARGET_MS: f64 = 50.0;
 
 /// Admitted-attempt latency and non-503 5xx of the service (whole run and per phase) and of

@@ -52,18 +52,6 @@ impl RenderedQuote {
         body.push(b'}');
         body
     }
-
-    pub fn valid_until(&self) -> Timestamp {
-        self.valid_until
-    }
-
-    pub fn len(&self) -> usize {
-        self.json.get().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.json.get().is_empty()
-    }
 }
 
 /// A quote as the engine answers it: just assembled, or served from its rendering.
@@ -79,14 +67,6 @@ impl QuoteAnswer {
         match self {
             QuoteAnswer::Rendered(_) => false,
             QuoteAnswer::Assembled(quote) => quote.degraded,
-        }
-    }
-
-    /// The assembled quote, if this answer was not served from its rendering.
-    pub fn assembled(&self) -> Option<&Quote> {
-        match self {
-            QuoteAnswer::Rendered(_) => None,
-            QuoteAnswer::Assembled(quote) => Some(quote),
         }
     }
 }
@@ -107,7 +87,7 @@ struct ByteWeighter;
 impl Weighter<ItemKey, Arc<RenderedQuote>> for ByteWeighter {
     fn weight(&self, _key: &ItemKey, value: &Arc<RenderedQuote>) -> u64 {
         // The JSON plus the entry's own bookkeeping, roughly.
-        value.len() as u64 + 64
+        value.json.get().len() as u64 + 64
     }
 }
 

@@ -164,7 +164,7 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
             }
         }
     }
-    if let Ok(value) = HeaderValue::from_str(&trace_id.to_hex()) {
+    if let Ok(value) = HeaderValue::from_bytes(&trace_id.hex_digits()) {
         response.headers_mut().insert(TRACE_ID_HEADER, value);
     }
 
