@@ -9,8 +9,10 @@
 //! # Layout
 //! - [`config`]: [`Settings`], loaded from the embedded defaults, a file and the environment.
 //! - [`startup`]: [`Application`], [`AppState`].
+//! - [`admin_token`]: the admin listener's bearer token and its file.
 //! - [`background`]: Bloom filter builds and warm-up, under the same shutdown token.
 //! - [`invalidation`]: applies operators' change events to the caches (fences, re-warm).
+//! - [`lifecycle`]: starting, serving, draining: what readiness reports.
 //! - [`protection`]: [`Protection`](protection::Protection), the guards of every dependency, the
 //!   load shedder and the per-client limiter, from `[resilience]`.
 //! - [`metrics`]: [`Metrics`](metrics::Metrics), the Prometheus registry behind the admin
@@ -20,10 +22,12 @@
 //!   their stages, by trace id.
 //! - [`http`]: the router, the error type and the middleware (trace id, request timeout).
 
+pub mod admin_token;
 pub mod background;
 pub mod config;
 pub mod http;
 pub mod invalidation;
+pub mod lifecycle;
 pub mod metrics;
 pub mod protection;
 pub mod slow;

@@ -26,6 +26,7 @@ use crate::background;
 use crate::config::{EventBackend, PartSettings, Settings, StoreBackend};
 use crate::http::admin::AdminToken;
 use crate::invalidation::{InvalidationSettings, Invalidator};
+use crate::lifecycle::{Lifecycle, Phase};
 use crate::metrics::{Metrics, StateCollector};
 use crate::protection::{DependencyTimeouts, Protection};
 use crate::slow::SlowLog;
@@ -76,6 +77,8 @@ pub struct AppShared {
     pub limits: Arc<HttpLimits>,
     /// The Prometheus registry: the API middleware records into it, `/metrics` encodes it.
     pub metrics: Arc<Metrics>,
+    /// Starting, serving or draining: readiness is false outside serving.
+    pub lifecycle: Arc<Lifecycle>,
 }
 
 /// The request limits handlers and middleware enforce, resolved once from the settings.
@@ -304,7 +307,7 @@ impl Application {
         let admin_listener = TcpListener::bind(settings.admin.listen)
             .await
             .with_context(|| format!("binding admin.listen {}", settings.admin.listen))?;
-        let admin_token = admin_token(&settings)?;
+        let admin_token = crate::admin_token::load_or_create(&settings)?;
         let state = AppState::new(AppShared {
             engine,
             store,
@@ -323,6 +326,7 @@ impl Application {
                 max_batch_items: settings.http.max_batch_items,
             }),
             metrics: Arc::new(metrics),
+            lifecycle: Arc::new(Lifecycle::default()),
         });
         Ok(Self {
             listener,
@@ -368,6 +372,7 @@ impl Application {
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let address = self.local_addr();
         let admin_address = self.admin_addr();
+        let lifecycle = Arc::clone(&self.state.lifecycle);
         let admin_router = crate::http::admin::router(self.state.clone(), self.admin_token);
         let router = crate::http::router(self.state);
         let shutdown = self.shutdown.clone();
@@ -381,6 +386,7 @@ impl Application {
         )
         .with_graceful_shutdown(shutdown.clone().cancelled_owned());
         let mut server = tokio::spawn(server.into_future());
+        lifecycle.enter(Phase::Serving);
         tracing::info!(%address, "rebate query service listening");
 
         tokio::select! {
@@ -390,6 +396,7 @@ impl Application {
             }
             () = shutdown.cancelled() => {}
         }
+        lifecycle.enter(Phase::Draining);
         tracing::info!(
             drain_ms = self.drain.as_millis() as u64,
             "shutting down, draining requests"
@@ -526,51 +533,6 @@ async fn connect_tier(settings: &Settings) -> anyhow::Result<Option<Arc<RedisTie
         .with_context(|| format!("connecting to Redis ({options:?})"))?;
     tracing::info!(prefix = %redis.prefix, "redis L2 tier connected");
     Ok(Some(Arc::new(tier)))
-}
-
-/// The configured admin token, or a generated one written to `admin.token_file` (mode 0600) for
-/// `rebatectl` to read. The token itself is never logged.
-fn admin_token(settings: &Settings) -> anyhow::Result<AdminToken> {
-    let admin = &settings.admin;
-    if !admin.token.is_empty() {
-        return Ok(AdminToken::new(admin.token.expose()));
-    }
-    // 128 random bits, as 32 hex characters.
-    let token = rebate_telemetry::TraceId::generate().to_hex();
-    let path = &admin.token_file;
-    if let Some(parent) = path
-        .parent()
-        .filter(|parent| !parent.as_os_str().is_empty())
-    {
-        std::fs::create_dir_all(parent).with_context(|| {
-            format!(
-                "creating the directory of admin.token_file {}",
-                path.display()
-            )
-        })?;
-    }
-    write_private(path, &token)
-        .with_context(|| format!("writing admin.token_file {}", path.display()))?;
-    tracing::info!(token_file = %path.display(), "admin token generated");
-    Ok(AdminToken::new(token))
-}
-
-#[cfg(unix)]
-fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(contents.as_bytes())
-}
-
-#[cfg(not(unix))]
-fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
-    std::fs::write(path, contents)
 }
 
 /// The bus operators' events arrive on (and are published to) in this instance.

@@ -39,6 +39,14 @@ pub enum ErrorCode {
     NotRecorded,
     /// The `x-client-id` header is not 1–64 characters of letters, digits, `.`, `_`, `:`, `-`.
     InvalidClientId,
+    /// The request body did not arrive within the body read timeout.
+    RequestTimeout,
+    /// The request target (path and query) is longer than the configured limit.
+    UriTooLong,
+    /// The request headers are larger, or more numerous, than the configured limits.
+    HeadersTooLarge,
+    /// This listener, or this peer address, holds as many connections as it is allowed.
+    TooManyConnections,
     /// A bug; details are only in the logs.
     Internal,
 }
@@ -62,6 +70,10 @@ impl ErrorCode {
             ErrorCode::InvalidClientId => "invalid_client_id",
             ErrorCode::InvalidQuery => "invalid_query",
             ErrorCode::NotRecorded => "not_recorded",
+            ErrorCode::RequestTimeout => "request_timeout",
+            ErrorCode::UriTooLong => "uri_too_long",
+            ErrorCode::HeadersTooLarge => "headers_too_large",
+            ErrorCode::TooManyConnections => "too_many_connections",
             ErrorCode::Internal => "internal",
         }
     }

@@ -62,6 +62,18 @@ pub enum ApiError {
     /// 503: the request ran past its hard timeout.
     #[error("the request took too long; retry later")]
     Timeout,
+    /// 503: an operator's event could not be handed to the event broker.
+    #[error("the event broker is unreachable; the event was not published, retry later")]
+    BrokerUnavailable,
+    /// 408: the body did not arrive within the body read timeout (the connection is closed).
+    #[error("the request body did not arrive within {timeout_ms} ms")]
+    RequestTimeout { timeout_ms: u64 },
+    /// 414: the request target is over the configured limit.
+    #[error("the request target is longer than {limit} bytes")]
+    UriTooLong { limit: usize },
+    /// 431: the headers are over the configured size or count.
+    #[error("{0}")]
+    HeadersTooLarge(String),
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error")]
     Internal,
@@ -91,9 +103,13 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ApiError::Unavailable | ApiError::Timeout | ApiError::Overloaded { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ApiError::Unavailable
+            | ApiError::BrokerUnavailable
+            | ApiError::Timeout
+            | ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UriTooLong { .. } => StatusCode::URI_TOO_LONG,
+            ApiError::HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -110,7 +126,10 @@ impl ApiError {
             ApiError::MethodNotAllowed => ErrorCode::MethodNotAllowed,
             ApiError::Unauthorized => ErrorCode::Unauthorized,
             ApiError::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
-            ApiError::Unavailable => ErrorCode::Unavailable,
+            ApiError::Unavailable | ApiError::BrokerUnavailable => ErrorCode::Unavailable,
+            ApiError::RequestTimeout { .. } => ErrorCode::RequestTimeout,
+            ApiError::UriTooLong { .. } => ErrorCode::UriTooLong,
+            ApiError::HeadersTooLarge(_) => ErrorCode::HeadersTooLarge,
             ApiError::Overloaded { .. } => ErrorCode::Overloaded,
             ApiError::RateLimited { .. } => ErrorCode::RateLimited,
             ApiError::InvalidClientId(_) => ErrorCode::InvalidClientId,
@@ -131,7 +150,7 @@ impl ApiError {
     /// Seconds a client should wait before retrying, for the statuses where retrying helps.
     pub fn retry_after_secs(&self) -> Option<u32> {
         match self {
-            ApiError::Unavailable | ApiError::Timeout => Some(1),
+            ApiError::Unavailable | ApiError::BrokerUnavailable | ApiError::Timeout => Some(1),
             ApiError::Overloaded { retry_after_secs }
             | ApiError::RateLimited { retry_after_secs } => Some(*retry_after_secs),
             _ => None,

@@ -127,13 +127,13 @@ fn query_error(state: &AppState, error: QueryError) -> ApiError {
 /// route's.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct BatchRequest {
-    pub(super) items: Vec<BatchKey>,
+pub struct BatchRequest {
+    pub items: Vec<BatchKey>,
 }
 
 impl BatchRequest {
     /// Refuses an empty batch or one over `max` keys.
-    pub(super) fn check_size(&self, max: usize) -> Result<(), ApiError> {
+    pub fn check_size(&self, max: usize) -> Result<(), ApiError> {
         if self.items.is_empty() || self.items.len() > max {
             return Err(ApiError::InvalidBatchSize {
                 got: self.items.len(),
@@ -148,9 +148,9 @@ impl BatchRequest {
 /// whole batch.
 #[derive(Debug, Deserialize, PartialEq, Eq, Hash)]
 #[serde(deny_unknown_fields)]
-pub(super) struct BatchKey {
-    pub(super) platform: String,
-    pub(super) item_id: String,
+pub struct BatchKey {
+    pub platform: String,
+    pub item_id: String,
 }
 
 #[derive(Serialize)]
