@@ -57,19 +57,43 @@ pub enum PublishError {
     Unavailable(String),
 }
 
-/// A shared-delivery failure; the message becomes part of the dead-letter reason if redelivery
-/// is exhausted.
+/// A shared-delivery failure. Either kind is redelivered; they differ when redelivery runs out.
+///
+/// - [`HandlerError::new`]: nothing of the event is known to hold, so the event is dead-lettered
+///   with this message in its reason, for an operator to look at.
+/// - [`HandlerError::incomplete`]: the event's essential effect is already in place (every
+///   instance fenced its L1 from the broadcast delivery) and only a follow-up step failed on a
+///   dependency outage (the L2 fence while Redis is down). That is not a poison message: when
+///   redelivery runs out it is acknowledged and counted under its code
+///   ([`BusStats::abandoned`]) instead of filling the dead-letter queue, which stays the place
+///   for malformed, unsigned and stale events.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct HandlerError {
     message: String,
+    incomplete: Option<&'static str>,
 }
 
 impl HandlerError {
     pub fn new(message: impl fmt::Display) -> Self {
         Self {
             message: message.to_string(),
+            incomplete: None,
         }
+    }
+
+    /// A failure of a follow-up step after the event's effect is in place; `code` is a stable
+    /// snake_case label (e.g. `l2_fence_unapplied`) for counters and logs.
+    pub fn incomplete(code: &'static str, message: impl fmt::Display) -> Self {
+        Self {
+            message: message.to_string(),
+            incomplete: Some(code),
+        }
+    }
+
+    /// The code given to [`HandlerError::incomplete`]; `None` for a plain failure.
+    pub fn incomplete_code(&self) -> Option<&'static str> {
+        self.incomplete
     }
 }
 
@@ -103,6 +127,11 @@ pub struct BusStats {
     /// Shared deliveries retried after a handler error.
     pub redelivered: u64,
     pub dead_lettered: u64,
+    /// Events whose shared delivery ran out of attempts on an [`HandlerError::incomplete`]
+    /// failure: acknowledged without their follow-up step, not dead-lettered.
+    pub abandoned: u64,
+    /// `abandoned` by the handler's code.
+    pub abandoned_by_code: BTreeMap<String, u64>,
     /// Decoding rejections by [`crate::Rejection::code`].
     pub rejected_by_reason: BTreeMap<String, u64>,
 }
@@ -199,6 +228,8 @@ struct Counters {
     redelivered: AtomicU64,
     dead_lettered: AtomicU64,
     rejected_by_reason: Mutex<BTreeMap<&'static str, u64>>,
+    abandoned: AtomicU64,
+    abandoned_by_code: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl InProcessBus {
@@ -267,6 +298,11 @@ impl InProcessBus {
             redelivered: counters.redelivered.load(Ordering::Relaxed),
             dead_lettered: counters.dead_lettered.load(Ordering::Relaxed),
             rejected_by_reason: lock(&counters.rejected_by_reason)
+                .iter()
+                .map(|(code, count)| ((*code).to_owned(), *count))
+                .collect(),
+            abandoned: counters.abandoned.load(Ordering::Relaxed),
+            abandoned_by_code: lock(&counters.abandoned_by_code)
                 .iter()
                 .map(|(code, count)| ((*code).to_owned(), *count))
                 .collect(),
@@ -405,16 +441,34 @@ impl Shared {
             let event_for_handler = Arc::clone(&event);
             let outcome =
                 contain_panic(async move { handler.on_shared(&event_for_handler).await }).await;
-            let failure = match outcome {
+            let (failure, incomplete) = match outcome {
                 Ok(Ok(())) => {
                     self.counters
                         .delivered_shared
                         .fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                Ok(Err(handler_error)) => handler_error.to_string(),
-                Err(panic) => panic,
+                Ok(Err(handler_error)) => {
+                    (handler_error.to_string(), handler_error.incomplete_code())
+                }
+                Err(panic) => (panic, None),
             };
+            if deliveries >= self.settings.max_deliveries
+                && let Some(code) = incomplete
+            {
+                tracing::warn!(
+                    event_id = %event.event_id(),
+                    code,
+                    deliveries,
+                    %failure,
+                    "shared delivery abandoned after its last attempt; its effect is in place, its follow-up is not"
+                );
+                self.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+                *lock(&self.counters.abandoned_by_code)
+                    .entry(code)
+                    .or_insert(0) += 1;
+                return;
+            }
             if deliveries >= self.settings.max_deliveries {
                 let reason =
                     format!("shared handler failed {deliveries} times; last error: {failure}");

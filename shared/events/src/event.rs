@@ -13,6 +13,17 @@ use crate::rejection::Rejection;
 /// failing re-warm does not hold up thousands of items. Publishers split larger batches.
 pub const MAX_ITEMS_PER_EVENT: usize = 100;
 
+/// The highest data version an event may carry: 2^53 − 1, JavaScript's `Number.MAX_SAFE_INTEGER`.
+///
+/// Versions travel as JSON numbers, and every consumer of the body — a browser console, a
+/// `jq` pipeline, a dashboard written in JS — must read the same number we fence with; above
+/// 2^53 − 1 doubles round and two different versions compare equal. The bound also keeps every
+/// version inside the store's signed 64-bit `version` column (a fence at a version no row can
+/// reach would hide the item until the fence expires), and leaves room for any sane producer:
+/// counters, and Unix timestamps in milliseconds or microseconds (1.8 × 10^15 in 2027). Valid
+/// versions are therefore `1 ..= MAX_VERSION`.
+pub const MAX_VERSION: u64 = (1 << 53) - 1;
+
 /// The identity of one event, used to drop duplicates (brokers deliver at least once).
 ///
 /// 1 to 64 characters of `[A-Za-z0-9._:-]`: wide enough for UUIDs, ULIDs and operator-chosen
@@ -163,7 +174,8 @@ impl fmt::Display for EventKind {
 }
 
 /// A validated invalidation event. Every value of this type satisfies the contract: a valid id,
-/// 1 to [`MAX_ITEMS_PER_EVENT`] distinct item ids, a version of at least 1 and an `occurred_at`
+/// 1 to [`MAX_ITEMS_PER_EVENT`] distinct item ids, a version in `1 ..=` [`MAX_VERSION`] and an
+/// `occurred_at`
 /// with whole-second precision (the wire carries seconds, so encode/decode round-trips exactly).
 ///
 /// Build one with [`InvalidationEvent::new`] or receive one from [`crate::decode_event`];
@@ -202,6 +214,9 @@ impl InvalidationEvent {
         }
         if version == 0 {
             return Err(Rejection::VersionZero);
+        }
+        if version > MAX_VERSION {
+            return Err(Rejection::VersionTooLarge { version });
         }
         let millis = occurred_at.as_millis();
         let whole_seconds = Timestamp::from_millis(millis - millis.rem_euclid(1_000));
@@ -347,6 +362,20 @@ mod tests {
             Err(Rejection::DuplicateItemId(ItemId::from_u64(1)))
         );
         assert_eq!(build(ids(&[1]), 0), Err(Rejection::VersionZero));
+        assert_eq!(
+            build(ids(&[1]), MAX_VERSION).unwrap().version(),
+            MAX_VERSION
+        );
+        assert_eq!(
+            build(ids(&[1]), MAX_VERSION + 1),
+            Err(Rejection::VersionTooLarge {
+                version: MAX_VERSION + 1
+            })
+        );
+        assert_eq!(
+            build(ids(&[1]), u64::MAX),
+            Err(Rejection::VersionTooLarge { version: u64::MAX })
+        );
         let too_many: Vec<u64> = (1..=101).collect();
         assert_eq!(
             build(ids(&too_many), 1),

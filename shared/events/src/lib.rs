@@ -1,7 +1,8 @@
 //! Cache-invalidation events: the contract between operators' publishers and every instance.
 //!
 //! Contract: an event is versioned JSON (schema 1) naming what changed (`kind`), for which
-//! items of one platform, at which data version and when. Decoding is strict and total: any
+//! items of one platform, at which data version (`1 ..=` [`MAX_VERSION`], i.e. 2^53 − 1, so that
+//! every JSON reader sees the exact number) and when. Decoding is strict and total: any
 //! bytes yield either a valid [`InvalidationEvent`] or a [`Rejection`] whose text is the
 //! dead-letter reason, never a panic. In production a [`ValidationPolicy`] also requires an
 //! HMAC-SHA256 signature (carried beside the body) and refuses stale events. Duplicates and
@@ -29,7 +30,7 @@ pub use bus::{
     PublishError, Subscription,
 };
 pub use dedupe::{Deduplicator, VersionGate};
-pub use event::{EventId, EventKind, InvalidationEvent, MAX_ITEMS_PER_EVENT};
+pub use event::{EventId, EventKind, InvalidationEvent, MAX_ITEMS_PER_EVENT, MAX_VERSION};
 pub use rejection::Rejection;
 pub use wire::{
     MAX_BODY_BYTES, SCHEMA_VERSION, SIGNATURE_PREFIX, SigningKey, SigningKeyTooShort,

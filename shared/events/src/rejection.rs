@@ -3,7 +3,7 @@
 
 use rebate_domain::{ItemId, KeyError};
 
-use crate::event::MAX_ITEMS_PER_EVENT;
+use crate::event::{MAX_ITEMS_PER_EVENT, MAX_VERSION};
 use crate::wire::{MAX_BODY_BYTES, SCHEMA_VERSION};
 
 /// One precise reason an event is not acceptable, whether received or built locally.
@@ -50,6 +50,9 @@ pub enum Rejection {
     DuplicateItemId(ItemId),
     #[error("version must be at least 1")]
     VersionZero,
+    /// Above [`MAX_VERSION`] (2^53 − 1): JSON readers that use doubles would round it.
+    #[error("version {version} is above the maximum {MAX_VERSION} (2^53 - 1)")]
+    VersionTooLarge { version: u64 },
     #[error("occurred_at is not an RFC 3339 timestamp: {0}")]
     InvalidOccurredAt(String),
     /// The policy requires a signature and none travelled with the body.
@@ -87,6 +90,7 @@ impl Rejection {
             Rejection::TooManyItems { .. } => "too_many_items",
             Rejection::DuplicateItemId(_) => "duplicate_item_id",
             Rejection::VersionZero => "version_zero",
+            Rejection::VersionTooLarge { .. } => "version_too_large",
             Rejection::InvalidOccurredAt(_) => "invalid_occurred_at",
             Rejection::SignatureMissing => "signature_missing",
             Rejection::SignatureMalformed => "signature_malformed",

@@ -472,6 +472,20 @@ mod tests {
             ),
             (
                 body_with(|map| {
+                    map.insert("version".into(), json!(9_007_199_254_740_992_u64));
+                }),
+                "version 9007199254740992 is above the maximum 9007199254740991 (2^53 - 1)",
+                "version_too_large",
+            ),
+            (
+                body_with(|map| {
+                    map.insert("version".into(), json!(u64::MAX));
+                }),
+                "version 18446744073709551615 is above the maximum 9007199254740991 (2^53 - 1)",
+                "version_too_large",
+            ),
+            (
+                body_with(|map| {
                     map.insert("occurred_at".into(), json!("yesterday"));
                 }),
                 "occurred_at is not an RFC 3339 timestamp: premature end of input",
@@ -642,7 +656,7 @@ mod tests {
             prop::sample::select(EventKind::ALL.to_vec()),
             prop::sample::select(Platform::ALL.to_vec()),
             prop::collection::hash_set(any::<u64>(), 1..=MAX_ITEMS_PER_EVENT),
-            1..=u64::MAX,
+            1..=crate::event::MAX_VERSION,
             0i64..4_102_444_800,
         )
             .prop_map(|(event_id, kind, platform, item_ids, version, seconds)| {

@@ -202,6 +202,68 @@ async fn failed_shared_deliveries_are_redelivered_then_dead_lettered() {
     assert_eq!(stats.dead_lettered, 1);
 }
 
+/// Fails every shared delivery as "incomplete": the broadcast effect holds, the follow-up does not.
+struct IncompleteHandler {
+    shared_attempts: Mutex<u32>,
+    progress: Arc<Notify>,
+}
+
+#[async_trait]
+impl EventHandler for IncompleteHandler {
+    async fn on_broadcast(&self, _event: &InvalidationEvent) {}
+
+    async fn on_shared(&self, _event: &InvalidationEvent) -> Result<(), HandlerError> {
+        *lock(&self.shared_attempts) += 1;
+        self.progress.notify_waiters();
+        Err(HandlerError::incomplete(
+            "l2_fence_unapplied",
+            "redis unreachable",
+        ))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn incomplete_deliveries_are_retried_then_abandoned_not_dead_lettered() {
+    let progress = Arc::new(Notify::new());
+    let settings = BusSettings {
+        max_deliveries: 3,
+        ..BusSettings::default()
+    };
+    let (bus, _shutdown) = start(settings);
+    let handler = Arc::new(IncompleteHandler {
+        shared_attempts: Mutex::new(0),
+        progress: Arc::clone(&progress),
+    });
+    let _subscription = bus.subscribe(Arc::clone(&handler) as Arc<dyn EventHandler>);
+
+    bus.publish(&event("applied-by-broadcast")).await.unwrap();
+    bus.settled().await;
+
+    assert_eq!(
+        *lock(&handler.shared_attempts),
+        3,
+        "max_deliveries attempts"
+    );
+    assert!(bus.dead_letters().is_empty(), "{:?}", bus.dead_letters());
+    let stats = bus.stats();
+    assert_eq!(stats.redelivered, 2);
+    assert_eq!(stats.dead_lettered, 0);
+    assert_eq!(stats.delivered_shared, 0);
+    assert_eq!(stats.abandoned, 1);
+    assert_eq!(
+        stats.abandoned_by_code,
+        BTreeMap::from([("l2_fence_unapplied".to_owned(), 1)])
+    );
+}
+
+#[test]
+fn handler_errors_say_whether_they_are_incomplete() {
+    assert_eq!(HandlerError::new("store down").incomplete_code(), None);
+    let incomplete = HandlerError::incomplete("l2_fence_unapplied", "redis down");
+    assert_eq!(incomplete.incomplete_code(), Some("l2_fence_unapplied"));
+    assert_eq!(incomplete.to_string(), "redis down");
+}
+
 /// Rebuilds the event that produced `body` (its timestamp came from the wall clock).
 fn event_with_time(id: &str, body: &[u8]) -> InvalidationEvent {
     let decoded = decode_event(
