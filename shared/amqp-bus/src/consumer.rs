@@ -97,9 +97,34 @@ async fn process(context: Arc<ConsumeContext>, role: QueueRole, queue: String, d
             )
             .await
         }
-        Err(DeliveryError::Retry { reason }) => {
-            tracing::debug!(queue = role.as_str(), attempt, %reason, "delivery will be retried");
-            tokio::time::sleep(settings.retry_delay()).await;
+        Err(DeliveryError::Incomplete { code, reason })
+            if attempt >= u64::from(settings.max_deliveries) =>
+        {
+            // Not a poison message: its effect is in place, only a follow-up failed for the
+            // whole redelivery window. Dropping it is the honest outcome; a dead letter would
+            // read as "this event was never applied".
+            tracing::warn!(
+                queue = role.as_str(),
+                code = code.as_str(),
+                %reason,
+                attempt,
+                window_ms = u64::try_from(settings.redelivery_window().as_millis()).unwrap_or(u64::MAX),
+                "delivery abandoned after its last attempt; its effect is in place, its follow-up is not"
+            );
+            ack(&delivery, role).await;
+            context.shared.counters.record_abandoned(&code);
+            return;
+        }
+        Err(DeliveryError::Retry { reason } | DeliveryError::Incomplete { reason, .. }) => {
+            let delay = settings.retry_delay(attempt);
+            tracing::debug!(
+                queue = role.as_str(),
+                attempt,
+                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                %reason,
+                "delivery will be retried"
+            );
+            tokio::time::sleep(delay).await;
             let result = republish(&context, &queue, &delivery, message_headers, attempt + 1).await;
             if result.is_ok() {
                 bump(&context.shared.counters.retried);

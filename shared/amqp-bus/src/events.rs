@@ -52,7 +52,9 @@ impl EventPublisher for AmqpEventPublisher {
 ///
 /// Rejections (malformed, unsigned when required, stale) are dead-lettered at once with the
 /// rejection's text as the reason and its code as the counter key; a shared-handler error is
-/// retried with bounded redelivery. Broadcast handling cannot fail, so it is always acked.
+/// retried with bounded redelivery — then dead-lettered, or, when the handler called it
+/// [`rebate_events::HandlerError::incomplete`], acknowledged and counted as abandoned.
+/// Broadcast handling cannot fail, so it is always acked.
 pub struct DecodingHandler {
     handler: Arc<dyn EventHandler>,
     policy: ValidationPolicy,
@@ -90,11 +92,90 @@ impl DeliveryHandler for DecodingHandler {
                 self.handler.on_broadcast(&event).await;
                 Ok(())
             }
-            QueueRole::Shared => self
-                .handler
-                .on_shared(&event)
-                .await
-                .map_err(|error| DeliveryError::retry(error.to_string())),
+            QueueRole::Shared => {
+                self.handler.on_shared(&event).await.map_err(|error| {
+                    match error.incomplete_code() {
+                        Some(code) => DeliveryError::incomplete(code, error.to_string()),
+                        None => DeliveryError::retry(error.to_string()),
+                    }
+                })
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rebate_domain::{ItemId, Platform};
+    use rebate_events::{EventId, EventKind, HandlerError};
+
+    use super::*;
+
+    /// Fails every shared delivery the way it was built to.
+    struct Failing(HandlerError);
+
+    #[async_trait]
+    impl EventHandler for Failing {
+        async fn on_broadcast(&self, _event: &InvalidationEvent) {}
+
+        async fn on_shared(&self, _event: &InvalidationEvent) -> Result<(), HandlerError> {
+            Err(self.0.clone())
+        }
+    }
+
+    fn body() -> Vec<u8> {
+        let event = InvalidationEvent::new(
+            EventId::parse("evt-1").expect("valid id"),
+            EventKind::RateChanged,
+            Platform::Jd,
+            vec![ItemId::from_u64(100_001)],
+            7,
+            Timestamp::now(),
+        )
+        .expect("valid event");
+        encode_event(&event)
+    }
+
+    fn decoding(error: HandlerError) -> DecodingHandler {
+        DecodingHandler::new(
+            Arc::new(Failing(error)),
+            ValidationPolicy::permissive(Timestamp::now()),
+        )
+    }
+
+    #[tokio::test]
+    async fn handler_errors_keep_their_kind_on_the_wire_side() {
+        let plain = decoding(HandlerError::new("store down"));
+        assert_eq!(
+            plain.handle(QueueRole::Shared, &body(), None).await,
+            Err(DeliveryError::retry("store down"))
+        );
+        let incomplete = decoding(HandlerError::incomplete("l2_fence_unapplied", "redis down"));
+        assert_eq!(
+            incomplete.handle(QueueRole::Shared, &body(), None).await,
+            Err(DeliveryError::incomplete(
+                "l2_fence_unapplied",
+                "redis down"
+            ))
+        );
+        // The broadcast path never fails on the handler.
+        assert_eq!(
+            incomplete.handle(QueueRole::Broadcast, &body(), None).await,
+            Ok(())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_version_out_of_range_is_rejected_for_the_dead_letter_queue() {
+        let handler = decoding(HandlerError::new("unused"));
+        let text = String::from_utf8(body()).expect("utf-8");
+        let oversized = text.replace("\"version\":7", "\"version\":9007199254740992");
+        let outcome = handler
+            .handle(QueueRole::Shared, oversized.as_bytes(), None)
+            .await;
+        assert!(
+            matches!(&outcome, Err(DeliveryError::Reject { code, .. }) if code == "version_too_large"),
+            "{outcome:?}"
+        );
     }
 }

@@ -34,6 +34,19 @@ pub enum DeliveryError {
         /// Human-readable reason, carried to the dead-letter queue if retries run out.
         reason: String,
     },
+    /// Transient, but the delivery's essential effect is already in place and only a follow-up
+    /// step failed (e.g. the broadcast already fenced every instance's L1; the shared L2 fence
+    /// failed because Redis is down). Retried exactly like [`DeliveryError::Retry`]; when
+    /// attempts run out it is acknowledged and counted under `code` in
+    /// [`crate::BusStats::abandoned_by_code`] instead of being dead-lettered: it is not a poison
+    /// message, and the dead-letter queue stays the list of events that were never valid.
+    #[error("incomplete ({code}): {reason}")]
+    Incomplete {
+        /// Short machine-readable code, the counter key (e.g. `l2_fence_unapplied`).
+        code: String,
+        /// Human-readable reason, logged when the delivery is abandoned.
+        reason: String,
+    },
     /// The input itself is bad (malformed, unsigned, bad signature): dead-lettered at once.
     #[error("rejected ({code}): {reason}")]
     Reject {
@@ -52,6 +65,14 @@ impl DeliveryError {
         }
     }
 
+    /// Shorthand for [`DeliveryError::Incomplete`].
+    pub fn incomplete(code: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Incomplete {
+            code: code.into(),
+            reason: reason.into(),
+        }
+    }
+
     /// Shorthand for [`DeliveryError::Reject`].
     pub fn reject(code: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::Reject {
@@ -66,6 +87,7 @@ impl DeliveryError {
 #[async_trait]
 pub trait DeliveryHandler: Send + Sync + 'static {
     /// `Ok` → ack. `Err(Retry)` → requeue until max deliveries, then dead-letter with the reason.
+    /// `Err(Incomplete)` → requeue until max deliveries, then ack and count as abandoned.
     /// `Err(Reject)` → dead-letter at once. A panic is treated as `Retry`.
     async fn handle(
         &self,

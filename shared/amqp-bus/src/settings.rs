@@ -31,10 +31,16 @@ pub struct AmqpSettings {
     pub dead_letter_queue: String,
     /// Unacknowledged deliveries per consumer; bounds in-flight handler work.
     pub prefetch: u16,
-    /// Handler attempts per message (first delivery included) before it is dead-lettered.
+    /// Handler attempts per message (first delivery included) before it is dead-lettered (or,
+    /// for an incomplete failure, acknowledged and counted as abandoned).
     pub max_deliveries: u32,
-    /// Pause before a retryable failure is republished, so a struggling dependency can recover.
+    /// Pause before the first retry; each later retry waits twice as long as the one before, up
+    /// to `retry_max_delay_ms`, so that a short dependency outage (a Redis restart) is outlasted
+    /// instead of burning every attempt in its first seconds. The defaults (250 ms doubling to
+    /// 4 s, 8 deliveries) wait 15.75 s in all; see [`AmqpSettings::redelivery_window`].
     pub retry_delay_ms: u64,
+    /// Longest pause between two attempts.
+    pub retry_max_delay_ms: u64,
     /// Lower bound of the reconnect backoff.
     pub reconnect_min_ms: u64,
     /// Upper bound of the reconnect backoff (full jitter is applied below it).
@@ -57,8 +63,9 @@ impl Default for AmqpSettings {
             dead_letter_exchange: "rebate.events.dlx".to_owned(),
             dead_letter_queue: "rebate.events.dead".to_owned(),
             prefetch: 32,
-            max_deliveries: 5,
-            retry_delay_ms: 500,
+            max_deliveries: 8,
+            retry_delay_ms: 250,
+            retry_max_delay_ms: 4_000,
             reconnect_min_ms: 200,
             reconnect_max_ms: 10_000,
             connect_timeout_ms: 5_000,
@@ -78,6 +85,15 @@ pub struct SettingsError {
 }
 
 impl AmqpSettings {
+    /// Most handler attempts per message: beyond this, redelivery stops being "bounded" in any
+    /// useful sense.
+    pub const MAX_DELIVERIES_LIMIT: u32 = 50;
+
+    /// Longest total redelivery window [`AmqpSettings::validate`] accepts. A delivery waiting for
+    /// its retry holds one of the consumer's `prefetch` slots, and an event retried for longer
+    /// than this is better re-published by an operator than held on to.
+    pub const MAX_REDELIVERY_WINDOW: Duration = Duration::from_secs(600);
+
     /// Name of this instance's exclusive, auto-delete broadcast queue.
     #[must_use]
     pub fn broadcast_queue(&self) -> String {
@@ -136,10 +152,29 @@ impl AmqpSettings {
                 problem: "must be at least 1",
             });
         }
-        if self.max_deliveries == 0 {
+        if self.max_deliveries == 0 || self.max_deliveries > Self::MAX_DELIVERIES_LIMIT {
             return Err(SettingsError {
                 field: "max_deliveries",
+                problem: "must be between 1 and 50",
+            });
+        }
+        if self.retry_delay_ms == 0 {
+            return Err(SettingsError {
+                field: "retry_delay_ms",
                 problem: "must be at least 1",
+            });
+        }
+        if self.retry_max_delay_ms < self.retry_delay_ms {
+            return Err(SettingsError {
+                field: "retry_max_delay_ms",
+                problem: "must not be below retry_delay_ms",
+            });
+        }
+        if self.redelivery_window() > Self::MAX_REDELIVERY_WINDOW {
+            return Err(SettingsError {
+                field: "max_deliveries",
+                problem: "with retry_delay_ms and retry_max_delay_ms, the redelivery window \
+                          would exceed 600 s",
             });
         }
         if self.reconnect_min_ms == 0 || self.reconnect_min_ms > self.reconnect_max_ms {
@@ -157,8 +192,27 @@ impl AmqpSettings {
         Ok(())
     }
 
-    pub(crate) fn retry_delay(&self) -> Duration {
-        Duration::from_millis(self.retry_delay_ms)
+    /// The pause before republishing a delivery whose `attempt` (1 for the first delivery)
+    /// failed: `retry_delay_ms × 2^(attempt − 1)`, capped at `retry_max_delay_ms`.
+    #[must_use]
+    pub fn retry_delay(&self, attempt: u64) -> Duration {
+        let doublings = u32::try_from(attempt.saturating_sub(1).min(63)).unwrap_or(63);
+        let factor = 1u64.checked_shl(doublings).unwrap_or(u64::MAX);
+        Duration::from_millis(
+            self.retry_delay_ms
+                .saturating_mul(factor)
+                .min(self.retry_max_delay_ms),
+        )
+    }
+
+    /// The total pause across all retries of one message (`max_deliveries − 1` of them): how
+    /// long a dependency may stay down before the message runs out of attempts. Handler time
+    /// comes on top.
+    #[must_use]
+    pub fn redelivery_window(&self) -> Duration {
+        (1..u64::from(self.max_deliveries))
+            .map(|attempt| self.retry_delay(attempt))
+            .fold(Duration::ZERO, Duration::saturating_add)
     }
 
     pub(crate) fn connect_timeout(&self) -> Duration {
@@ -184,6 +238,7 @@ impl fmt::Debug for AmqpSettings {
             .field("prefetch", &self.prefetch)
             .field("max_deliveries", &self.max_deliveries)
             .field("retry_delay_ms", &self.retry_delay_ms)
+            .field("retry_max_delay_ms", &self.retry_max_delay_ms)
             .field("reconnect_min_ms", &self.reconnect_min_ms)
             .field("reconnect_max_ms", &self.reconnect_max_ms)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
@@ -250,6 +305,75 @@ mod tests {
             ..AmqpSettings::default()
         };
         assert_eq!(bad.validate().map_err(|e| e.field), Err("reconnect_min_ms"));
+    }
+
+    #[test]
+    fn retry_delays_double_from_the_first_and_stop_at_the_cap() {
+        let settings = AmqpSettings::default();
+        let delays: Vec<u64> = (1..=8)
+            .map(|attempt| u64::try_from(settings.retry_delay(attempt).as_millis()).expect("small"))
+            .collect();
+        assert_eq!(delays, [250, 500, 1_000, 2_000, 4_000, 4_000, 4_000, 4_000]);
+        assert_eq!(settings.retry_delay(0), Duration::from_millis(250));
+        assert_eq!(settings.retry_delay(u64::MAX), Duration::from_secs(4));
+    }
+
+    #[test]
+    fn the_default_window_outlasts_a_ten_second_outage() {
+        let settings = AmqpSettings::default();
+        // 7 retries between 8 deliveries: 250 + 500 + 1000 + 2000 + 3 × 4000 ms.
+        assert_eq!(settings.redelivery_window(), Duration::from_millis(15_750));
+        assert!(settings.redelivery_window() >= Duration::from_secs(10));
+        let single = AmqpSettings {
+            max_deliveries: 1,
+            ..AmqpSettings::default()
+        };
+        assert_eq!(single.redelivery_window(), Duration::ZERO);
+    }
+
+    #[test]
+    fn retry_settings_are_validated_and_the_window_is_bounded() {
+        let field = |settings: AmqpSettings| settings.validate().map_err(|error| error.field);
+        let base = AmqpSettings::default;
+        assert_eq!(
+            field(AmqpSettings {
+                retry_delay_ms: 0,
+                ..base()
+            }),
+            Err("retry_delay_ms")
+        );
+        assert_eq!(
+            field(AmqpSettings {
+                retry_max_delay_ms: 100,
+                ..base()
+            }),
+            Err("retry_max_delay_ms")
+        );
+        assert_eq!(
+            field(AmqpSettings {
+                max_deliveries: 51,
+                ..base()
+            }),
+            Err("max_deliveries")
+        );
+        // 50 deliveries × 60 s cap: 49 minutes of retries, refused.
+        assert_eq!(
+            field(AmqpSettings {
+                max_deliveries: 50,
+                retry_max_delay_ms: 60_000,
+                ..base()
+            }),
+            Err("max_deliveries")
+        );
+        // Up to the limit is fine: 250 ms doubling to 60 s over 12 deliveries is ~ 4 min.
+        assert_eq!(
+            field(AmqpSettings {
+                max_deliveries: 12,
+                retry_max_delay_ms: 60_000,
+                ..base()
+            }),
+            Ok(())
+        );
     }
 
     #[test]

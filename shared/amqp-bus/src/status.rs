@@ -34,6 +34,11 @@ pub struct BusStats {
     pub dead_lettered: u64,
     /// `dead_lettered` split by reason code (`retries_exhausted` or the handler's reject code).
     pub dead_lettered_by_code: BTreeMap<String, u64>,
+    /// Deliveries that ran out of attempts on an incomplete failure (their effect in place, a
+    /// follow-up not): acknowledged, not dead-lettered, and not counted in `acked`.
+    pub abandoned: u64,
+    /// `abandoned` split by the handler's code (e.g. `l2_fence_unapplied`).
+    pub abandoned_by_code: BTreeMap<String, u64>,
     /// Application publishes confirmed by the broker.
     pub publish_ok: u64,
     /// Application publishes that failed (disconnected, nacked, timed out).
@@ -47,6 +52,8 @@ pub(crate) struct Counters {
     pub(crate) retried: AtomicU64,
     pub(crate) dead_lettered: AtomicU64,
     dead_lettered_by_code: Mutex<BTreeMap<String, u64>>,
+    abandoned: AtomicU64,
+    abandoned_by_code: Mutex<BTreeMap<String, u64>>,
     pub(crate) publish_ok: AtomicU64,
     pub(crate) publish_failed: AtomicU64,
 }
@@ -65,18 +72,29 @@ impl Counters {
         *by_code.entry(code.to_owned()).or_default() += 1;
     }
 
-    pub(crate) fn snapshot(&self) -> BusStats {
-        let by_code = self
-            .dead_lettered_by_code
+    pub(crate) fn record_abandoned(&self, code: &str) {
+        bump(&self.abandoned);
+        let mut by_code = self
+            .abandoned_by_code
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *by_code.entry(code.to_owned()).or_default() += 1;
+    }
+
+    pub(crate) fn snapshot(&self) -> BusStats {
+        let read = |map: &Mutex<BTreeMap<String, u64>>| {
+            map.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+        };
         BusStats {
             consumed: self.consumed.load(Ordering::Relaxed),
             acked: self.acked.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
-            dead_lettered_by_code: by_code,
+            dead_lettered_by_code: read(&self.dead_lettered_by_code),
+            abandoned: self.abandoned.load(Ordering::Relaxed),
+            abandoned_by_code: read(&self.abandoned_by_code),
             publish_ok: self.publish_ok.load(Ordering::Relaxed),
             publish_failed: self.publish_failed.load(Ordering::Relaxed),
         }

@@ -45,6 +45,12 @@ impl DeliveryHandler for Recorder {
         if text.starts_with("retry") {
             return Err(DeliveryError::retry("store unavailable"));
         }
+        if text.starts_with("incomplete") && queue == QueueRole::Shared {
+            return Err(DeliveryError::incomplete(
+                "l2_fence_unapplied",
+                "redis unreachable",
+            ));
+        }
         if text.starts_with("bad") {
             return Err(DeliveryError::reject(
                 "malformed",
@@ -200,6 +206,51 @@ async fn retries_are_bounded_and_rejects_are_dead_lettered_with_the_reason() {
             recorder.count(QueueRole::Shared, "good-2") == 1
         })
         .await;
+        bus.shutdown().await;
+    })
+    .await;
+}
+
+/// An incomplete failure (effect in place, follow-up failed) is retried like any other, then
+/// acknowledged and counted as abandoned: the dead-letter queue stays empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incomplete_deliveries_are_retried_then_abandoned_not_dead_lettered() {
+    let settings = AmqpSettings {
+        max_deliveries: 3,
+        ..isolated_settings("abandon")
+    };
+    isolated(settings, |settings| async move {
+        let recorder = Arc::new(Recorder::default());
+        let bus = start(settings.clone(), Arc::clone(&recorder)).await;
+
+        bus.publish_bytes("invalidate.rate", b"incomplete-1", None)
+            .await
+            .expect("publish");
+        eventually("the delivery to be abandoned", || {
+            bus.stats().abandoned == 1
+        })
+        .await;
+        bus.publish_bytes("invalidate.rate", b"marker", None)
+            .await
+            .expect("publish");
+        eventually("the marker", || {
+            recorder.count(QueueRole::Shared, "marker") == 1
+        })
+        .await;
+
+        assert_eq!(recorder.count(QueueRole::Shared, "incomplete-1"), 3);
+        assert_eq!(recorder.count(QueueRole::Broadcast, "incomplete-1"), 1);
+        let stats = bus.stats();
+        assert_eq!(stats.retried, 2);
+        assert_eq!(stats.dead_lettered, 0);
+        assert_eq!(
+            stats.abandoned_by_code.get("l2_fence_unapplied"),
+            Some(&1),
+            "{stats:?}"
+        );
+        // Broadcast of both, shared of the marker; the abandoned delivery is not "accepted".
+        assert_eq!(stats.acked, 3);
+        assert_eq!(drain_dead_letters(&settings).await, Vec::new());
         bus.shutdown().await;
     })
     .await;
