@@ -449,7 +449,8 @@ async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
         .unwrap();
     assert_eq!(
         ready,
-        json!({"ready": true, "store": "ok", "redis": "ok", "events": "connected"})
+        json!({"ready": true, "phase": "serving", "store": "ok", "redis": "ok",
+               "events": "connected", "degraded": []})
     );
 
     let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(

@@ -1,10 +1,51 @@
 //! The admin listener's bearer token: the configured one, or a generated one written to
 //! `admin.token_file` for `rebatectl` to read.
+//!
+//! The file is written so that only the service's user can read it, whatever was there before:
+//! opened with `O_NOFOLLOW` (a symbolic link planted at the path is refused, never followed, so
+//! the token cannot be written through it into a file someone else can read), refused unless it
+//! is a regular file, and forced to mode 0600 with `fchmod` on the open file on every start (an
+//! existing 0644 file does not keep its mode). If any of that fails, the service does not start.
+
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
 use crate::config::Settings;
 use crate::http::admin::AdminToken;
+
+/// Why the token file could not be written safely.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenFileError {
+    /// The path is a symbolic link; following it could put the token anywhere.
+    #[error(
+        "{} is a symbolic link; refusing to follow it (remove it, or point admin.token_file at a regular file)",
+        path.display()
+    )]
+    Symlink { path: PathBuf },
+    /// A directory, socket, FIFO or device: not a place to keep a secret.
+    #[error(
+        "{} is not a regular file; refusing to write the admin token there",
+        path.display()
+    )]
+    NotRegular { path: PathBuf },
+    #[error("opening {}: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The mode could not be forced to 0600 (e.g. the file belongs to another user).
+    #[error("setting mode 0600 on {}: {source}", path.display())]
+    Permissions {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("writing {}: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
 
 /// The configured admin token, or a generated one written to `admin.token_file` (mode 0600) for
 /// `rebatectl` to read. The token itself is never logged.
@@ -27,27 +68,196 @@ pub fn load_or_create(settings: &Settings) -> anyhow::Result<AdminToken> {
             )
         })?;
     }
-    write_private(path, &token)
-        .with_context(|| format!("writing admin.token_file {}", path.display()))?;
+    write_private(path, &token).context("writing admin.token_file")?;
     tracing::info!(token_file = %path.display(), "admin token generated");
     Ok(AdminToken::new(token))
 }
 
+/// Writes `contents` to `path`, readable and writable by the owner only.
+///
+/// The file is opened without truncation first, so that nothing is changed before it is known
+/// to be a regular file; `O_NONBLOCK` keeps a FIFO planted at the path from blocking the start
+/// (it fails with `ENXIO` instead). Then: `fstat` (regular file?), `fchmod` 0600, `ftruncate`,
+/// write — all on the open descriptor, so a path swapped in between cannot redirect any step.
 #[cfg(unix)]
-fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
+pub fn write_private(path: &Path, contents: &str) -> Result<(), TokenFileError> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
         .mode(0o600)
-        .open(path)?;
-    file.write_all(contents.as_bytes())
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| match source.raw_os_error() {
+            Some(libc::ELOOP) => TokenFileError::Symlink {
+                path: path.to_owned(),
+            },
+            Some(libc::EISDIR | libc::ENXIO) => TokenFileError::NotRegular {
+                path: path.to_owned(),
+            },
+            _ => TokenFileError::Open {
+                path: path.to_owned(),
+                source,
+            },
+        })?;
+    let metadata = file.metadata().map_err(|source| TokenFileError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
+    if !metadata.is_file() {
+        return Err(TokenFileError::NotRegular {
+            path: path.to_owned(),
+        });
+    }
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|source| TokenFileError::Permissions {
+            path: path.to_owned(),
+            source,
+        })?;
+    let write_error = |source| TokenFileError::Write {
+        path: path.to_owned(),
+        source,
+    };
+    file.set_len(0).map_err(write_error)?;
+    file.write_all(contents.as_bytes()).map_err(write_error)?;
+    file.sync_all().map_err(write_error)
 }
 
+/// Without Unix permissions there is no mode to force; the file is written as is.
 #[cfg(not(unix))]
-fn write_private(path: &std::path::Path, contents: &str) -> std::io::Result<()> {
-    std::fs::write(path, contents)
+pub fn write_private(path: &Path, contents: &str) -> Result<(), TokenFileError> {
+    std::fs::write(path, contents).map_err(|source| TokenFileError::Write {
+        path: path.to_owned(),
+        source,
+    })
 }
 
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path)
+            .expect("metadata")
+            .permissions()
+            .mode()
+            & 0o777
+    }
+
+    #[test]
+    fn a_new_file_is_created_with_mode_0600() {
+        let directory = tempfile::tempdir().expect("temporary directory");
+        let path = directory.path().join("admin-token");
+        write_private(&path, "secret").expect("written");
+        assert_eq!(std::fs::read_to_string(&path).expect("readable"), "secret");
+        assert_eq!(mode(&path), 0o600);
+    }
+
+    #[test]
+    fn an_existing_0644_file_becomes_0600_and_is_replaced() {
+        let directory = tempfile::tempdir().expect("temporary directory");
+        let path = directory.path().join("admin-token");
+        std::fs::write(&path, "an older, longer token from the last start").expect("seeded");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        assert_eq!(mode(&path), 0o644);
+
+        write_private(&path, "new").expect("written");
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(std::fs::read_to_string(&path).expect("readable"), "new");
+    }
+
+    #[test]
+    fn a_symlink_is_refused_and_its_target_untouched() {
+        let directory = tempfile::tempdir().expect("temporary directory");
+        let target = directory.path().join("world-readable");
+        std::fs::write(&target, "unrelated").expect("seeded");
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let link = directory.path().join("admin-token");
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+
+        let error = write_private(&link, "secret").expect_err("a symlink is refused");
+        assert!(matches!(error, TokenFileError::Symlink { .. }), "{error:?}");
+        assert!(
+            error
+                .to_string()
+                .contains("is a symbolic link; refusing to follow it"),
+            "{error}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&target).expect("readable"),
+            "unrelated"
+        );
+        assert_eq!(mode(&target), 0o644);
+    }
+
+    #[test]
+    fn a_dangling_symlink_is_refused_and_nothing_is_created() {
+        let directory = tempfile::tempdir().expect("temporary directory");
+        let target = directory.path().join("would-be-created");
+        let link = directory.path().join("admin-token");
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+
+        let error = write_private(&link, "secret").expect_err("a symlink is refused");
+        assert!(matches!(error, TokenFileError::Symlink { .. }), "{error:?}");
+        assert!(!target.exists(), "the link's target must not be created");
+    }
+
+    #[test]
+    fn directories_and_sockets_are_not_regular_files() {
+        let directory = tempfile::tempdir().expect("temporary directory");
+        let error = write_private(directory.path(), "secret").expect_err("a directory");
+        assert!(
+            matches!(error, TokenFileError::NotRegular { .. }),
+            "{error:?}"
+        );
+
+        let socket = directory.path().join("admin-token.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).expect("socket");
+        let error = write_private(&socket, "secret").expect_err("a socket");
+        assert!(
+            matches!(error, TokenFileError::NotRegular { .. }),
+            "{error:?}"
+        );
+        assert!(
+            error.to_string().contains("is not a regular file"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_service_refuses_to_start_on_a_symlinked_token_file() {
+        let directory = tempfile::tempdir().expect("temporary directory");
+        let target = directory.path().join("elsewhere");
+        std::fs::write(&target, "unrelated").expect("seeded");
+        let link = directory.path().join("admin-token");
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        let mut settings = Settings::defaults().expect("embedded defaults");
+        settings.admin.token_file = link;
+
+        let error = load_or_create(&settings).expect_err("refused");
+        let message = format!("{error:#}");
+        assert!(message.contains("admin.token_file"), "{message}");
+        assert!(message.contains("symbolic link"), "{message}");
+        assert_eq!(
+            std::fs::read_to_string(&target).expect("readable"),
+            "unrelated"
+        );
+    }
+
+    #[test]
+    fn a_generated_token_lands_in_the_file_with_mode_0600() {
+        let directory = tempfile::tempdir().expect("temporary directory");
+        let path = directory.path().join("nested").join("admin-token");
+        let mut settings = Settings::defaults().expect("embedded defaults");
+        settings.admin.token_file = path.clone();
+        let token = load_or_create(&settings).expect("generated");
+        let written = std::fs::read_to_string(&path).expect("readable");
+        assert_eq!(written.len(), 32);
+        assert_eq!(format!("{token:?}"), "AdminToken(***)");
+        assert_eq!(mode(&path), 0o600);
+    }
+}

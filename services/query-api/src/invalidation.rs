@@ -7,6 +7,19 @@
 //! first); L2 needs no second pass, because its fence refuses any older version server-side.
 //! Fences compare data versions, so duplicate and out-of-order events change nothing; the shared
 //! path also skips event ids it has already applied.
+//!
+//! # When the shared step fails
+//! The shared handler can fail only on the L2 fence (L1 fences cannot fail), i.e. when Redis is
+//! unreachable or slower than its command timeout. By then the event's essential effect is in
+//! place: every connected instance fenced its L1 from its own broadcast delivery, so no instance
+//! serves a cached value older than the event from L1. The failure is therefore reported as
+//! [`HandlerError::incomplete`] with code [`L2_FENCE_UNAPPLIED`]: the bus retries it with its
+//! back-off (long enough for a short Redis outage), and if Redis stays down for the whole window
+//! the event is acknowledged and counted as abandoned instead of dead-lettered. What is then
+//! missing is only the L2 tombstone: the old L2 copy (if any) can still be read until it expires
+//! (`l2_fresh_secs`) or a newer event fences it, which the abandonment log line says. When Redis
+//! answers but already holds a newer or equal version, the fence counts as applied (the
+//! server-side fence refuses the older write) and the event is acknowledged.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +32,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::protection::Protection;
+
+/// The code of an event whose L1 fences hold but whose L2 fence could not be written.
+pub const L2_FENCE_UNAPPLIED: &str = "l2_fence_unapplied";
 
 /// How an instance applies events.
 #[derive(Debug, Clone)]
@@ -62,6 +78,8 @@ impl Invalidator {
         })
     }
 
+    /// Fences every affected part of every item: L1 always, L2 too when `through_l2`. Stops at
+    /// the first L2 failure (the rest would wait out the same timeout); only L2 can fail.
     async fn fence(&self, event: &InvalidationEvent, through_l2: bool) -> Result<(), HandlerError> {
         for key in event.keys() {
             for part in event.affected_parts() {
@@ -74,7 +92,16 @@ impl Invalidator {
                         through_l2,
                     )
                     .await
-                    .map_err(HandlerError::new)?;
+                    .map_err(|error| {
+                        HandlerError::incomplete(
+                            L2_FENCE_UNAPPLIED,
+                            format!(
+                                "L2 fence of {key} {} at version {} not written (L1 is fenced): {error}",
+                                part.as_str(),
+                                event.version()
+                            ),
+                        )
+                    })?;
             }
         }
         Ok(())
@@ -137,5 +164,163 @@ impl EventHandler for Invalidator {
             }
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rebate_cache::{
+        Jitter, L2Settings, LoadFailure, Loaded, Loader, ManualClock, MemoryTier, PartCache,
+        PartCacheSettings, SharedTier, TierKey, TtlPolicy,
+    };
+    use rebate_domain::{ItemId, ItemKey, PartKind, Platform, Timestamp};
+    use rebate_engine::{EngineParts, PartTimeouts};
+    use rebate_events::{EventId, EventKind};
+    use rebate_resilience::ManualTicker;
+
+    use super::*;
+    use crate::protection::DependencyTimeouts;
+
+    /// Every item exists with nothing in it; what matters here is the fences.
+    #[derive(Debug)]
+    struct Empty;
+
+    #[async_trait]
+    impl<T: Send + Sync + 'static> Loader<T> for Empty {
+        async fn load(&self, _key: ItemKey) -> Result<Loaded<T>, LoadFailure> {
+            Ok(Loaded {
+                value: None,
+                version: 1,
+            })
+        }
+    }
+
+    fn part<T>(kind: PartKind, tier: &Arc<MemoryTier>, clock: &ManualClock) -> PartCache<T>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+    {
+        let ttl = TtlPolicy {
+            fresh: Duration::from_secs(60),
+            jitter: Jitter::Ratio(0.0),
+            stale: Duration::from_secs(60),
+            not_found: Duration::from_secs(60),
+        };
+        PartCache::with_shared_tier(
+            PartCacheSettings {
+                name: kind.as_str(),
+                part: kind,
+                max_entries: 100,
+                ttl,
+                load_timeout: Duration::from_secs(1),
+            },
+            L2Settings {
+                tier: Arc::clone(tier) as Arc<dyn SharedTier>,
+                ttl,
+                lease_ttl: Duration::from_secs(1),
+                lease_wait: Duration::from_millis(10),
+                lease_poll: Duration::from_millis(5),
+            },
+            Arc::new(Empty),
+            Arc::new(clock.clone()),
+        )
+    }
+
+    fn invalidator(tier: &Arc<MemoryTier>) -> Arc<Invalidator> {
+        let clock = ManualClock::starting_now();
+        let parts = EngineParts {
+            product: part(PartKind::Product, tier, &clock),
+            rate: part(PartKind::Rate, tier, &clock),
+            coupons: part(PartKind::Coupons, tier, &clock),
+            extras: part(PartKind::Extras, tier, &clock),
+        };
+        let timeouts = PartTimeouts {
+            product: Duration::from_secs(1),
+            rate: Duration::from_secs(1),
+            coupons: Duration::from_secs(1),
+            extras: Duration::from_secs(1),
+        };
+        let engine = QueryEngine::new(parts, timeouts, Arc::new(clock));
+        let settings = crate::Settings::defaults().expect("embedded defaults");
+        let protection = Arc::new(Protection::new(
+            &settings.resilience,
+            DependencyTimeouts {
+                mysql: Duration::from_secs(1),
+                coupons: Duration::from_secs(1),
+                extras: Duration::from_secs(1),
+            },
+            Arc::new(ManualTicker::new()),
+            None,
+        ));
+        Invalidator::new(
+            engine,
+            protection,
+            InvalidationSettings {
+                fence_for: Duration::from_secs(60),
+                second_pass_after: Duration::from_millis(500),
+                rewarm_deadline: Duration::from_secs(1),
+            },
+            TaskTracker::new(),
+            CancellationToken::new(),
+        )
+    }
+
+    fn rate_changed(id: &str, version: u64) -> InvalidationEvent {
+        InvalidationEvent::new(
+            EventId::parse(id).expect("valid id"),
+            EventKind::RateChanged,
+            Platform::Jd,
+            vec![ItemId::from_u64(100_077)],
+            version,
+            Timestamp::now(),
+        )
+        .expect("valid event")
+    }
+
+    fn rate_key() -> TierKey {
+        TierKey {
+            item: ItemKey::new(Platform::Jd, ItemId::from_u64(100_077)),
+            part: PartKind::Rate,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unwritable_l2_fence_is_incomplete_not_a_plain_failure() {
+        let tier = Arc::new(MemoryTier::new());
+        let invalidator = invalidator(&tier);
+        let event = rate_changed("evt-redis-down", 4);
+        tier.set_failing(true);
+
+        let error = invalidator.on_shared(&event).await.expect_err("L2 is down");
+        assert_eq!(error.incomplete_code(), Some(L2_FENCE_UNAPPLIED));
+        assert!(error.to_string().contains("at version 4"), "{error}");
+        // This instance's L1 is fenced all the same.
+        let fenced = invalidator
+            .engine
+            .parts()
+            .rate
+            .peek(&rate_key().item)
+            .expect("an L1 fence");
+        assert!(fenced.tombstone);
+        assert_eq!(fenced.version, 4);
+
+        // The redelivery, once Redis is back, writes the L2 fence and succeeds.
+        tier.set_failing(false);
+        invalidator.on_shared(&event).await.expect("applied");
+        assert_eq!(tier.version_of(rate_key()), Some(4));
+    }
+
+    #[tokio::test]
+    async fn an_l2_fence_already_held_by_a_newer_version_counts_as_applied() {
+        let tier = Arc::new(MemoryTier::new());
+        let invalidator = invalidator(&tier);
+        invalidator
+            .on_shared(&rate_changed("evt-newer", 9))
+            .await
+            .expect("applied");
+        invalidator
+            .on_shared(&rate_changed("evt-older", 5))
+            .await
+            .expect("an older event is already covered by the newer fence");
+        assert_eq!(tier.version_of(rate_key()), Some(9));
     }
 }

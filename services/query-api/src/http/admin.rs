@@ -4,6 +4,7 @@
 //! and warm-up. Served on its own address (`admin.listen`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Path, Request, State};
 use axum::http::{StatusCode, header};
@@ -23,7 +24,8 @@ use tokio::time::Instant;
 use super::error::ApiError;
 use super::extract::ApiJson;
 use super::items::{BatchRequest, parse_key};
-use crate::startup::AppState;
+use crate::lifecycle::Phase;
+use crate::startup::{AppState, EventBus};
 
 /// The admin token, compared in constant time.
 #[derive(Clone)]
@@ -72,34 +74,118 @@ pub fn router(state: AppState, token: AdminToken) -> Router {
         .with_state(state)
 }
 
-/// Ready when the store answers (its migrations ran at start) and the event bus is connected;
-/// Redis is reported but does not make an instance unready, since requests never fail on it.
-async fn readiness(State(state): State<AppState>) -> Response {
-    let store_ok = state.store.ping().await.is_ok();
-    let redis = match &state.tier {
-        None => "disabled",
-        Some(tier) => {
-            if rebate_cache::SharedTier::ping(tier.as_ref()).await.is_ok() {
-                "ok"
-            } else {
-                "down"
-            }
+/// How long the readiness probe waits for the store's and Redis's pings. A hung MySQL must not
+/// hang the probe (load balancers give up after a second or two and count that as unready for
+/// the wrong reason); an answer slower than this is "down" as far as serving is concerned.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// What one look at the dependencies found, for `/readyz` and `/admin/v1/status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+struct Readiness {
+    /// Whether a load balancer should send this instance traffic.
+    ready: bool,
+    phase: Phase,
+    /// `ok` or `down` (unreachable, failing, slower than [`PROBE_TIMEOUT`], or migrations missing).
+    store: &'static str,
+    /// `ok`, `down` or `disabled`.
+    redis: &'static str,
+    /// `connected` or `disconnected` (always connected for the in-process bus).
+    events: &'static str,
+    /// What is down but does not stop this instance from answering: `store` (answering from
+    /// cache), `redis`, `events`.
+    degraded: Vec<&'static str>,
+}
+
+/// The dependency probes' raw results.
+#[derive(Debug, Clone, Copy)]
+struct Probes {
+    phase: Phase,
+    store_ok: bool,
+    /// Products held in L1: with the store down, these are what queries are answered from.
+    cached_products: u64,
+    redis: Option<bool>,
+    events_connected: bool,
+}
+
+impl Readiness {
+    /// Ready means "send me traffic": serving (not starting, not draining) and able to answer
+    /// queries — the store answers, or L1 holds products to answer from. Redis and the broker
+    /// never make an instance unready: every request still gets an answer without them (L2 is
+    /// skipped; invalidation falls back to the L1 TTL), and since an outage of either hits the
+    /// whole fleet at once, failing readiness on them would take every instance out together.
+    fn assess(probes: Probes) -> Self {
+        let can_answer = probes.store_ok || probes.cached_products > 0;
+        let ready = probes.phase == Phase::Serving && can_answer;
+        let redis = match probes.redis {
+            None => "disabled",
+            Some(true) => "ok",
+            Some(false) => "down",
+        };
+        let mut degraded = Vec::new();
+        if !probes.store_ok {
+            degraded.push("store");
         }
-    };
-    let events_ok = state.events.is_ready();
-    let ready = store_ok && events_ok;
-    let status = if ready {
+        if probes.redis == Some(false) {
+            degraded.push("redis");
+        }
+        if !probes.events_connected {
+            degraded.push("events");
+        }
+        Self {
+            ready,
+            phase: probes.phase,
+            store: if probes.store_ok { "ok" } else { "down" },
+            redis,
+            events: if probes.events_connected {
+                "connected"
+            } else {
+                "disconnected"
+            },
+            degraded,
+        }
+    }
+
+    /// Pings the store and Redis concurrently, each bounded by [`PROBE_TIMEOUT`].
+    async fn probe(state: &AppState) -> Self {
+        let store = async {
+            matches!(
+                tokio::time::timeout(PROBE_TIMEOUT, state.store.ping()).await,
+                Ok(Ok(()))
+            )
+        };
+        let redis = async {
+            match &state.tier {
+                None => None,
+                Some(tier) => Some(matches!(
+                    tokio::time::timeout(
+                        PROBE_TIMEOUT,
+                        rebate_cache::SharedTier::ping(tier.as_ref())
+                    )
+                    .await,
+                    Ok(Ok(()))
+                )),
+            }
+        };
+        let (store_ok, redis) = tokio::join!(store, redis);
+        Self::assess(Probes {
+            phase: state.lifecycle.phase(),
+            store_ok,
+            cached_products: state.engine.parts().product.stats().entries,
+            redis,
+            events_connected: state.events.is_ready(),
+        })
+    }
+}
+
+/// 200 while this instance should get traffic, else 503; the body says what is down either way.
+async fn readiness(State(state): State<AppState>) -> Response {
+    let readiness = Readiness::probe(&state).await;
+    let status = if readiness.ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = json!({
-        "ready": ready,
-        "store": if store_ok { "ok" } else { "down" },
-        "redis": redis,
-        "events": if events_ok { "connected" } else { "disconnected" },
-    });
-    (status, Json(body)).into_response()
+    (status, Json(readiness)).into_response()
 }
 
 /// Prometheus scrapes without a token: the numbers say how the service fares, never what it
@@ -112,8 +198,11 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
 }
 
-/// Everything an operator needs to see why the service answers the way it does right now.
+/// Everything an operator needs to see why the service answers the way it does right now,
+/// including what readiness sees (`ready`, `phase`, `store`, `redis`, `events`, `degraded`) and,
+/// on RabbitMQ, the connection's state and last error.
 async fn status(State(state): State<AppState>) -> Json<Value> {
+    let readiness = Readiness::probe(&state).await;
     let parts = state.engine.parts();
     Json(json!({
         "shed_level": state.protection.level(),
@@ -127,8 +216,16 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
         "rendered_quotes": state.engine.rendered_stats(),
         "bloom": state.engine.item_filter().map(|filter| filter.stats()),
         "store_loads_max_in_flight": state.load_limiter.max_in_flight(),
-        "redis": if state.tier.is_some() { "enabled" } else { "disabled" },
-        "events": if state.events.is_ready() { "connected" } else { "disconnected" },
+        "ready": readiness.ready,
+        "phase": readiness.phase,
+        "store": readiness.store,
+        "redis": readiness.redis,
+        "events": readiness.events,
+        "degraded": readiness.degraded,
+        "events_connection": match &state.events {
+            EventBus::Amqp { bus, .. } => json!(bus.status()),
+            EventBus::InProcess(_) => json!("in_process"),
+        },
     }))
 }
 
@@ -238,7 +335,8 @@ async fn publish_event(
         .await
         .map_err(|error| {
             tracing::warn!(%error, "event publish failed");
-            ApiError::Unavailable
+            // The broker, not the catalogue, is what failed: say so.
+            ApiError::BrokerUnavailable
         })?;
     tracing::info!(
         event_id = event.event_id().as_str(),
@@ -358,4 +456,80 @@ async fn warm(
         Json(json!({"requested": keys.len(), "warmed": warmed, "trace_id": trace_id}))
             .into_response(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn healthy() -> Probes {
+        Probes {
+            phase: Phase::Serving,
+            store_ok: true,
+            cached_products: 0,
+            redis: Some(true),
+            events_connected: true,
+        }
+    }
+
+    #[test]
+    fn a_serving_instance_with_its_store_is_ready_and_not_degraded() {
+        let readiness = Readiness::assess(healthy());
+        assert!(readiness.ready);
+        assert_eq!(
+            serde_json::to_value(&readiness).expect("serializes"),
+            json!({"ready": true, "phase": "serving", "store": "ok", "redis": "ok",
+                   "events": "connected", "degraded": []})
+        );
+    }
+
+    #[test]
+    fn broker_and_redis_outages_degrade_but_never_make_it_unready() {
+        let readiness = Readiness::assess(Probes {
+            redis: Some(false),
+            events_connected: false,
+            ..healthy()
+        });
+        assert!(readiness.ready);
+        assert_eq!(readiness.redis, "down");
+        assert_eq!(readiness.events, "disconnected");
+        assert_eq!(readiness.degraded, ["redis", "events"]);
+        let without_redis = Readiness::assess(Probes {
+            redis: None,
+            ..healthy()
+        });
+        assert_eq!(without_redis.redis, "disabled");
+        assert!(without_redis.degraded.is_empty());
+    }
+
+    #[test]
+    fn a_store_outage_is_unready_only_with_nothing_cached() {
+        let nothing_cached = Readiness::assess(Probes {
+            store_ok: false,
+            ..healthy()
+        });
+        assert!(!nothing_cached.ready);
+        assert_eq!(nothing_cached.store, "down");
+        assert_eq!(nothing_cached.degraded, ["store"]);
+        let from_cache = Readiness::assess(Probes {
+            store_ok: false,
+            cached_products: 1_000,
+            ..healthy()
+        });
+        assert!(from_cache.ready, "answers come from L1");
+        assert_eq!(from_cache.degraded, ["store"]);
+    }
+
+    #[test]
+    fn starting_and_draining_instances_are_unready_whatever_their_dependencies() {
+        for phase in [Phase::Starting, Phase::Draining] {
+            let readiness = Readiness::assess(Probes { phase, ..healthy() });
+            assert!(!readiness.ready, "{phase:?}");
+            assert!(readiness.degraded.is_empty());
+        }
+        assert_eq!(
+            serde_json::to_value(Phase::Draining).expect("serializes"),
+            json!("draining")
+        );
+    }
 }
