@@ -318,6 +318,21 @@ impl LoadClient {
         Ok(Self { http })
     }
 
+    /// As [`LoadClient::new`], but idle pooled connections are dropped after `pool_idle`: keep
+    /// it below the server's idle timeout, or a request may pick a connection the server is
+    /// closing at that moment (the chaos suite shortens the server's idle timeout).
+    pub fn with_pool_idle(attempt_timeout: Duration, pool_idle: Duration) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .http1_only()
+            .tcp_nodelay(true)
+            .pool_idle_timeout(pool_idle)
+            .connect_timeout(Duration::from_secs(2))
+            .timeout(attempt_timeout)
+            .build()?;
+        Ok(Self { http })
+    }
+
     pub fn http(&self) -> &reqwest::Client {
         &self.http
     }

@@ -6,6 +6,8 @@
 //! platforms and id ranges, as real popularity would.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rand::Rng;
 use rand::SeedableRng;
@@ -76,7 +78,8 @@ pub fn calibrate_exponent(n: usize, top_fraction: f64, share: f64) -> f64 {
     (low + high) / 2.0
 }
 
-/// Draws keys: Zipf over a fixed ranking.
+/// Draws keys: Zipf over a fixed ranking, or (see [`KeyPicker::sweep`]) a walk through the keys
+/// that asks for each one once, in order, with some draws revisiting a key already asked for.
 #[derive(Debug, Clone)]
 pub struct KeyPicker {
     /// Keys by rank, hottest first.
@@ -85,6 +88,15 @@ pub struct KeyPicker {
     exponent: f64,
     /// Ranks below this are "the top 10 %": the report counts how many draws land there.
     top_count: usize,
+    /// Set for a sweep: every clone shares the cursor, so the keys never repeat across runs.
+    sweep: Option<Arc<Sweep>>,
+}
+
+/// The state of a sweep: the next new key, and the share of draws that revisit an earlier one.
+#[derive(Debug)]
+struct Sweep {
+    cursor: AtomicUsize,
+    revisit_share: f64,
 }
 
 /// A key picker could not be built.
@@ -117,6 +129,43 @@ impl KeyPicker {
             zipf,
             exponent,
             top_count,
+            sweep: None,
+        })
+    }
+
+    /// A sweep over `keys` (shuffled with `seed`): a draw is, with probability
+    /// `revisit_share`, a uniformly chosen key among those already asked for (likely cached),
+    /// else the next key never asked for. So `n` draws touch about `n·(1 − revisit_share)`
+    /// distinct keys, and keys that were never asked for are cold (chaos: loads that must hit
+    /// the store; soak: a key space larger than every cache budget). After the last key it
+    /// wraps around. "Hot" in [`KeyPicker::pick`] means a revisit.
+    pub fn sweep(
+        mut keys: Vec<ItemKey>,
+        revisit_share: f64,
+        seed: u64,
+    ) -> Result<Self, KeyPickerError> {
+        if keys.len() < 2 {
+            return Err(KeyPickerError::TooFewKeys(keys.len()));
+        }
+        keys.shuffle(&mut SmallRng::seed_from_u64(seed));
+        let zipf = Zipf::new(keys.len() as f64, 1.0)
+            .map_err(|error| KeyPickerError::Zipf(error.to_string()))?;
+        Ok(Self {
+            top_count: keys.len(),
+            ranked: keys,
+            zipf,
+            exponent: 0.0,
+            sweep: Some(Arc::new(Sweep {
+                cursor: AtomicUsize::new(0),
+                revisit_share: revisit_share.clamp(0.0, 1.0),
+            })),
+        })
+    }
+
+    /// Distinct keys a sweep has handed out so far (0 for a Zipf picker).
+    pub fn swept(&self) -> usize {
+        self.sweep.as_ref().map_or(0, |sweep| {
+            sweep.cursor.load(Ordering::Relaxed).min(self.ranked.len())
         })
     }
 
@@ -139,6 +188,15 @@ impl KeyPicker {
 
     /// One key and whether it is in the top 10 % of ranks.
     pub fn pick(&self, rng: &mut impl Rng) -> (ItemKey, bool) {
+        if let Some(sweep) = &self.sweep {
+            let swept = sweep.cursor.load(Ordering::Relaxed);
+            if swept > 0 && rng.random::<f64>() < sweep.revisit_share {
+                let index = rng.random_range(0..swept.min(self.ranked.len()));
+                return (self.ranked[index], true);
+            }
+            let next = sweep.cursor.fetch_add(1, Ordering::Relaxed);
+            return (self.ranked[next % self.ranked.len()], false);
+        }
         let rank = self.zipf.sample(rng) as usize; // 1..=n
         let index = rank.clamp(1, self.ranked.len()) - 1;
         (self.ranked[index], index < self.top_count)
@@ -203,6 +261,35 @@ mod tests {
         let in_top = (0..draws).filter(|_| hot.pick(&mut rng).1).count();
         let share = in_top as f64 / draws as f64;
         assert!((share - 0.9).abs() < 0.01, "hot-list share {share}");
+    }
+
+    #[test]
+    fn a_sweep_asks_for_each_key_once_before_revisiting_and_shares_its_cursor() {
+        let keys = catalogue_keys(FIRST_ID, FIRST_ID + 99);
+        let picker = KeyPicker::sweep(keys.clone(), 0.0, 5).unwrap();
+        let clone = picker.clone();
+        let mut rng = SmallRng::seed_from_u64(1);
+        let mut seen = std::collections::HashSet::new();
+        for index in 0..keys.len() {
+            let source = if index % 2 == 0 { &picker } else { &clone };
+            let (key, revisit) = source.pick(&mut rng);
+            assert!(!revisit);
+            assert!(seen.insert(key), "{key} asked for twice");
+        }
+        assert_eq!(picker.swept(), keys.len());
+        // With revisits, new keys come at about (1 − share) of the draws, revisits only from
+        // the keys already handed out.
+        let picker = KeyPicker::sweep(keys, 0.5, 5).unwrap();
+        let mut new = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let (key, revisit) = picker.pick(&mut rng);
+            if revisit {
+                assert!(new.contains(&key));
+            } else {
+                assert!(new.insert(key));
+            }
+        }
+        assert!((70..=130).contains(&new.len()), "{} new keys", new.len());
     }
 
     #[test]

@@ -19,14 +19,24 @@
 //! - [`service`]: the service child process, its admin and simulator APIs, Redis, MariaDB.
 //! - [`scenario`]: the scenarios and what each compares.
 //! - [`report`] and [`chart`]: JSON, Markdown and SVG output.
+//! - [`chaos`]: faults under load on the production profile (`rebate-loadgen chaos`), with the
+//!   raw-TCP attackers of [`attack`]; [`soak`]: a long run over a million keys with the
+//!   service's RSS sampled (`rebate-loadgen soak`); [`analysis`]: the pure arithmetic of both
+//!   (recovery time, limit recovery, level moves, RSS slope); [`procfs`]: RSS and CPU from
+//!   `/proc`.
 
+pub mod analysis;
+pub mod attack;
 pub mod ceiling;
+pub mod chaos;
 pub mod chart;
 pub mod client;
 pub mod generator;
 pub mod keys;
+pub mod procfs;
 pub mod recorder;
 pub mod report;
 pub mod scenario;
 pub mod schedule;
 pub mod service;
+pub mod soak;

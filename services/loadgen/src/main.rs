@@ -1,4 +1,6 @@
 //! `rebate-loadgen run --scenario <name|all> [--quick] [--out DIR] [--capacity RPS] …`
+//! `rebate-loadgen chaos [--quick] [--only NAME…] [--with-rabbitmq]` (faults under load)
+//! `rebate-loadgen soak [--minutes N] [--keys N]` (RSS over a million keys)
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -25,6 +27,97 @@ struct Cli {
 enum Command {
     /// Run one scenario or all of them and write the report.
     Run(RunArgs),
+    /// Faults under steady load on the production profile (docs/RELIABILITY.md).
+    Chaos(ChaosArgs),
+    /// A long run over a million distinct keys with the service's RSS sampled.
+    Soak(SoakArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ChaosArgs {
+    /// Short windows (about 2 minutes in all), no RabbitMQ: for CI.
+    #[arg(long)]
+    quick: bool,
+    /// Only these phases (e.g. `--only slowloris,mysql-lock`).
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    only: Vec<String>,
+    /// Also stop and start the shared RabbitMQ broker (`rabbitmqctl stop_app`), last.
+    #[arg(long)]
+    with_rabbitmq: bool,
+    /// Capacity in requests/s, instead of a closed-loop probe of the production profile.
+    #[arg(long, value_name = "RPS", alias = "rate")]
+    capacity: Option<f64>,
+    /// Requests/s of the cold stream (keys never asked for before).
+    #[arg(long, default_value_t = 50.0)]
+    cold_rate: f64,
+    /// Length of the steady-80 phase in seconds (default 300, 10 with --quick).
+    #[arg(long, value_name = "S")]
+    steady_seconds: Option<f64>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct SoakArgs {
+    /// Length of the measured run in minutes.
+    #[arg(long, default_value_t = 10.0)]
+    minutes: f64,
+    /// Distinct keys to seed and ask for.
+    #[arg(long, default_value_t = 1_000_000)]
+    keys: u32,
+    /// Requests/s (default: enough to ask for every key in 90 % of the run).
+    #[arg(long, value_name = "RPS")]
+    rate: Option<f64>,
+    /// Share of requests that revisit a key already asked for.
+    #[arg(long, default_value_t = 0.5)]
+    revisit_share: f64,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Debug, clap::Args)]
+struct CommonArgs {
+    /// Report directory (default target/loadgen/<timestamp>-<command>/).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// The service binary (default target/release/rebate-query, built first).
+    #[arg(long, value_name = "PATH")]
+    service_bin: Option<PathBuf>,
+    /// Do not run `cargo build --release -p query-api` before the run.
+    #[arg(long)]
+    no_build: bool,
+    /// MariaDB server (a fresh database is created and dropped).
+    #[arg(long, default_value = "mysql://root@127.0.0.1:3306")]
+    mysql_url: String,
+    /// RabbitMQ for the rabbitmq phase (a private vhost is appended).
+    #[arg(long, default_value = "amqp://guest:guest@127.0.0.1:5672")]
+    amqp_url: String,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    #[arg(long, default_value_t = 10_000)]
+    max_in_flight: usize,
+    #[arg(long, default_value_t = 10_000)]
+    client_timeout_ms: u64,
+    #[arg(long, default_value_t = 64)]
+    probe_concurrency: usize,
+    /// Worker threads of the generator's runtime.
+    #[arg(long, default_value_t = 1)]
+    generator_threads: usize,
+}
+
+impl CommonArgs {
+    fn out_dir(&self, command: &str) -> anyhow::Result<PathBuf> {
+        let dir = self.out.clone().unwrap_or_else(|| {
+            service::workspace_root()
+                .join("target/loadgen")
+                .join(format!(
+                    "{}-{command}",
+                    chrono::Utc::now().format("%Y%m%dT%H%M%SZ")
+                ))
+        });
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(dir)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -104,7 +197,11 @@ struct RunArgs {
 }
 
 fn main() -> anyhow::Result<()> {
-    let Command::Run(args) = Cli::parse().command;
+    let args = match Cli::parse().command {
+        Command::Run(args) => args,
+        Command::Chaos(args) => return chaos_main(args),
+        Command::Soak(args) => return soak_main(args),
+    };
     anyhow::ensure!(
         (0.0..=1.0).contains(&args.batch_ratio) && (0.0..=1.0).contains(&args.app_share),
         "--batch-ratio and --app-share are shares between 0 and 1"
@@ -131,6 +228,98 @@ fn main() -> anyhow::Result<()> {
             }
         }
     })
+}
+
+fn runtime(threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()?)
+}
+
+fn chaos_main(args: ChaosArgs) -> anyhow::Result<()> {
+    let mut only = Vec::new();
+    for name in &args.only {
+        let phase = loadgen::chaos::PhaseName::parse(name).with_context(|| {
+            let names: Vec<&str> = loadgen::chaos::PhaseName::ALL
+                .iter()
+                .map(|phase| phase.as_str())
+                .collect();
+            format!("unknown phase {name:?}; phases: {}", names.join(", "))
+        })?;
+        only.push(phase);
+    }
+    loadgen::scenario::loopback_socket(&args.common.mysql_url)?;
+    loadgen::scenario::loopback_socket(&args.common.amqp_url)?;
+    let out_dir = args.common.out_dir("chaos")?;
+    let binary =
+        service::prepare_binary(args.common.service_bin.as_deref(), !args.common.no_build)?;
+    let options = loadgen::chaos::ChaosOptions {
+        quick: args.quick,
+        only,
+        with_rabbitmq: args.with_rabbitmq,
+        out_dir: out_dir.clone(),
+        service_binary: binary,
+        mysql_url: args.common.mysql_url.clone(),
+        amqp_url: args.common.amqp_url.clone(),
+        capacity: args.capacity.filter(|capacity| *capacity >= 1.0),
+        cold_rate: args.cold_rate.max(1.0),
+        seed: args.common.seed,
+        client_timeout: Duration::from_millis(args.common.client_timeout_ms.max(1)),
+        max_in_flight: args.common.max_in_flight.max(1),
+        probe_concurrency: args.common.probe_concurrency.max(1),
+        steady_seconds: args.steady_seconds,
+        command: command_line(),
+    };
+    let report = runtime(args.common.generator_threads)?.block_on(async {
+        tokio::select! {
+            result = loadgen::chaos::run(options) => result,
+            _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; no report written"),
+        }
+    })?;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(loadgen::chaos::markdown(&report).as_bytes())?;
+    writeln!(stdout, "\nreport: {}", out_dir.join("report.md").display())?;
+    if !report.violations.is_empty() {
+        anyhow::bail!("clear violations: {}", report.violations.join("; "));
+    }
+    Ok(())
+}
+
+fn soak_main(args: SoakArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.minutes > 0.0, "--minutes must be positive");
+    anyhow::ensure!(args.keys >= 3, "--keys must be at least 3");
+    anyhow::ensure!(
+        (0.0..1.0).contains(&args.revisit_share),
+        "--revisit-share is a share below 1"
+    );
+    loadgen::scenario::loopback_socket(&args.common.mysql_url)?;
+    let out_dir = args.common.out_dir("soak")?;
+    let binary =
+        service::prepare_binary(args.common.service_bin.as_deref(), !args.common.no_build)?;
+    let options = loadgen::soak::SoakOptions {
+        minutes: args.minutes,
+        keys: args.keys,
+        rate: args.rate.filter(|rate| *rate >= 1.0),
+        revisit_share: args.revisit_share,
+        out_dir: out_dir.clone(),
+        service_binary: binary,
+        mysql_url: args.common.mysql_url.clone(),
+        seed: args.common.seed,
+        client_timeout: Duration::from_millis(args.common.client_timeout_ms.max(1)),
+        max_in_flight: args.common.max_in_flight.max(1),
+        command: command_line(),
+    };
+    let report = runtime(args.common.generator_threads)?.block_on(async {
+        tokio::select! {
+            result = loadgen::soak::run(options) => result,
+            _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted; no report written"),
+        }
+    })?;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(loadgen::soak::markdown(&report).as_bytes())?;
+    writeln!(stdout, "\nreport: {}", out_dir.join("report.md").display())?;
+    Ok(())
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {

@@ -323,6 +323,61 @@ impl ServiceProcess {
         Ok((response.bytes().await?.to_vec(), content_type))
     }
 
+    /// The child's process id (for `/proc/<pid>/status` and `/proc/<pid>/stat`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// The exit status if the service has exited (crashed: the harness never stops it before
+    /// it is done with it).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// `GET /readyz`: the status code and the body (`None` when nothing answered).
+    pub async fn readyz(&self) -> Option<(u16, Value)> {
+        let response = self
+            .control
+            .get(format!("{}/readyz", self.admin_base))
+            .send()
+            .await
+            .ok()?;
+        let status = response.status().as_u16();
+        Some((status, response.json().await.unwrap_or(Value::Null)))
+    }
+
+    /// `GET /metrics` (Prometheus text).
+    pub async fn metrics_text(&self) -> anyhow::Result<String> {
+        Ok(self
+            .control
+            .get(format!("{}/metrics", self.admin_base))
+            .send()
+            .await?
+            .error_for_status()?
+            .text()
+            .await?)
+    }
+
+    /// `POST /admin/v1/events`: the HTTP status of the publish (202 when the bus took it).
+    pub async fn publish_event(&self, event: &Value) -> anyhow::Result<u16> {
+        Ok(self
+            .control
+            .post(format!("{}/admin/v1/events", self.admin_base))
+            .bearer_auth(&self.token)
+            .json(event)
+            .send()
+            .await?
+            .status()
+            .as_u16())
+    }
+
+    /// The API listener's socket address.
+    pub fn api_address(&self) -> anyhow::Result<SocketAddr> {
+        let url = reqwest::Url::parse(self.api.base())?;
+        let port = url.port().context("the API URL has no port")?;
+        Ok(SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
     /// Stops the service now.
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
@@ -461,6 +516,64 @@ impl RedisServer {
             let _ = child.kill().await;
         }
     }
+
+    /// The running server's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    /// SIGSTOP: the server keeps its connections open and answers nothing (a stalled host).
+    pub async fn pause(&self) -> anyhow::Result<()> {
+        signal(self.pid().context("redis-server is not running")?, "-STOP").await
+    }
+
+    /// SIGCONT after [`RedisServer::pause`].
+    pub async fn resume(&self) -> anyhow::Result<()> {
+        signal(self.pid().context("redis-server is not running")?, "-CONT").await
+    }
+
+    /// Starts a new, empty `redis-server` on the same port after [`RedisServer::kill`] and
+    /// waits (bounded) for PING.
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill().await;
+        let port = self.port;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // The old socket may linger a moment; retry the start until the port is ours.
+        while Instant::now() < deadline {
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .context("restarting redis-server")?;
+            self.child = Some(child);
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(2) {
+                if ping_redis(port).await {
+                    return Ok(());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            self.kill().await;
+        }
+        bail!("redis-server did not come back on port {port} within 10 s")
+    }
+}
+
+/// `kill <flag> <pid>` for a process this harness started.
+async fn signal(pid: u32, flag: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args([flag, &pid.to_string()])
+        .status()
+        .await
+        .context("running kill")?;
+    if !status.success() {
+        bail!("kill {flag} {pid} failed ({status})");
+    }
+    Ok(())
 }
 
 async fn ping_redis(port: u16) -> bool {
@@ -522,6 +635,64 @@ impl MySqlDatabase {
 
     pub fn url(&self) -> String {
         format!("{}/{}", self.server_url.trim_end_matches('/'), self.name)
+    }
+
+    /// A connection to this database (for seeding extra rows and locking tables).
+    pub async fn connect(&self) -> anyhow::Result<sqlx::MySqlConnection> {
+        use sqlx::Connection;
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            sqlx::MySqlConnection::connect(&self.url()),
+        )
+        .await
+        .context("connecting to the run's database timed out")?
+        .context("connecting to the run's database")
+    }
+
+    /// Inserts an on-sale product and a rate for every id in `ids` on every platform, in
+    /// multi-row INSERTs of 2,000 rows (run after `rebate-query seed` created the tables).
+    /// Returns the rows written per table.
+    pub async fn seed_items(&self, ids: std::ops::RangeInclusive<u32>) -> anyhow::Result<u64> {
+        const ROWS_PER_STATEMENT: usize = 2_000;
+        let mut connection = self.connect().await?;
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let keys: Vec<(&str, u32)> = ids
+            .flat_map(|id| {
+                crate::keys::PLATFORMS
+                    .iter()
+                    .map(move |platform| (*platform, id))
+            })
+            .collect();
+        for chunk in keys.chunks(ROWS_PER_STATEMENT) {
+            let mut products = String::with_capacity(chunk.len() * 160);
+            products.push_str(
+                "INSERT INTO products (platform, item_id, title, price_cents, image_url, \
+                 shop_name, status, version, updated_at_ms) VALUES ",
+            );
+            let mut rates = String::with_capacity(chunk.len() * 48);
+            rates.push_str(
+                "INSERT INTO rebate_rates (platform, item_id, rate_bps, version, updated_at_ms) \
+                 VALUES ",
+            );
+            for (index, (platform, id)) in chunk.iter().enumerate() {
+                if index > 0 {
+                    products.push(',');
+                    rates.push(',');
+                }
+                let price = 1_000 + u64::from(*id % 199_000);
+                let rate = 100 + id % 2_000;
+                products.push_str(&format!(
+                    "('{platform}','{id}','Loadgen item {id}',{price},\
+                     'https://img.example.com/{platform}/{id}.jpg','Loadgen shop','on_sale',1,{now_ms})"
+                ));
+                rates.push_str(&format!("('{platform}','{id}',{rate},1,{now_ms})"));
+            }
+            sqlx::query(&products).execute(&mut connection).await?;
+            sqlx::query(&rates).execute(&mut connection).await?;
+        }
+        use sqlx::Connection;
+        connection.close().await?;
+        Ok(keys.len() as u64)
     }
 
     pub async fn drop_database(self) -> anyhow::Result<()> {
