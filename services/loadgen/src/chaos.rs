@@ -2080,8 +2080,9 @@ mod tests {
             + timing.mysql.total()
             + 4.0 * attack
             + 12.0 * timing.lead_in_s;
-        // About 15 s of set-up (seed, two service starts, warm-ups, the probe) on top.
-        assert!(total < 130.0, "{total} s of phases");
+        // About 20 s of set-up (seed, two service starts, warm-ups, the probe) on top: the
+        // whole quick run stays under 3 minutes.
+        assert!(total < 140.0, "{total} s of phases");
         let full = Timing::new(false, None);
         assert!(full.steady_s >= 300.0 && full.mysql.recovery_s >= 60.0);
     }
