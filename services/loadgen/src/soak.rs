@@ -396,7 +396,8 @@ async fn sample_every_second(
             break;
         }
         tokio::time::sleep_until(at).await;
-        let status = tokio::time::timeout(Duration::from_millis(800), service.status())
+        // The status page runs the readiness probe (bounded at 500 ms by the service).
+        let status = tokio::time::timeout(Duration::from_millis(900), service.status())
             .await
             .ok()
             .and_then(Result::ok)
@@ -519,6 +520,13 @@ pub fn markdown(report: &SoakReport) -> String {
                 .map_or("–".into(), |cpu| format!("{:.2} cores", cpu.cores))
         );
     }
+    let loads = |part: &str| report.final_status["caches"][part]["source_loads"].as_u64();
+    let _ = writeln!(
+        out,
+        "- store loads at the end (distinct keys that reached MariaDB, about): product {}, rate {}",
+        opt(loads("product")),
+        opt(loads("rate"))
+    );
     for note in &report.notes {
         let _ = writeln!(out, "- {note}");
     }
