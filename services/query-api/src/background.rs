@@ -1,4 +1,5 @@
-//! Background work that shares the service's shutdown token: Bloom filter builds and warm-up.
+//! Background work that shares the service's shutdown token: Bloom filter builds, warm-up and
+//! the queue-delay probe of the load shedder.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +60,30 @@ pub struct WarmupPlan {
 /// Loads the plan's keys through the normal query path (so L1 and L2 both fill) at a bounded
 /// rate, at start and then every `interval`, until shutdown. Warm-up is optional work: while the
 /// service sheds load (level ≥ 1) keys are skipped rather than loaded.
+/// Measures how long a task waits for a worker of the runtime, every `queue_probe_every`, and
+/// reports it to the load shedder: how late the probe's timer fired, or, if longer, how long one
+/// yield took to be polled again — both are time spent queued behind other tasks. A starved
+/// probe reports its lateness when it finally runs. Costs one timer and one yield per period.
+pub async fn probe_queue_delay(protection: Arc<Protection>, shutdown: CancellationToken) {
+    let Some(shedder) = protection.shedder.as_ref() else {
+        return;
+    };
+    let every = shedder.config().queue_probe_every;
+    let mut due = Instant::now() + every;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep_until(due) => {}
+        }
+        let woke = Instant::now();
+        let late = woke.saturating_duration_since(due);
+        tokio::task::yield_now().await;
+        let yielded = woke.elapsed();
+        shedder.record_queue_delay(late.max(yielded));
+        due = Instant::now() + every;
+    }
+}
+
 pub async fn warm_up(
     engine: QueryEngine,
     store: Arc<dyn CatalogRepository>,

@@ -76,7 +76,12 @@ pub struct RetrySettings {
 #[serde(deny_unknown_fields)]
 pub struct SheddingSettings {
     pub enabled: bool,
+    /// Optional throughput cap (0: none; overload is seen from queueing and latency).
     pub capacity_rps: u32,
+    /// The standing runtime queue delay that counts as full load (CoDel's target).
+    pub queue_delay_target_ms: u64,
+    /// How often the queue-delay probe runs.
+    pub queue_probe_ms: u64,
     pub max_in_flight: u32,
     pub min_in_flight: u32,
     pub adaptive: bool,
@@ -173,6 +178,8 @@ impl ResilienceSettings {
         let shedding = &self.shedding;
         ShedConfig {
             capacity_rps: shedding.capacity_rps,
+            queue_delay_target: Duration::from_millis(shedding.queue_delay_target_ms),
+            queue_probe_every: Duration::from_millis(shedding.queue_probe_ms),
             max_in_flight: shedding.max_in_flight,
             min_in_flight: shedding.min_in_flight,
             adaptive: shedding.adaptive,
@@ -393,6 +400,8 @@ impl Protection {
             shedding_thresholds: ShedThresholds {
                 enabled: shedding.enabled,
                 capacity_rps: shedding.capacity_rps,
+                queue_delay_target_ms: shedding.queue_delay_target_ms,
+                queue_probe_ms: shedding.queue_probe_ms,
                 max_in_flight: shedding.max_in_flight,
                 min_in_flight: shedding.min_in_flight,
                 adaptive: shedding.adaptive,
@@ -451,6 +460,8 @@ pub struct ProtectionStatus {
 pub struct ShedThresholds {
     pub enabled: bool,
     pub capacity_rps: u32,
+    pub queue_delay_target_ms: u64,
+    pub queue_probe_ms: u64,
     pub max_in_flight: u32,
     pub min_in_flight: u32,
     pub adaptive: bool,

@@ -3,24 +3,41 @@
 //! The shedder only *chooses* a [`ShedLevel`]; the caller applies it: level 1 drops extras,
 //! level 2 shortens dependency timeouts, level 3 answers from cache only.
 //!
-//! # The load signal
-//! Every `interval` the first request past the deadline wins a CAS on the evaluation timestamp
-//! and computes, from that interval's counters,
-//! `load = max(throughput / capacity_rps, peak in-flight / concurrency limit)`:
-//! - **throughput** counts *completed* admissions per second (shed answers included, so it tracks
-//!   the offered load even at level 3). It is skipped when `capacity_rps` is 0.
-//! - **peak in-flight** is the highest concurrency seen in the interval (a `fetch_max`, reset to
-//!   the current in-flight count at each evaluation, so long requests stay visible).
-//! - **the concurrency limit** carries the latency trend, as in Netflix's Gradient2: with
-//!   `short` = this interval's mean latency and `long` = a slow EWMA of it,
-//!   `gradient = clamp(1.5 · long / short, 0.5, 1)` and the limit moves a fifth of the way towards
-//!   `limit · gradient + √limit`, within `[min_in_flight, max_in_flight]`. Rising latency shrinks
-//!   it, so the same concurrency becomes a higher load. It starts at `max_in_flight` (no shedding
-//!   on a cold start), never grows while under half used (no evidence it is too low) and stays at
-//!   `max_in_flight` when `adaptive` is off. Intervals without completions change nothing.
+//! # What overload is
+//! Overload is work waiting, not work arriving: the signals hold on a 2-core VM and a 64-core
+//! host alike, with nothing configured per machine. Every `interval` the first request past the
+//! deadline wins a CAS on the evaluation timestamp and computes, from that interval's counters,
+//! `load = max(queue delay / target, peak in-flight / concurrency limit[, throughput / cap])`:
+//! - **queue delay** (CoDel's sojourn time): the caller's probe reports how long a task waits for
+//!   a worker of the runtime ([`LoadShedder::record_queue_delay`], every `queue_probe_every`).
+//!   The interval's *minimum* counts, as in CoDel: a burst the service absorbs leaves some
+//!   samples low and sheds nothing; only a standing queue, where every sample waited, does.
+//!   An interval without any report keeps the last one's delay (a starved probe reports its
+//!   lateness when it runs again).
+//! - **the concurrency limit** follows latency against its own baseline, as in Netflix's
+//!   Gradient2: with `short` = this interval's mean latency and `long` = a slow EWMA of it,
+//!   `gradient = clamp(1.5 · long / short, 0.5, 1)`. Latency over the tolerated multiple moves
+//!   the limit a fifth of the way towards `limit · gradient + √limit`; latency back within it
+//!   probes the limit up by `√limit / 2` every interval, so the cut an incident made is undone
+//!   within tens of seconds, however little of the limit the traffic uses. It stays within
+//!   `[min_in_flight, max_in_flight]`, starts at `max_in_flight` and stays there when `adaptive`
+//!   is off. Only admitted requests count: the edge reads a request's body before admitting it,
+//!   so a client trickling its body is neither in flight nor part of the latency.
+//! - **throughput / capacity_rps**: an optional cap (0, the default, leaves it out) for a
+//!   deployment that must not exceed a rate whatever the machine could do.
 //!
 //! The load goes through a [`LevelController`]: up at once, down one level at a time, only below
 //! the level's threshold minus `hysteresis` and only after `min_dwell` at the current level.
+//!
+//! # Leaving cache-only without flapping
+//! Cache-only answers are cheap, so at level 3 the queue drains and the limit relaxes while the
+//! offered load is unchanged; stepping down on those signals alone would cycle 3 → 2 → 3. So the
+//! shedder learns what it can serve: whenever it finds itself saturated while still doing full
+//! work (level ≤ 2), that interval's throughput is the **saturated rate** (an EWMA over such
+//! intervals). At level 3, `throughput / saturated rate` counts as load too, so level 3 is held
+//! while the offered load is still at what saturated the service — for at most
+//! [`MAX_HOLD_DWELLS`] dwells, after which one step down re-measures (a service that saturates
+//! again at level 2 relearns the rate and returns to 3; one that copes stays down).
 //!
 //! Evaluation is lazy: without traffic nothing is evaluated, so after a quiet spell the level
 //! steps down from the first request on, one level per dwell as always.
@@ -87,10 +104,15 @@ impl ShedLevel {
 /// The shedding knobs of one instance.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ShedConfig {
-    /// Requests per second this instance is sized for. 0 (the default) disables the throughput
-    /// signal, leaving concurrency and latency; set it from a load test so that overload is seen
-    /// even when requests are answered quickly.
+    /// An optional cap in requests per second: throughput over it counts as load. 0 (the
+    /// default) leaves it out; overload is then seen from queueing and latency alone.
     pub capacity_rps: u32,
+    /// The standing queue delay that is full load (CoDel's target): the interval's minimum
+    /// runtime queue delay divided by this is the queue signal.
+    pub queue_delay_target: Duration,
+    /// How often the caller's probe measures the runtime queue delay; an interval without a
+    /// report means the probe itself was starved.
+    pub queue_probe_every: Duration,
     /// Hard ceiling of the concurrency limit: more requests in flight than this is overload
     /// whatever the latency says.
     pub max_in_flight: u32,
@@ -114,12 +136,14 @@ impl Default for ShedConfig {
     fn default() -> Self {
         Self {
             capacity_rps: 0,
+            queue_delay_target: Duration::from_millis(5),
+            queue_probe_every: Duration::from_millis(10),
             max_in_flight: 512,
             min_in_flight: 16,
             adaptive: true,
             thresholds: [0.70, 0.85, 1.00],
             hysteresis: 0.05,
-            min_dwell: Duration::from_secs(2),
+            min_dwell: Duration::from_secs(1),
             interval: Duration::from_millis(250),
         }
     }
@@ -141,6 +165,18 @@ impl ShedConfig {
             return Err(format!(
                 "interval must be at least 1ms (every admission would re-evaluate), got {:?}",
                 self.interval
+            ));
+        }
+        if !(MIN_INTERVAL..=Duration::from_secs(1)).contains(&self.queue_delay_target) {
+            return Err(format!(
+                "queue_delay_target must be within 1ms..=1s, got {:?}",
+                self.queue_delay_target
+            ));
+        }
+        if !(MIN_INTERVAL..=Duration::from_secs(1)).contains(&self.queue_probe_every) {
+            return Err(format!(
+                "queue_probe_every must be within 1ms..=1s, got {:?}",
+                self.queue_probe_every
             ));
         }
         Ok(())
@@ -264,6 +300,14 @@ fn sanitize_load(load: f64) -> f64 {
 
 /// Allowed ratio of short- to long-term latency before the limit shrinks (Gradient2's tolerance).
 const LATENCY_TOLERANCE: f64 = 1.5;
+/// Share of `√limit` the limit grows by per interval while latency is at its baseline: from the
+/// floor of 16 back to 400 in about 16 s at 250 ms intervals.
+const RECOVERY_STEP: f64 = 0.5;
+/// Weight of one saturated interval's throughput in the learned saturated rate.
+const SATURATED_ALPHA: f64 = 0.5;
+/// Level 3 is held on the saturated rate for at most this many dwells before a step down
+/// re-measures.
+pub const MAX_HOLD_DWELLS: u32 = 5;
 /// Weight of one interval in the long-term latency: about 20 intervals (5 s at 250 ms) of memory.
 const LONG_LATENCY_ALPHA: f64 = 0.05;
 /// Share of each new limit estimate taken per interval, so one noisy interval moves it little.
@@ -292,6 +336,19 @@ pub struct LoadShedder {
     long_latency_nanos_bits: AtomicU64,
     load_bits: AtomicU64,
     throughput_rps_bits: AtomicU64,
+    /// Written by the queue-delay probe.
+    probe: ProbeCounters,
+    /// The queue delay the last evaluation used, in nanoseconds (as f64 bits).
+    queue_delay_nanos_bits: AtomicU64,
+    /// The learned saturated rate in requests/s (0 = not learned yet), as f64 bits.
+    saturated_rps_bits: AtomicU64,
+}
+
+/// The queue-delay probe's reports since the last evaluation.
+#[derive(Debug)]
+struct ProbeCounters {
+    /// Smallest delay reported in this interval; `u64::MAX` = none.
+    min_delay_nanos: AtomicU64,
 }
 
 impl LoadShedder {
@@ -328,8 +385,22 @@ impl LoadShedder {
             long_latency_nanos_bits: AtomicU64::new(0.0_f64.to_bits()),
             load_bits: AtomicU64::new(0.0_f64.to_bits()),
             throughput_rps_bits: AtomicU64::new(0.0_f64.to_bits()),
+            probe: ProbeCounters {
+                min_delay_nanos: AtomicU64::new(u64::MAX),
+            },
+            queue_delay_nanos_bits: AtomicU64::new(0.0_f64.to_bits()),
+            saturated_rps_bits: AtomicU64::new(0.0_f64.to_bits()),
             config,
         }
+    }
+
+    /// Reports one measurement of how long a task waited for a runtime worker (the caller's
+    /// probe: how late its timer fired, or how long a yield took to be polled again). Cheap: one
+    /// `fetch_min`.
+    pub fn record_queue_delay(&self, delay: Duration) {
+        self.probe
+            .min_delay_nanos
+            .fetch_min(saturating_nanos(delay), Ordering::Relaxed);
     }
 
     /// Admits one request: counts it in flight and returns the level to serve it at. Hold the
@@ -415,6 +486,12 @@ impl LoadShedder {
             baseline_latency_ms: load_f64(&self.long_latency_nanos_bits) / 1e6,
             level_since_ms: now_nanos.saturating_sub(packed.since_nanos) / 1_000_000,
             thresholds: self.config.thresholds,
+            queue_delay_ms: load_f64(&self.queue_delay_nanos_bits) / 1e6,
+            queue_delay_target_ms: self.config.queue_delay_target.as_secs_f64() * 1e3,
+            saturated_rps: Some(load_f64(&self.saturated_rps_bits)).filter(|rps| *rps > 0.0),
+            min_in_flight: self.config.min_in_flight,
+            max_in_flight: self.config.max_in_flight,
+            capacity_rps: Some(self.config.capacity_rps).filter(|cap| *cap > 0),
         }
     }
 
@@ -439,25 +516,61 @@ impl LoadShedder {
         self.throughput_rps_bits
             .store(throughput_rps.to_bits(), Ordering::Relaxed);
         if completed > 0 {
-            self.update_latency_and_limit(
-                latency_sum_nanos as f64 / completed as f64,
-                peak_in_flight,
-            );
+            self.update_latency_and_limit(latency_sum_nanos as f64 / completed as f64);
         }
 
-        let throughput_ratio = if self.config.capacity_rps == 0 {
+        let queue_delay_nanos = self.interval_queue_delay();
+        self.queue_delay_nanos_bits
+            .store(queue_delay_nanos.to_bits(), Ordering::Relaxed);
+        let queue_ratio =
+            queue_delay_nanos / saturating_nanos(self.config.queue_delay_target) as f64;
+        let concurrency_ratio = peak_in_flight as f64 / load_f64(&self.limit_bits);
+        let cap_ratio = if self.config.capacity_rps == 0 {
             0.0
         } else {
             throughput_rps / f64::from(self.config.capacity_rps)
         };
-        let concurrency_ratio = peak_in_flight as f64 / load_f64(&self.limit_bits);
-        let load = throughput_ratio.max(concurrency_ratio);
+        let overload = queue_ratio.max(concurrency_ratio);
+        let packed = PackedLevel::unpack(self.level_word.load(Ordering::Acquire));
+        if packed.measured < ShedLevel::CacheOnly
+            && overload >= self.config.thresholds[2]
+            && throughput_rps > 0.0
+        {
+            // Saturated while doing full work: what it completed is what it can serve.
+            let learned = load_f64(&self.saturated_rps_bits);
+            let saturated = if learned > 0.0 {
+                learned + SATURATED_ALPHA * (throughput_rps - learned)
+            } else {
+                throughput_rps
+            };
+            self.saturated_rps_bits
+                .store(saturated.to_bits(), Ordering::Relaxed);
+        }
+        let mut load = overload.max(cap_ratio);
+        let saturated = load_f64(&self.saturated_rps_bits);
+        let held_nanos = now_nanos.saturating_sub(packed.since_nanos);
+        let max_hold_nanos =
+            saturating_nanos(self.config.min_dwell).saturating_mul(u64::from(MAX_HOLD_DWELLS));
+        if packed.measured == ShedLevel::CacheOnly && saturated > 0.0 && held_nanos < max_hold_nanos
+        {
+            // Cheap answers hide the offered load; the rate that saturated full work does not.
+            load = load.max(throughput_rps / saturated);
+        }
         self.load_bits.store(load.to_bits(), Ordering::Relaxed);
         self.apply_load(load, now_nanos);
     }
 
+    /// The interval's queue delay in nanoseconds: the smallest the probe reported, or the last
+    /// interval's when it reported nothing (0 while no probe runs).
+    fn interval_queue_delay(&self) -> f64 {
+        match self.probe.min_delay_nanos.swap(u64::MAX, Ordering::Relaxed) {
+            u64::MAX => load_f64(&self.queue_delay_nanos_bits),
+            min_delay => min_delay as f64,
+        }
+    }
+
     /// One Gradient2 step from an interval's mean latency.
-    fn update_latency_and_limit(&self, short_nanos: f64, peak_in_flight: u64) {
+    fn update_latency_and_limit(&self, short_nanos: f64) {
         let previous_long_nanos = load_f64(&self.long_latency_nanos_bits);
         let cache_only = PackedLevel::unpack(self.level_word.load(Ordering::Acquire)).measured
             == ShedLevel::CacheOnly;
@@ -487,7 +600,6 @@ impl LoadShedder {
             load_f64(&self.limit_bits),
             short_nanos,
             long_nanos,
-            peak_in_flight,
             f64::from(self.config.min_in_flight),
             f64::from(self.config.max_in_flight),
         );
@@ -547,28 +659,22 @@ struct RequestCounters {
     latency_sum_nanos: AtomicU64,
 }
 
-/// The next adaptive concurrency limit (Gradient2): shrinks when the interval's latency `short`
-/// exceeds the tolerated multiple of the baseline `long`, grows by a √limit queue allowance
-/// otherwise, and never grows while less than half of it was used.
-fn next_limit(
-    limit: f64,
-    short_nanos: f64,
-    long_nanos: f64,
-    peak_in_flight: u64,
-    min: f64,
-    max: f64,
-) -> f64 {
+/// The next adaptive concurrency limit (Gradient2 that recovers): shrinks when the interval's
+/// latency `short` exceeds the tolerated multiple of the baseline `long`, and probes back up by
+/// `√limit / 2` an interval while latency is within it.
+fn next_limit(limit: f64, short_nanos: f64, long_nanos: f64, min: f64, max: f64) -> f64 {
     let gradient = if short_nanos > 0.0 {
         (LATENCY_TOLERANCE * long_nanos / short_nanos).clamp(MIN_GRADIENT, 1.0)
     } else {
         1.0
     };
-    let estimate = limit * gradient + limit.sqrt();
-    let mut smoothed = limit * (1.0 - LIMIT_SMOOTHING) + estimate * LIMIT_SMOOTHING;
-    if (peak_in_flight as f64) < limit / 2.0 {
-        smoothed = smoothed.min(limit);
-    }
-    smoothed.clamp(min, max)
+    let next = if gradient < 1.0 {
+        let estimate = limit * gradient + limit.sqrt();
+        limit * (1.0 - LIMIT_SMOOTHING) + estimate * LIMIT_SMOOTHING
+    } else {
+        limit + limit.sqrt() * RECOVERY_STEP
+    };
+    next.clamp(min, max)
 }
 
 fn load_f64(bits: &AtomicU64) -> f64 {
@@ -662,7 +768,8 @@ pub struct ShedSnapshot {
     pub level: ShedLevel,
     /// The operator's override, if any.
     pub forced: Option<ShedLevel>,
-    /// The last load fed to the controller (1.0 = at capacity).
+    /// The last load fed to the controller (1.0 = full load: a standing queue at the target,
+    /// in-flight at the limit, or the saturated rate held at level 3).
     pub load: f64,
     pub in_flight: u64,
     pub concurrency_limit: u64,
@@ -675,6 +782,18 @@ pub struct ShedSnapshot {
     /// How long the measured level has been held (a forced level does not reset it).
     pub level_since_ms: u64,
     pub thresholds: [f64; 3],
+    /// The runtime queue delay the last evaluation used (the interval's minimum probe report).
+    pub queue_delay_ms: f64,
+    /// The queue delay that is full load.
+    pub queue_delay_target_ms: f64,
+    /// The throughput at which the service last saturated while doing full work; holds level 3
+    /// while the offered load is still there. None until it first saturates.
+    pub saturated_rps: Option<f64>,
+    /// The concurrency limit's floor and ceiling.
+    pub min_in_flight: u32,
+    pub max_in_flight: u32,
+    /// The configured throughput cap, if any.
+    pub capacity_rps: Option<u32>,
 }
 
 #[cfg(test)]
@@ -869,15 +988,15 @@ mod tests {
 
         #[test]
         fn the_adaptive_limit_stays_within_its_bounds(
-            samples in proptest::collection::vec((0u64..10_000_000_000, 0u64..10_000), 1..100),
+            samples in proptest::collection::vec(0u64..10_000_000_000, 1..100),
         ) {
             let (min, max) = (16.0, 512.0);
             let mut limit = max;
             let mut long = 0.0;
-            for (short, peak) in samples {
+            for short in samples {
                 let short = short as f64;
                 long = if long > 0.0 { long + LONG_LATENCY_ALPHA * (short - long) } else { short };
-                limit = next_limit(limit, short, long, peak, min, max);
+                limit = next_limit(limit, short, long, min, max);
                 prop_assert!((min..=max).contains(&limit), "{}", limit);
             }
         }
@@ -1108,14 +1227,214 @@ mod tests {
     }
 
     #[test]
-    fn the_limit_does_not_grow_while_mostly_unused() {
-        assert_eq!(next_limit(100.0, 1.0, 1.0, 10, 16.0, 512.0), 100.0);
-        assert!(next_limit(100.0, 1.0, 1.0, 60, 16.0, 512.0) > 100.0);
-        assert!(next_limit(100.0, 10.0, 1.0, 10, 16.0, 512.0) < 100.0);
+    fn the_limit_probes_back_up_while_latency_is_at_its_baseline() {
+        // However little of it is used: the cut an incident made must not stay.
+        assert_eq!(next_limit(100.0, 1.0, 1.0, 16.0, 512.0), 105.0);
+        assert!(next_limit(100.0, 10.0, 1.0, 16.0, 512.0) < 100.0);
+        assert_eq!(next_limit(510.0, 1.0, 1.0, 16.0, 512.0), 512.0, "capped");
         assert_eq!(
-            next_limit(100.0, 0.0, 0.0, 60, 16.0, 512.0),
-            102.0,
+            next_limit(100.0, 0.0, 0.0, 16.0, 512.0),
+            105.0,
             "no latency: no queue"
+        );
+    }
+
+    /// The incident: steady traffic at 10 ms, then a 5 s table lock during which every
+    /// request takes 1 s (40 admitted and 40 completing per 250 ms interval), then 10 ms again.
+    /// The limit must fall during the lock and be back within 20 % of where it was within 60 s.
+    #[test]
+    fn after_a_five_second_table_lock_the_limit_recovers_within_a_minute() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        let fast = Duration::from_millis(10);
+        for _ in 0..40 {
+            interval_of_traffic(&shedder, &ticker, 40, fast);
+        }
+        drop(shedder.admit());
+        let before = shedder.snapshot().concurrency_limit as f64;
+
+        // The lock: requests admitted in one interval complete four intervals (1 s) later.
+        let mut waiting: std::collections::VecDeque<Vec<Admission<'_>>> = Default::default();
+        for _ in 0..20 {
+            waiting.push_back((0..40).map(|_| shedder.admit()).collect());
+            if waiting.len() > 4 {
+                drop(waiting.pop_front());
+            }
+            ticker.advance(INTERVAL);
+        }
+        drop(waiting);
+        drop(shedder.admit());
+        let during = shedder.snapshot().concurrency_limit as f64;
+        assert!(during < before * 0.6, "{during} vs {before}");
+
+        let mut recovered_after = None;
+        for interval in 1..=240 {
+            interval_of_traffic(&shedder, &ticker, 40, fast);
+            drop(shedder.admit());
+            if recovered_after.is_none()
+                && shedder.snapshot().concurrency_limit as f64 >= before * 0.8
+            {
+                recovered_after = Some(INTERVAL * interval);
+            }
+        }
+        let recovered_after = recovered_after.expect("the limit never recovered");
+        assert!(
+            recovered_after <= Duration::from_secs(60),
+            "{recovered_after:?}"
+        );
+        assert_eq!(shedder.level(), Normal);
+    }
+
+    #[test]
+    fn a_standing_queue_sheds_within_one_interval_and_an_absorbed_burst_does_not() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        // A burst: some probes wait 50 ms, but one in the interval found a free worker.
+        for delay_ms in [50, 40, 0, 30] {
+            shedder.record_queue_delay(Duration::from_millis(delay_ms));
+        }
+        interval_of_traffic(&shedder, &ticker, 10, Duration::from_millis(1));
+        shedder.record_queue_delay(Duration::from_micros(100));
+        drop(shedder.admit());
+        assert_eq!(shedder.level(), Normal, "{:?}", shedder.snapshot());
+
+        // A standing queue: every probe of the interval waited at least the target.
+        for delay_ms in [6, 9, 12] {
+            shedder.record_queue_delay(Duration::from_millis(delay_ms));
+        }
+        interval_of_traffic(&shedder, &ticker, 10, Duration::from_millis(1));
+        drop(shedder.admit());
+        let snapshot = shedder.snapshot();
+        assert_eq!(snapshot.level, CacheOnly, "{snapshot:?}");
+        assert_eq!(snapshot.queue_delay_ms, 6.0);
+        assert_eq!(snapshot.load, 1.2);
+        assert_eq!(
+            snapshot.saturated_rps,
+            Some(44.0),
+            "11 completions (10 and the probe of the level) in 250 ms, doing full work"
+        );
+    }
+
+    #[test]
+    fn an_interval_without_a_probe_report_keeps_the_last_delay() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        drop(shedder.admit());
+        ticker.advance(INTERVAL);
+        drop(shedder.admit());
+        assert_eq!(
+            shedder.snapshot().queue_delay_ms,
+            0.0,
+            "no probe runs: no signal"
+        );
+
+        shedder.record_queue_delay(Duration::from_millis(4));
+        ticker.advance(INTERVAL);
+        drop(shedder.admit());
+        assert_eq!(shedder.snapshot().queue_delay_ms, 4.0);
+        assert_eq!(shedder.level(), DropExtras, "0.8 of the target");
+        // A starved probe reports nothing for an interval: the queue is not taken to be gone.
+        ticker.advance(INTERVAL);
+        drop(shedder.admit());
+        assert_eq!(shedder.snapshot().queue_delay_ms, 4.0);
+        shedder.record_queue_delay(Duration::from_millis(1));
+        ticker.advance(INTERVAL);
+        drop(shedder.admit());
+        assert_eq!(shedder.snapshot().queue_delay_ms, 1.0);
+    }
+
+    /// Sustained overload: cache-only answers are cheap, so the queue drains at level 3; the
+    /// saturated rate holds it there while the offered load lasts, then it walks down one level
+    /// per dwell once the load falls.
+    #[test]
+    fn level_three_holds_while_the_saturating_load_lasts_and_walks_down_after() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        let busy = |shedder: &LoadShedder, ticker: &ManualTicker, requests, delay_ms| {
+            shedder.record_queue_delay(Duration::from_millis(delay_ms));
+            interval_of_traffic(shedder, ticker, requests, Duration::from_millis(1));
+        };
+        // Saturated at 100 requests per interval (400 rps) doing full work.
+        busy(&shedder, &ticker, 100, 20);
+        drop(shedder.admit());
+        assert_eq!(shedder.level(), CacheOnly);
+        assert_eq!(
+            shedder.snapshot().saturated_rps,
+            Some(400.0),
+            "100 in 250 ms"
+        );
+
+        // 150 % offered, served cheaply: no queue, yet level 3 stays for the whole hold.
+        let mut changes = 0;
+        let mut previous = shedder.level();
+        for _ in 0..16 {
+            busy(&shedder, &ticker, 150, 0);
+            let level = shedder.admit().level();
+            changes += usize::from(level != previous);
+            previous = level;
+        }
+        assert_eq!(
+            (previous, changes),
+            (CacheOnly, 0),
+            "{:?}",
+            shedder.snapshot()
+        );
+
+        // The load drops to 80 % of the saturated rate: down to normal one level per dwell.
+        let mut walked = vec![shedder.level()];
+        for _ in 0..20 {
+            busy(&shedder, &ticker, 80, 0);
+            let level = shedder.admit().level();
+            if walked.last() != Some(&level) {
+                walked.push(level);
+            }
+        }
+        assert_eq!(walked, [CacheOnly, ShortTimeouts, DropExtras, Normal]);
+    }
+
+    #[test]
+    fn the_hold_is_bounded_and_a_step_down_relearns_the_rate() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        shedder.record_queue_delay(Duration::from_millis(20));
+        interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(1));
+        drop(shedder.admit());
+        assert_eq!(shedder.level(), CacheOnly);
+        // The rate stays at what saturated it, but nothing queues: after the longest hold, one
+        // step down tries full work again.
+        let mut intervals = 0;
+        while shedder.level() == CacheOnly {
+            interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(1));
+            shedder.record_queue_delay(Duration::ZERO);
+            drop(shedder.admit());
+            intervals += 1;
+            assert!(intervals < 100, "never stepped down");
+        }
+        let held = INTERVAL * intervals;
+        let max_hold = ShedConfig::default().min_dwell * MAX_HOLD_DWELLS;
+        assert!(
+            held >= max_hold && held <= max_hold + 2 * INTERVAL,
+            "{held:?}"
+        );
+        // Full work saturates again, at a higher rate: back to 3, the rate relearned.
+        shedder.record_queue_delay(Duration::from_millis(20));
+        interval_of_traffic(&shedder, &ticker, 120, Duration::from_millis(1));
+        drop(shedder.admit());
+        assert_eq!(shedder.level(), CacheOnly);
+        assert_eq!(
+            shedder.snapshot().saturated_rps,
+            Some(442.0),
+            "halfway from 400 to 484 (121 completions in the saturated interval)"
         );
     }
 
@@ -1171,6 +1490,12 @@ mod tests {
                 baseline_latency_ms: 20.0,
                 level_since_ms: 300,
                 thresholds: [0.70, 0.85, 1.00],
+                queue_delay_ms: 0.0,
+                queue_delay_target_ms: 5.0,
+                saturated_rps: None,
+                min_in_flight: 16,
+                max_in_flight: 512,
+                capacity_rps: Some(500),
             }
         );
         assert_eq!(held.level(), snapshot.level);
@@ -1223,6 +1548,20 @@ mod tests {
                     ..valid.clone()
                 },
                 "interval must be at least 1ms (every admission would re-evaluate), got 0ns",
+            ),
+            (
+                ShedConfig {
+                    queue_delay_target: Duration::from_secs(2),
+                    ..valid.clone()
+                },
+                "queue_delay_target must be within 1ms..=1s, got 2s",
+            ),
+            (
+                ShedConfig {
+                    queue_probe_every: Duration::ZERO,
+                    ..valid.clone()
+                },
+                "queue_probe_every must be within 1ms..=1s, got 0ns",
             ),
         ];
         for (config, message) in cases {
