@@ -130,6 +130,23 @@ pub struct HttpSettings {
     pub body_limit_bytes: usize,
     pub max_batch_items: usize,
     pub shutdown_drain_ms: u64,
+    /// A request head must be complete this long after its first byte.
+    pub header_read_timeout_ms: u64,
+    /// A keep-alive connection without a new request for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// A request body must be complete this long after its head; it is read before the request
+    /// counts as load.
+    pub body_read_timeout_ms: u64,
+    /// Largest request head (names, values and their separators), answered 431 above it.
+    pub max_header_bytes: usize,
+    /// Most headers in one request, answered 431 above it.
+    pub max_headers: usize,
+    /// Longest request target (path and query), answered 414 above it.
+    pub max_uri_bytes: usize,
+    /// Connections open at once on the API listener.
+    pub max_connections: usize,
+    /// Connections open at once from one peer address (0: no cap; use 0 behind a load balancer).
+    pub max_connections_per_peer: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -138,6 +155,10 @@ pub struct AdminSettings {
     pub listen: SocketAddr,
     pub token: Secret,
     pub token_file: PathBuf,
+    /// Hard stop for one admin request (status, inspection, publishing, warm-up).
+    pub request_timeout_ms: u64,
+    /// Connections open at once on the admin listener.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -412,6 +433,7 @@ impl Settings {
                 format!("{} is above 300000", http.shutdown_drain_ms),
             ));
         }
+        self.validate_connections()?;
         if !self.admin.token.is_empty() && self.admin.token.expose().len() < 16 {
             return Err(invalid("admin.token", "must be at least 16 characters"));
         }
@@ -458,6 +480,108 @@ impl Settings {
         self.resilience.validate()?;
         self.validate_observability()?;
         self.validate_store_and_tiers()
+    }
+
+    fn validate_connections(&self) -> Result<(), ConfigError> {
+        let http = &self.http;
+        let ranges: [(&'static str, u64, std::ops::RangeInclusive<u64>); 4] = [
+            (
+                "http.header_read_timeout_ms",
+                http.header_read_timeout_ms,
+                100..=120_000,
+            ),
+            (
+                "http.idle_timeout_ms",
+                http.idle_timeout_ms,
+                100..=3_600_000,
+            ),
+            (
+                "http.body_read_timeout_ms",
+                http.body_read_timeout_ms,
+                100..=120_000,
+            ),
+            (
+                "admin.request_timeout_ms",
+                self.admin.request_timeout_ms,
+                100..=600_000,
+            ),
+        ];
+        for (field, value, range) in ranges {
+            if !range.contains(&value) {
+                return Err(invalid(
+                    field,
+                    format!("{value} is outside {}..={}", range.start(), range.end()),
+                ));
+            }
+        }
+        if !(1024..=65_536).contains(&http.max_header_bytes) {
+            return Err(invalid(
+                "http.max_header_bytes",
+                format!("{} is outside 1024..=65536", http.max_header_bytes),
+            ));
+        }
+        if !(8..=crate::server::HARD_MAX_HEADERS).contains(&http.max_headers) {
+            return Err(invalid(
+                "http.max_headers",
+                format!(
+                    "{} is outside 8..={}",
+                    http.max_headers,
+                    crate::server::HARD_MAX_HEADERS
+                ),
+            ));
+        }
+        if !(256..=http.max_header_bytes).contains(&http.max_uri_bytes) {
+            return Err(invalid(
+                "http.max_uri_bytes",
+                format!(
+                    "{} is outside 256..=http.max_header_bytes ({}): the target is part of the head",
+                    http.max_uri_bytes, http.max_header_bytes
+                ),
+            ));
+        }
+        if !(1..=1_000_000).contains(&http.max_connections) {
+            return Err(invalid(
+                "http.max_connections",
+                format!("{} is outside 1..=1000000", http.max_connections),
+            ));
+        }
+        if http.max_connections_per_peer > http.max_connections {
+            return Err(invalid(
+                "http.max_connections_per_peer",
+                format!(
+                    "{} is above http.max_connections ({}); 0 turns the per-peer cap off",
+                    http.max_connections_per_peer, http.max_connections
+                ),
+            ));
+        }
+        if !(1..=10_000).contains(&self.admin.max_connections) {
+            return Err(invalid(
+                "admin.max_connections",
+                format!("{} is outside 1..=10000", self.admin.max_connections),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The API listener's connection bounds.
+    pub fn api_connection_limits(&self) -> crate::server::ConnectionLimits {
+        let http = &self.http;
+        crate::server::ConnectionLimits {
+            header_read_timeout: Duration::from_millis(http.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(http.idle_timeout_ms),
+            max_header_bytes: http.max_header_bytes,
+            max_connections: http.max_connections,
+            max_connections_per_peer: http.max_connections_per_peer,
+        }
+    }
+
+    /// The admin listener's: the API's timeouts and header cap, its own connection cap.
+    pub fn admin_connection_limits(&self) -> crate::server::ConnectionLimits {
+        crate::server::ConnectionLimits {
+            max_connections: self.admin.max_connections,
+            max_connections_per_peer: 0,
+            ..self.api_connection_limits()
+        }
     }
 
     fn validate_observability(&self) -> Result<(), ConfigError> {

@@ -18,6 +18,8 @@
 //! - [`metrics`]: [`Metrics`](metrics::Metrics), the Prometheus registry behind the admin
 //!   listener's `/metrics`: request and dependency-call latency recorded as they happen, cache,
 //!   guard, shedding and event counters read from the state at scrape time.
+//! - [`server`]: the listeners' connection loop: header, idle and write timeouts, connection
+//!   caps per listener and per peer, bounded drain.
 //! - [`slow`]: [`SlowLog`](slow::SlowLog), the last slow, failed or degraded requests with
 //!   their stages, by trace id.
 //! - [`http`]: the router, the error type and the middleware (trace id, request timeout).
@@ -30,6 +32,7 @@ pub mod invalidation;
 pub mod lifecycle;
 pub mod metrics;
 pub mod protection;
+pub mod server;
 pub mod slow;
 pub mod startup;
 

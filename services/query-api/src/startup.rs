@@ -25,10 +25,12 @@ use upstream_sim::RunningSimulator;
 use crate::background;
 use crate::config::{EventBackend, PartSettings, Settings, StoreBackend};
 use crate::http::admin::AdminToken;
+use crate::http::edge::EdgeLimits;
 use crate::invalidation::{InvalidationSettings, Invalidator};
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::metrics::{Metrics, StateCollector};
 use crate::protection::{DependencyTimeouts, Protection};
+use crate::server::{ConnectionLimits, ConnectionStats};
 use crate::slow::SlowLog;
 use rebate_amqp_bus::AmqpBus;
 use rebate_amqp_bus::events::{AmqpEventPublisher, DecodingHandler};
@@ -79,6 +81,8 @@ pub struct AppShared {
     pub metrics: Arc<Metrics>,
     /// Starting, serving or draining: readiness is false outside serving.
     pub lifecycle: Arc<Lifecycle>,
+    /// The API listener's connection counts and refusals.
+    pub connections: Arc<ConnectionStats>,
 }
 
 /// The request limits handlers and middleware enforce, resolved once from the settings.
@@ -88,6 +92,9 @@ pub struct HttpLimits {
     pub request_timeout: Duration,
     pub body_limit_bytes: usize,
     pub max_batch_items: usize,
+    /// The head and body bounds checked before a request is admitted.
+    pub edge: Arc<EdgeLimits>,
+    pub admin_request_timeout: Duration,
 }
 
 /// A built service bound to its listener, not yet serving.
@@ -105,6 +112,8 @@ pub struct Application {
     /// Keeps this instance's handler on the in-process bus for as long as it serves.
     _events_subscription: Option<Subscription>,
     drain: Duration,
+    api_limits: ConnectionLimits,
+    admin_limits: ConnectionLimits,
 }
 
 impl Application {
@@ -237,13 +246,6 @@ impl Application {
                 "engine.mode = naive: no cache, parts fetched one after another (a load-test baseline)"
             );
         }
-        if shedding.enabled && shedding.capacity_rps == 0 {
-            tracing::warn!(
-                "resilience.shedding.capacity_rps is 0: shedding follows concurrency alone, which \
-                 drops as soon as cache-only answers are fast, so sustained overload cycles between \
-                 levels 2 and 3; set it from a load test"
-            );
-        }
         let engine_settings = EngineSettings {
             mode: settings.engine.mode,
             timeouts,
@@ -263,6 +265,12 @@ impl Application {
                 Arc::clone(filter),
                 Arc::clone(&store),
                 Duration::from_secs(settings.bloom.rebuild_interval_secs),
+                shutdown.clone(),
+            ));
+        }
+        if protection.shedder.is_some() {
+            tasks.spawn(background::probe_queue_delay(
+                Arc::clone(&protection),
                 shutdown.clone(),
             ));
         }
@@ -324,9 +332,18 @@ impl Application {
                 request_timeout: settings.request_timeout(),
                 body_limit_bytes: settings.http.body_limit_bytes,
                 max_batch_items: settings.http.max_batch_items,
+                edge: Arc::new(EdgeLimits {
+                    max_header_bytes: settings.http.max_header_bytes,
+                    max_headers: settings.http.max_headers,
+                    max_uri_bytes: settings.http.max_uri_bytes,
+                    body_limit_bytes: settings.http.body_limit_bytes,
+                    body_read_timeout: Duration::from_millis(settings.http.body_read_timeout_ms),
+                }),
+                admin_request_timeout: Duration::from_millis(settings.admin.request_timeout_ms),
             }),
             metrics: Arc::new(metrics),
             lifecycle: Arc::new(Lifecycle::default()),
+            connections: Arc::new(ConnectionStats::default()),
         });
         Ok(Self {
             listener,
@@ -338,6 +355,8 @@ impl Application {
             tasks,
             _events_subscription: events_subscription,
             drain: settings.shutdown_drain(),
+            api_limits: settings.api_connection_limits(),
+            admin_limits: settings.admin_connection_limits(),
         })
     }
 
@@ -368,48 +387,45 @@ impl Application {
     }
 
     /// Serves until the shutdown token is cancelled, then lets in-flight requests finish for at
-    /// most the configured drain time.
+    /// most the configured drain time. The admin listener serves through the drain (readiness
+    /// answers `draining` there) and stops after it.
     pub async fn run_until_stopped(self) -> anyhow::Result<()> {
         let address = self.local_addr();
         let admin_address = self.admin_addr();
         let lifecycle = Arc::clone(&self.state.lifecycle);
         let admin_router = crate::http::admin::router(self.state.clone(), self.admin_token);
+        let connections = Arc::clone(&self.state.connections);
         let router = crate::http::router(self.state);
         let shutdown = self.shutdown.clone();
-        let admin_server = axum::serve(self.admin_listener, admin_router)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-        let admin = tokio::spawn(admin_server.into_future());
+        let admin_shutdown = CancellationToken::new();
+        let admin = tokio::spawn(crate::server::serve(
+            self.admin_listener,
+            admin_router,
+            self.admin_limits,
+            Arc::new(crate::server::ConnectionStats::default()),
+            admin_shutdown.clone(),
+            Duration::from_secs(1),
+        ));
         tracing::info!(address = %admin_address, "admin listener ready");
-        let server = axum::serve(
+        let server = tokio::spawn(crate::server::serve(
             self.listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-        let mut server = tokio::spawn(server.into_future());
+            router,
+            self.api_limits,
+            connections,
+            shutdown.clone(),
+            self.drain,
+        ));
         lifecycle.enter(Phase::Serving);
         tracing::info!(%address, "rebate query service listening");
 
-        tokio::select! {
-            finished = &mut server => {
-                shutdown.cancel();
-                return finished.context("server task failed")?.context("server failed");
-            }
-            () = shutdown.cancelled() => {}
-        }
+        shutdown.cancelled().await;
         lifecycle.enter(Phase::Draining);
         tracing::info!(
             drain_ms = self.drain.as_millis() as u64,
             "shutting down, draining requests"
         );
-        match tokio::time::timeout(self.drain, &mut server).await {
-            Ok(finished) => finished
-                .context("server task failed")?
-                .context("server failed")?,
-            Err(_elapsed) => {
-                server.abort();
-                tracing::warn!("drain time over; remaining connections closed");
-            }
-        }
+        server.await.context("server task failed")?;
+        admin_shutdown.cancel();
         if tokio::time::timeout(Duration::from_secs(5), admin)
             .await
             .is_err()

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::error::{ApiError, ErrorBody};
-use super::extract::ApiJson;
+use super::extract::{ApiJson, ApiPath};
 use crate::startup::AppState;
 
 pub fn router() -> Router<AppState> {
@@ -51,7 +51,7 @@ async fn item_rebate(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
     Extension(level): Extension<ShedLevel>,
-    Path((platform, item_id)): Path<(String, String)>,
+    ApiPath((platform, item_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     let key = parse_key(&platform, &item_id)?;
     let deadline = Instant::now() + state.limits.request_deadline;

@@ -21,7 +21,6 @@ use super::error::{ApiError, ErrorBody};
 use super::items::Answered;
 use super::protect::SHED_LEVEL_HEADER;
 use crate::slow::{SlowLog, SlowReason, SlowRequest};
-use crate::startup::HttpLimits;
 
 /// Every response carries the request's trace id in this header.
 pub const TRACE_ID_HEADER: HeaderName = HeaderName::from_static("x-trace-id");
@@ -249,19 +248,23 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
     response
 }
 
+/// The hard stop of one listener's requests.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestTimeout(pub Duration);
+
 /// A safety net above the per-request deadline the engine honours: whatever happens below, the
-/// client gets an answer within `request_timeout`.
+/// client gets an answer within the listener's [`RequestTimeout`].
 pub async fn request_timeout(
-    State(limits): State<Arc<HttpLimits>>,
+    State(RequestTimeout(timeout)): State<RequestTimeout>,
     request: Request,
     next: Next,
 ) -> Response {
-    match tokio::time::timeout(limits.request_timeout, next.run(request)).await {
+    match tokio::time::timeout(timeout, next.run(request)).await {
         Ok(response) => response,
         Err(_elapsed) => {
             // Logged once, with the trace id, by the trace layer (a 503).
             tracing::debug!(
-                timeout_ms = limits.request_timeout.as_millis() as u64,
+                timeout_ms = timeout.as_millis() as u64,
                 "request hit the hard timeout"
             );
             ApiError::Timeout.into_response()

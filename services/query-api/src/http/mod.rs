@@ -1,11 +1,14 @@
 //! The REST edge: routes, the one error type, and the middleware every request passes.
 //!
 //! Order of the layers, outermost first: trace id (sets `x-trace-id`, renders error bodies),
-//! request metrics (latency by route and final status, answers by outcome), panic catcher,
-//! per-client limit (429), load-shedding admission (stamps the shed level), request timeout, body
-//! limit; then the routes.
+//! request metrics (latency by route and final status, answers by outcome), panic catcher, head
+//! caps (431, 414, 413 on a declared length), per-client limit (429), body read (408, 413: the
+//! whole body arrives before the request counts as load), load-shedding admission (stamps the
+//! shed level), request timeout, body limit; then the routes. Connection-level bounds (header
+//! and idle timeouts, connection caps) are the server loop's, in [`crate::server`].
 
 pub mod admin;
+pub mod edge;
 mod error;
 mod extract;
 pub mod items;
@@ -31,7 +34,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.body_limit_bytes))
         .layer(axum::middleware::from_fn_with_state(
-            limits,
+            middleware::RequestTimeout(limits.request_timeout),
             middleware::request_timeout,
         ))
         .layer(axum::middleware::from_fn_with_state(
@@ -39,8 +42,16 @@ pub fn router(state: AppState) -> Router {
             protect::admit,
         ))
         .layer(axum::middleware::from_fn_with_state(
+            std::sync::Arc::clone(&limits.edge),
+            edge::buffer_body,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
             protection,
             protect::limit_clients,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            std::sync::Arc::clone(&limits.edge),
+            edge::check_head,
         ))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
         .layer(axum::middleware::from_fn_with_state(

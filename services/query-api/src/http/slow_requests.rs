@@ -1,13 +1,14 @@
 //! `GET /admin/v1/slow-requests` (newest first, `?limit=N`) and
 //! `GET /admin/v1/slow-requests/{trace_id}`: the in-process slow-request log.
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::routing::get;
 use axum::{Json, Router};
 use rebate_telemetry::TraceId;
 use serde_json::{Value, json};
 
 use super::error::ApiError;
+use super::extract::ApiPath;
 use crate::startup::AppState;
 
 const DEFAULT_LIMIT: usize = 50;
@@ -51,7 +52,7 @@ fn parse_limit(query: &str, capacity: usize) -> Result<usize, ApiError> {
 
 async fn by_trace_id(
     State(state): State<AppState>,
-    Path(trace_id): Path<String>,
+    ApiPath(trace_id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     let trace_id: TraceId =
         trace_id

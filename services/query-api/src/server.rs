@@ -1,0 +1,660 @@
+//! Serving a router on a TCP listener with the bounds an internet-facing listener needs.
+//!
+//! Contract: [`serve`] accepts HTTP/1.1 connections until its token is cancelled, then drains
+//! for at most the drain time and closes what is left. Nothing a client does on a connection can
+//! hold server resources without a bound:
+//! - **connections**: at most `max_connections` on the listener and `max_connections_per_peer`
+//!   from one address; one more is answered `503 too_many_connections` (JSON, with a trace id)
+//!   and closed without reading it;
+//! - **the request head** must arrive within `header_read_timeout` of its first byte (of the
+//!   accept, for a connection's first request), in at most `max_header_bytes` × 2 bytes and
+//!   [`HARD_MAX_HEADERS`] headers (the edge middleware answers the configured caps with JSON;
+//!   these are the parser's backstop, past which hyper answers a bare 431 and closes);
+//! - **idle keep-alive** connections are closed after `idle_timeout` without a new request;
+//! - **a stalled write** (a client that stops reading its response) ends the connection after
+//!   `idle_timeout`.
+//!
+//! The body's own timeout and size cap are the edge middleware's (`http::edge`), which reads the
+//! body before the request is admitted, so a body that trickles in is never counted as load.
+//!
+//! HTTP/2 is not served here: clients reach the service through a load balancer or gateway that
+//! speaks HTTP/2 to them and HTTP/1.1 to the instances.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future as _;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use futures::task::AtomicWaker;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// The parser's hard cap on the number of headers (hyper's default, parsed on the stack); the
+/// configured `http.max_headers` (at most this) is enforced by the edge middleware with a JSON
+/// answer.
+pub const HARD_MAX_HEADERS: usize = 100;
+
+/// The bounds of one listener's connections.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// A request head must be complete this long after its first byte (after the accept, for a
+    /// connection's first request).
+    pub header_read_timeout: Duration,
+    /// A keep-alive connection without a new request for this long is closed; so is one whose
+    /// response cannot be written for this long.
+    pub idle_timeout: Duration,
+    /// The configured header size cap; the parser refuses at twice this (see the module docs).
+    pub max_header_bytes: usize,
+    /// Connections open at once on this listener.
+    pub max_connections: usize,
+    /// Connections open at once from one peer address; 0 = no per-peer cap (behind a load
+    /// balancer every connection comes from a few addresses).
+    pub max_connections_per_peer: usize,
+}
+
+impl ConnectionLimits {
+    /// The parser's buffer: twice the configured header cap, and never below hyper's minimum.
+    fn parser_buffer_bytes(&self) -> usize {
+        (self.max_header_bytes.saturating_mul(2)).max(8192)
+    }
+}
+
+/// How often connections were refused, by reason, for the status page.
+#[derive(Debug, Default)]
+pub struct ConnectionStats {
+    open: AtomicU64,
+    accepted: AtomicU64,
+    refused_listener_full: AtomicU64,
+    refused_peer_full: AtomicU64,
+}
+
+/// A copy of [`ConnectionStats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct ConnectionSnapshot {
+    pub open: u64,
+    pub accepted: u64,
+    pub refused_listener_full: u64,
+    pub refused_peer_full: u64,
+}
+
+impl ConnectionStats {
+    pub fn snapshot(&self) -> ConnectionSnapshot {
+        ConnectionSnapshot {
+            open: self.open.load(Ordering::Relaxed),
+            accepted: self.accepted.load(Ordering::Relaxed),
+            refused_listener_full: self.refused_listener_full.load(Ordering::Relaxed),
+            refused_peer_full: self.refused_peer_full.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` is cancelled; then stops accepting, asks every
+/// connection to finish its current request, waits at most `drain`, and closes the rest.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    stats: Arc<ConnectionStats>,
+    shutdown: CancellationToken,
+    drain: Duration,
+) {
+    let limits = Arc::new(limits);
+    let peers = Arc::new(PeerCounts::default());
+    let mut connections = JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors or a connection reset before accept: back off a
+                // little instead of spinning on the error.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let open = stats.open.load(Ordering::Relaxed);
+        if open >= limits.max_connections as u64 {
+            stats.refused_listener_full.fetch_add(1, Ordering::Relaxed);
+            connections.spawn(refuse(
+                stream,
+                "this listener holds its maximum of connections",
+            ));
+            continue;
+        }
+        let Some(peer_slot) = peers.try_take(peer.ip(), limits.max_connections_per_peer) else {
+            stats.refused_peer_full.fetch_add(1, Ordering::Relaxed);
+            connections.spawn(refuse(
+                stream,
+                "this address holds its maximum of connections",
+            ));
+            continue;
+        };
+        stats.accepted.fetch_add(1, Ordering::Relaxed);
+        let open_slot = OpenSlot::take(Arc::clone(&stats));
+        connections.spawn(serve_connection(
+            stream,
+            peer,
+            router.clone(),
+            Arc::clone(&limits),
+            shutdown.clone(),
+            (open_slot, peer_slot),
+        ));
+    }
+    drop(listener);
+    let drained = tokio::time::timeout(drain, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            remaining = connections.len(),
+            "drain time over; closing the remaining connections"
+        );
+        connections.shutdown().await;
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    router: Router,
+    limits: Arc<ConnectionLimits>,
+    shutdown: CancellationToken,
+    _slots: (OpenSlot, PeerSlot),
+) {
+    // Small answers: do not wait for the peer's ACK before sending the next segment.
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "cannot set TCP_NODELAY");
+    }
+    let activity = Arc::new(Activity::default());
+    let io = TokioIo::new(BoundedIo::new(stream, &limits, Arc::clone(&activity)));
+    let service = {
+        let activity = Arc::clone(&activity);
+        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+            activity.request_started();
+            request.extensions_mut().insert(ConnectInfo(peer));
+            let router = router.clone();
+            let activity = Arc::clone(&activity);
+            async move {
+                let response = router
+                    .oneshot(request.map(axum::body::Body::new))
+                    .await
+                    .unwrap_or_else(|never: Infallible| match never {});
+                activity.response_ready();
+                Ok::<_, Infallible>(response)
+            }
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        // Ours are the header and idle timeouts (see `BoundedIo`); hyper's own one would start
+        // when the connection goes idle and close keep-alive connections at the header timeout.
+        .header_read_timeout(None)
+        .max_buf_size(limits.parser_buffer_bytes())
+        .keep_alive(true);
+    let connection = builder.serve_connection(io, service);
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => log_connection_end(result),
+        () = shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            log_connection_end(connection.await);
+        }
+    }
+}
+
+fn log_connection_end(result: Result<(), hyper::Error>) {
+    if let Err(error) = result {
+        // Timeouts, resets and malformed requests: the client's doing, not ours.
+        tracing::debug!(%error, "connection ended with an error");
+    }
+}
+
+/// Answers a connection over a cap with a 503 and closes it, bounded in time.
+async fn refuse(mut stream: TcpStream, message: &'static str) {
+    let trace_id = rebate_telemetry::TraceId::generate();
+    let body = serde_json::json!({
+        "error": {"code": rebate_domain::ErrorCode::TooManyConnections, "message": message},
+        "trace_id": trace_id,
+    })
+    .to_string();
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nretry-after: 1\r\nx-trace-id: {trace_id}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(response.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// One open connection, counted in [`ConnectionStats::open`] until dropped.
+#[derive(Debug)]
+struct OpenSlot(Arc<ConnectionStats>);
+
+impl OpenSlot {
+    fn take(stats: Arc<ConnectionStats>) -> Self {
+        stats.open.fetch_add(1, Ordering::Relaxed);
+        Self(stats)
+    }
+}
+
+impl Drop for OpenSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Open connections per peer address. Bounded by the listener's cap: an entry exists only while
+/// one of its connections is open.
+#[derive(Debug, Default)]
+struct PeerCounts {
+    counts: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl PeerCounts {
+    /// A slot for one more connection from `peer`, or `None` when it holds `max` already
+    /// (`max` 0 = no cap, nothing counted).
+    fn try_take(self: &Arc<Self>, peer: IpAddr, max: usize) -> Option<PeerSlot> {
+        if max == 0 {
+            return Some(PeerSlot { peers: None, peer });
+        }
+        let mut counts = self
+            .counts
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let count = counts.entry(peer).or_insert(0);
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot {
+            peers: Some(Arc::clone(self)),
+            peer,
+        })
+    }
+}
+
+#[derive(Debug)]
+struct PeerSlot {
+    peers: Option<Arc<PeerCounts>>,
+    peer: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let Some(peers) = &self.peers else { return };
+        let mut counts = peers
+            .counts
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if let Some(count) = counts.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Whether the connection is between requests: the service counts heads it was handed and
+/// responses it produced; when the two are equal, the connection waits for a new request.
+#[derive(Debug, Default)]
+struct Activity {
+    started: AtomicU64,
+    answered: AtomicU64,
+    /// The read that was left pending while a request was served: hyper does not read again
+    /// after writing a response until the socket is readable, so the end of a request must wake
+    /// it for the idle timer to start.
+    pending_read: AtomicWaker,
+}
+
+impl Activity {
+    fn request_started(&self) {
+        self.started.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn response_ready(&self) {
+        self.answered.fetch_add(1, Ordering::Relaxed);
+        self.pending_read.wake();
+    }
+
+    fn between_requests(&self) -> bool {
+        self.started.load(Ordering::Relaxed) == self.answered.load(Ordering::Relaxed)
+    }
+}
+
+/// What the read timer of a [`BoundedIo`] is counting down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadWait {
+    /// A request is being served; reads (its body, a pipelined head) are not timed here.
+    Serving,
+    /// Between requests, no byte of the next one yet: the idle timeout runs.
+    Idle,
+    /// Part of a request head has arrived (or the connection is new): the header timeout runs.
+    Head,
+}
+
+/// A TCP stream whose reads and writes end in `TimedOut` when the client stalls: the header
+/// timeout from the first byte of a head (from the accept for the first request), the idle
+/// timeout between requests and for a write that cannot progress.
+struct BoundedIo {
+    stream: TcpStream,
+    activity: Arc<Activity>,
+    header_timeout: Duration,
+    idle_timeout: Duration,
+    wait: ReadWait,
+    read_timer: Pin<Box<Sleep>>,
+    write_timer: Pin<Box<Sleep>>,
+    write_stalled: bool,
+}
+
+impl BoundedIo {
+    fn new(stream: TcpStream, limits: &ConnectionLimits, activity: Arc<Activity>) -> Self {
+        let now = Instant::now();
+        Self {
+            stream,
+            activity,
+            header_timeout: limits.header_read_timeout,
+            idle_timeout: limits.idle_timeout,
+            wait: ReadWait::Head,
+            read_timer: Box::pin(tokio::time::sleep_until(now + limits.header_read_timeout)),
+            write_timer: Box::pin(tokio::time::sleep_until(now + limits.idle_timeout)),
+            write_stalled: false,
+        }
+    }
+
+    /// Moves the read state on from what the service reports, arming the timer on each change.
+    fn track_requests(&mut self) {
+        let between = self.activity.between_requests();
+        match (self.wait, between) {
+            (ReadWait::Serving, true) => {
+                self.wait = ReadWait::Idle;
+                self.read_timer
+                    .as_mut()
+                    .reset(Instant::now() + self.idle_timeout);
+            }
+            (ReadWait::Idle | ReadWait::Head, false) => self.wait = ReadWait::Serving,
+            _ => {}
+        }
+    }
+}
+
+fn timed_out(what: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, what)
+}
+
+impl AsyncRead for BoundedIo {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.track_requests();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(result) => {
+                if this.wait == ReadWait::Idle && buf.filled().len() > before {
+                    // The first byte of the next head: from now on it must arrive in time.
+                    this.wait = ReadWait::Head;
+                    this.read_timer
+                        .as_mut()
+                        .reset(Instant::now() + this.header_timeout);
+                }
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                if this.wait == ReadWait::Serving {
+                    this.activity.pending_read.register(cx.waker());
+                    if this.activity.between_requests() {
+                        // The response was ready before the waker was registered.
+                        cx.waker().wake_by_ref();
+                    }
+                    return Poll::Pending;
+                }
+                if this.read_timer.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(timed_out(match this.wait {
+                        ReadWait::Head => "the request head did not arrive in time",
+                        _ => "the connection was idle for too long",
+                    })));
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl BoundedIo {
+    /// Runs a write, failing it once it has made no progress for the idle timeout.
+    fn poll_timed<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: impl FnOnce(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match write(Pin::new(&mut self.stream), cx) {
+            Poll::Ready(result) => {
+                self.write_stalled = false;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                if !self.write_stalled {
+                    self.write_stalled = true;
+                    self.write_timer
+                        .as_mut()
+                        .reset(Instant::now() + self.idle_timeout);
+                }
+                ready!(self.write_timer.as_mut().poll(cx));
+                Poll::Ready(Err(timed_out("the client stopped reading its response")))
+            }
+        }
+    }
+}
+
+impl AsyncWrite for BoundedIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .poll_timed(cx, |stream, cx| stream.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.get_mut()
+            .poll_timed(cx, |stream, cx| stream.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut()
+            .poll_timed(cx, |stream, cx| stream.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.get_mut()
+            .poll_timed(cx, |stream, cx| stream.poll_shutdown(cx))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    fn limits() -> ConnectionLimits {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(60),
+            max_header_bytes: 8192,
+            max_connections: 4,
+            max_connections_per_peer: 2,
+        }
+    }
+
+    async fn start(
+        limits: ConnectionLimits,
+    ) -> (SocketAddr, Arc<ConnectionStats>, CancellationToken) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let router = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let stats = Arc::new(ConnectionStats::default());
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve(
+            listener,
+            router,
+            limits,
+            Arc::clone(&stats),
+            shutdown.clone(),
+            Duration::from_secs(1),
+        ));
+        (address, stats, shutdown)
+    }
+
+    /// Reads until the server closes the connection; the bytes it sent.
+    async fn read_to_close(stream: &mut TcpStream) -> String {
+        let mut bytes = Vec::new();
+        let _ = stream.read_to_end(&mut bytes).await;
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_that_trickles_is_cut_at_the_header_timeout() {
+        let (address, _, _shutdown) = start(limits()).await;
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        let started = Instant::now();
+        stream.write_all(b"GET / HTTP/1.1\r\nho").await.unwrap();
+        let closed = read_to_close(&mut stream).await;
+        assert!(!closed.contains("200"), "{closed}");
+        let elapsed = started.elapsed();
+        assert!(
+            (Duration::from_secs(5)..Duration::from_secs(6)).contains(&elapsed),
+            "{elapsed:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout_not_before() {
+        let (address, stats, _shutdown) = start(limits()).await;
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = [0u8; 512];
+        let read = stream.read(&mut response).await.unwrap();
+        assert!(String::from_utf8_lossy(&response[..read]).starts_with("HTTP/1.1 200"));
+        let answered = Instant::now();
+        // Idle past the header timeout: still open, and the next request is served.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let read = stream.read(&mut response).await.unwrap();
+        assert!(String::from_utf8_lossy(&response[..read]).starts_with("HTTP/1.1 200"));
+        let answered_again = Instant::now();
+        assert!(answered_again - answered >= Duration::from_secs(30));
+        read_to_close(&mut stream).await;
+        let idle = answered_again.elapsed();
+        assert!(
+            (Duration::from_secs(60)..Duration::from_secs(61)).contains(&idle),
+            "{idle:?}"
+        );
+        tokio::task::yield_now().await;
+        assert_eq!(stats.snapshot().open, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_connection_that_sends_nothing_gets_the_header_timeout() {
+        let (address, _, _shutdown) = start(limits()).await;
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        let started = Instant::now();
+        read_to_close(&mut stream).await;
+        let elapsed = started.elapsed();
+        assert!(
+            (Duration::from_secs(5)..Duration::from_secs(6)).contains(&elapsed),
+            "{elapsed:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_peer_and_listener_caps_are_refused_with_json() {
+        let (address, stats, _shutdown) = start(limits()).await;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(TcpStream::connect(address).await.unwrap());
+        }
+        let mut third = TcpStream::connect(address).await.unwrap();
+        let refused = read_to_close(&mut third).await;
+        assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+        assert!(
+            refused.contains(r#""code":"too_many_connections""#),
+            "{refused}"
+        );
+        assert!(refused.contains("x-trace-id: "), "{refused}");
+        let snapshot = stats.snapshot();
+        assert_eq!((snapshot.open, snapshot.refused_peer_full), (2, 1));
+
+        drop(held);
+        // The slots come back once the server sees the close.
+        for _ in 0..100 {
+            if stats.snapshot().open == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(stats.snapshot().open, 0);
+        let mut again = TcpStream::connect(address).await.unwrap();
+        again
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(read_to_close(&mut again).await.starts_with("HTTP/1.1 200"));
+    }
+
+    #[test]
+    fn peer_counts_forget_addresses_without_connections() {
+        let peers = Arc::new(PeerCounts::default());
+        let address: IpAddr = "10.0.0.1".parse().unwrap();
+        let first = peers.try_take(address, 2).unwrap();
+        let second = peers.try_take(address, 2).unwrap();
+        assert!(peers.try_take(address, 2).is_none());
+        drop(first);
+        let third = peers.try_take(address, 2).unwrap();
+        drop((second, third));
+        assert!(peers.counts.lock().unwrap().is_empty());
+        assert!(peers.try_take(address, 0).is_some(), "0 = no cap");
+        assert!(peers.counts.lock().unwrap().is_empty());
+    }
+}
