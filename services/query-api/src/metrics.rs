@@ -677,13 +677,14 @@ impl StateCollector {
         counters(
             encoder,
             "rebate_events",
-            "Invalidation events by result: published (by this instance), processed (a delivery the handler accepted), failed (a delivery refused or failed; each is redelivered or dead-lettered), redelivered, dead_lettered.",
+            "Invalidation events by result: published (by this instance), processed (a delivery the handler accepted), failed (a delivery refused or failed; each is redelivered, dead-lettered or abandoned), redelivered, dead_lettered, abandoned (its L1 fences in place, its L2 fence never written: acknowledged, not a poison message).",
             [
                 ("published", stats.published),
                 ("processed", stats.processed),
                 ("failed", stats.failed),
                 ("redelivered", stats.redelivered),
                 ("dead_lettered", stats.dead_lettered),
+                ("abandoned", stats.abandoned),
             ]
             .map(|(result, count)| ([("result", result)], count)),
         )?;

@@ -594,9 +594,10 @@ impl EventBus {
                 EventStats {
                     published: stats.published,
                     processed: stats.delivered_broadcast + stats.delivered_shared,
-                    failed: stats.redelivered + stats.dead_lettered,
+                    failed: stats.redelivered + stats.dead_lettered + stats.abandoned,
                     redelivered: stats.redelivered,
                     dead_lettered: stats.dead_lettered,
+                    abandoned: stats.abandoned,
                 }
             }
             EventBus::Amqp { bus, .. } => {
@@ -604,9 +605,10 @@ impl EventBus {
                 EventStats {
                     published: stats.publish_ok,
                     processed: stats.acked,
-                    failed: stats.retried + stats.dead_lettered,
+                    failed: stats.retried + stats.dead_lettered + stats.abandoned,
                     redelivered: stats.retried,
                     dead_lettered: stats.dead_lettered,
+                    abandoned: stats.abandoned,
                 }
             }
         }
@@ -628,11 +630,14 @@ pub struct EventStats {
     pub published: u64,
     /// Deliveries handled: every broadcast one, and the shared ones the handler accepted.
     pub processed: u64,
-    /// Deliveries refused (undecodable) or failed by the handler; each one was redelivered or
-    /// dead-lettered, so this is `redelivered + dead_lettered`.
+    /// Deliveries refused (undecodable) or failed by the handler; each one was redelivered,
+    /// dead-lettered or abandoned, so this is `redelivered + dead_lettered + abandoned`.
     pub failed: u64,
     pub redelivered: u64,
     pub dead_lettered: u64,
+    /// Shared deliveries whose L1 effect is in place but whose L2 fence kept failing until the
+    /// last attempt: acknowledged and counted, never dead-lettered.
+    pub abandoned: u64,
 }
 
 fn start_event_bus(

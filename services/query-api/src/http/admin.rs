@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::error::ApiError;
-use super::extract::ApiJson;
+use super::extract::{ApiJson, ApiPath};
 use super::items::{BatchRequest, parse_key};
 use crate::lifecycle::Phase;
 use crate::startup::{AppState, EventBus};
@@ -70,6 +70,18 @@ pub fn router(state: AppState, token: AdminToken) -> Router {
         .merge(protected)
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn_with_state(
+            super::middleware::RequestTimeout(state.limits.admin_request_timeout),
+            super::middleware::request_timeout,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state.limits.edge),
+            super::edge::buffer_body,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state.limits.edge),
+            super::edge::check_head,
+        ))
         .layer(axum::middleware::from_fn(super::middleware::trace_requests))
         .with_state(state)
 }
@@ -406,7 +418,7 @@ where
 async fn inspect_item(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
-    Path((platform, item_id)): Path<(String, String)>,
+    ApiPath((platform, item_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     let key = parse_key(&platform, &item_id)?;
     let parts = state.engine.parts();
