@@ -638,7 +638,7 @@ impl StateCollector {
             single_gauge(
                 encoder,
                 "rebate_shed_load",
-                "The last load the shedder measured (1.0 = at capacity).",
+                "The last load the shedder measured (1.0 = full load: a standing queue at the target, in-flight at the limit, or the saturated rate held at level 3).",
                 snapshot.load,
             )?;
             single_gauge(
@@ -652,6 +652,12 @@ impl StateCollector {
                 "rebate_concurrency_limit",
                 "The shedder's (adaptive) concurrency limit.",
                 snapshot.concurrency_limit,
+            )?;
+            single_gauge(
+                encoder,
+                "rebate_shed_queue_delay_seconds",
+                "The runtime queue delay the shedder last measured (the interval's minimum probe).",
+                snapshot.queue_delay_ms / 1e3,
             )?;
         }
         let (clients, refused) = protection

@@ -228,6 +228,7 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
         "rendered_quotes": state.engine.rendered_stats(),
         "bloom": state.engine.item_filter().map(|filter| filter.stats()),
         "store_loads_max_in_flight": state.load_limiter.max_in_flight(),
+        "connections": state.connections.snapshot(),
         "ready": readiness.ready,
         "phase": readiness.phase,
         "store": readiness.store,
