@@ -16,8 +16,8 @@
 //! revisit share) one asked for before, so the run touches `requests × (1 − revisit)` distinct
 //! keys and the rate is chosen so that the sweep covers every key in 90 % of the run.
 //!
-//! Warm-up ends when the product L1 first holds 95 % of `parts.product.l1_max_entries` (the
-//! cache is full and evicting from then on), or at half the run, whichever is first. After it,
+//! Warm-up ends when every L1 part first holds 95 % of its `parts.*.l1_max_entries` (the caches
+//! are full and evicting from then on), or at three quarters of the run, whichever is first. After it,
 //! RSS should not grow: the report gives RSS at the end of the warm-up and at the end, the
 //! maximum, and the least-squares slope after the warm-up.
 
@@ -123,32 +123,36 @@ pub struct SoakReport {
 /// RSS may grow at most this share of its warm-up-end value over the rest of the run.
 pub const FLAT_GROWTH: f64 = 0.05;
 
-/// Where the warm-up ends: the first sample with the product L1 at ≥ 95 % of its budget, else
-/// half the run.
-pub fn warmup_end(
-    samples: &[SoakSample],
-    product_budget: Option<u64>,
-    run_s: f64,
-) -> (f64, String) {
-    let half = run_s / 2.0;
-    if let Some(budget) = product_budget {
+/// Where the warm-up ends: the first sample at which every L1 part holds ≥ 95 % of its
+/// `l1_max_entries` (every cache full and evicting from then on), else three quarters of the
+/// run (then the caches never all filled, and the report says so).
+pub fn warmup_end(samples: &[SoakSample], budgets: &[(String, u64)], run_s: f64) -> (f64, String) {
+    let cap = run_s * 0.75;
+    let entries = |sample: &SoakSample, part: &str| match part {
+        "product" => sample.product_entries,
+        "rate" => sample.rate_entries,
+        "coupons" => sample.coupons_entries,
+        "extras" => sample.extras_entries,
+        _ => None,
+    };
+    if !budgets.is_empty() {
         let full = samples.iter().find(|sample| {
-            sample
-                .product_entries
-                .is_some_and(|entries| entries as f64 >= budget as f64 * 0.95)
+            budgets.iter().all(|(part, budget)| {
+                entries(sample, part).is_some_and(|count| count as f64 >= *budget as f64 * 0.95)
+            })
         });
         if let Some(sample) = full
-            && sample.at_s <= half
+            && sample.at_s <= cap
         {
             return (
                 sample.at_s,
-                format!("product L1 at ≥ 95 % of its {budget} entries"),
+                "every L1 part at ≥ 95 % of its l1_max_entries".to_owned(),
             );
         }
     }
     (
-        half,
-        "half the run (the product L1 was not full by then)".to_owned(),
+        cap,
+        "three quarters of the run (the L1 parts were not all full by then)".to_owned(),
     )
 }
 
@@ -338,13 +342,11 @@ async fn run_with(
     }
     service.stop().await;
     redis.kill().await;
-    let product_budget = budgets
-        .l1_max_entries
-        .iter()
-        .find(|(part, _)| part == "product")
-        .map(|(_, budget)| *budget);
-    let (warmup_end_s, warmup_criterion) =
-        warmup_end(&samples, product_budget, run_s + lead_in.as_secs_f64());
+    let (warmup_end_s, warmup_criterion) = warmup_end(
+        &samples,
+        &budgets.l1_max_entries,
+        run_s + lead_in.as_secs_f64(),
+    );
     let rss = rss_figures(&samples, warmup_end_s);
     let load = output.recorded.total.summary();
     Ok(SoakReport {
@@ -579,20 +581,30 @@ mod tests {
     }
 
     #[test]
-    fn warm_up_ends_when_the_product_cache_is_full_or_at_half_time() {
-        let samples: Vec<SoakSample> = (0..100)
+    fn warm_up_ends_when_every_cache_is_full_or_at_three_quarters() {
+        let mut samples: Vec<SoakSample> = (0..100)
             .map(|second| sample(second as f64, 100, (second * 3_000).min(200_000)))
             .collect();
-        let (end, why) = warmup_end(&samples, Some(200_000), 200.0);
+        for sample in &mut samples {
+            // Extras (budget 100,000) fills at 1,000 a second: full (95,000) at second 95.
+            sample.extras_entries = Some((sample.at_s as u64 * 1_000).min(100_000));
+        }
+        let product_only = vec![("product".to_owned(), 200_000)];
+        let (end, why) = warmup_end(&samples, &product_only, 200.0);
         // 95 % of 200,000 = 190,000 entries: second 64 (192,000) is the first.
         assert_eq!(end, 64.0);
         assert!(why.contains("95 %"));
-        // Full only after half the run, or never: half the run.
-        let (end, _) = warmup_end(&samples, Some(200_000), 100.0);
-        assert_eq!(end, 50.0);
-        let (end, why) = warmup_end(&samples, Some(1_000_000), 100.0);
-        assert_eq!(end, 50.0);
-        assert!(why.contains("half"));
+        let both = vec![
+            ("product".to_owned(), 200_000),
+            ("extras".to_owned(), 100_000),
+        ];
+        assert_eq!(warmup_end(&samples, &both, 200.0).0, 95.0);
+        // Full only after three quarters of the run, or never: three quarters.
+        let (end, why) = warmup_end(&samples, &both, 100.0);
+        assert_eq!(end, 75.0);
+        assert!(why.contains("three quarters"));
+        let huge = vec![("product".to_owned(), 1_000_000)];
+        assert_eq!(warmup_end(&samples, &huge, 100.0).0, 75.0);
     }
 
     #[test]
