@@ -23,4 +23,4 @@ pub use error::ErrorCode;
 pub use key::{ItemId, ItemKey, KeyError, Platform};
 pub use money::{Cents, MoneyError, RateBps, best_coupon, estimate_rebate};
 pub use part::{Coupon, Extras, PartKind, Product, ProductStatus, RebateRate};
-pub use time::Timestamp;
+pub use time::{Timestamp, TimestampError};

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Datelike, SecondsFormat, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -45,9 +45,25 @@ impl Timestamp {
         }
     }
 
-    pub fn parse_rfc3339(text: &str) -> Result<Self, chrono::ParseError> {
-        DateTime::parse_from_rfc3339(text).map(|datetime| Self(datetime.timestamp_millis()))
+    /// Parses RFC 3339 with any offset. Instants outside the years 0000–9999 once in UTC are
+    /// refused: RFC 3339 cannot write them, so [`Timestamp::to_rfc3339`] could not give back
+    /// what was read (`9999-12-31T23:59:59-01:00` is year 10000 in UTC).
+    pub fn parse_rfc3339(text: &str) -> Result<Self, TimestampError> {
+        let datetime = DateTime::parse_from_rfc3339(text)?.with_timezone(&Utc);
+        if !(0..=9999).contains(&datetime.year()) {
+            return Err(TimestampError::OutOfRange);
+        }
+        Ok(Self(datetime.timestamp_millis()))
     }
+}
+
+/// Why a text is not a [`Timestamp`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimestampError {
+    #[error("{0}")]
+    Syntax(#[from] chrono::ParseError),
+    #[error("the instant is outside the years 0000-9999 in UTC, which RFC 3339 cannot write")]
+    OutOfRange,
 }
 
 impl fmt::Debug for Timestamp {
@@ -78,6 +94,26 @@ impl<'de> Deserialize<'de> for Timestamp {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn instants_rfc_3339_cannot_write_in_utc_are_refused() {
+        use super::{Timestamp, TimestampError};
+        assert_eq!(
+            Timestamp::parse_rfc3339("9999-12-31T23:59:59-01:00"),
+            Err(TimestampError::OutOfRange)
+        );
+        assert_eq!(
+            Timestamp::parse_rfc3339("0000-01-01T00:30:00+01:00"),
+            Err(TimestampError::OutOfRange)
+        );
+        let last = Timestamp::parse_rfc3339("9999-12-31T23:59:59Z").unwrap();
+        assert_eq!(last.to_rfc3339(), "9999-12-31T23:59:59Z");
+        assert_eq!(
+            Timestamp::parse_rfc3339(&last.to_rfc3339()),
+            Ok(last),
+            "round trip"
+        );
+    }
+
     use super::*;
 
     #[test]
