@@ -12,7 +12,8 @@ pub enum KeyError {
     UnknownPlatform(String),
     #[error("item id must not be empty")]
     EmptyItemId,
-    #[error("item id is {0} characters long; at most {max} digits are allowed", max = ItemId::MAX_LEN)]
+    /// Its length in bytes (the limit counts bytes; a digit is one byte).
+    #[error("item id is {0} bytes long; at most {max} digits are allowed", max = ItemId::MAX_LEN)]
     ItemIdTooLong(usize),
     #[error("item id must contain only ASCII digits 0-9")]
     ItemIdNotDigits,
@@ -89,7 +90,7 @@ impl ItemId {
             return Err(KeyError::EmptyItemId);
         }
         if bytes.len() > Self::MAX_LEN {
-            return Err(KeyError::ItemIdTooLong(text.chars().count()));
+            return Err(KeyError::ItemIdTooLong(bytes.len()));
         }
         if !bytes.iter().all(u8::is_ascii_digit) {
             return Err(KeyError::ItemIdNotDigits);
