@@ -233,10 +233,13 @@ async fn incomplete_deliveries_are_retried_then_abandoned_not_dead_lettered() {
         bus.publish_bytes("invalidate.rate", b"marker", None)
             .await
             .expect("publish");
+        // Both copies of the marker: the broadcast one may arrive after the shared one.
         eventually("the marker", || {
             recorder.count(QueueRole::Shared, "marker") == 1
+                && recorder.count(QueueRole::Broadcast, "marker") == 1
         })
         .await;
+        eventually("the marker's acks", || bus.stats().acked == 3).await;
 
         assert_eq!(recorder.count(QueueRole::Shared, "incomplete-1"), 3);
         assert_eq!(recorder.count(QueueRole::Broadcast, "incomplete-1"), 1);
