@@ -59,12 +59,8 @@ fn assert_json_error(response: &str, status: u16, code: &str) {
 
 async fn shed_in_flight(app: &TestApp) -> u64 {
     let status: Value = app
-        .client
-        .get(format!("{}/admin/v1/status", app.admin_url))
-        .bearer_auth(&app.admin_token)
-        .send()
+        .admin_get("/admin/v1/status")
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();
