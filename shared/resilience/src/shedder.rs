@@ -32,9 +32,9 @@
 //! # Leaving cache-only without flapping
 //! Cache-only answers are cheap, so at level 3 the queue drains and the limit relaxes while the
 //! offered load is unchanged; stepping down on those signals alone would cycle 3 → 2 → 3. So the
-//! shedder learns what it can serve: whenever it finds itself saturated while still doing full
-//! work (level ≤ 2), that interval's throughput is the **saturated rate** (an EWMA over such
-//! intervals). At level 3, `throughput / saturated rate` counts as load too, so level 3 is held
+//! shedder learns what it can serve: whenever a standing queue shows it saturated while still
+//! doing full work (level ≤ 2), that interval's throughput is the **saturated rate** (an EWMA
+//! over such intervals; many requests in flight on a slow dependency teach it nothing). At level 3, `throughput / saturated rate` counts as load too, so level 3 is held
 //! while the offered load is still at what saturated the service — for at most
 //! [`MAX_HOLD_DWELLS`] dwells, after which one step down re-measures (a service that saturates
 //! again at level 2 relearns the rate and returns to 3; one that copes stays down).
@@ -533,10 +533,12 @@ impl LoadShedder {
         let overload = queue_ratio.max(concurrency_ratio);
         let packed = PackedLevel::unpack(self.level_word.load(Ordering::Acquire));
         if packed.measured < ShedLevel::CacheOnly
-            && overload >= self.config.thresholds[2]
+            && queue_ratio >= self.config.thresholds[2]
             && throughput_rps > 0.0
         {
-            // Saturated while doing full work: what it completed is what it can serve.
+            // Saturated while doing full work: what it completed is what it can serve. Only the
+            // queue says so; many requests in flight may just be waiting on a slow dependency,
+            // which says nothing about the rate this instance can serve.
             let learned = load_f64(&self.saturated_rps_bits);
             let saturated = if learned > 0.0 {
                 learned + SATURATED_ALPHA * (throughput_rps - learned)
@@ -1398,6 +1400,42 @@ mod tests {
             }
         }
         assert_eq!(walked, [CacheOnly, ShortTimeouts, DropExtras, Normal]);
+    }
+
+    #[test]
+    fn requests_piled_on_a_slow_dependency_teach_no_saturated_rate() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            max_in_flight: 10,
+            min_in_flight: 1,
+            adaptive: false,
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        let stuck: Vec<_> = (0..12).map(|_| shedder.admit()).collect();
+        ticker.advance(INTERVAL);
+        drop(shedder.admit());
+        let snapshot = shedder.snapshot();
+        assert_eq!(snapshot.level, CacheOnly, "12 in flight against 10");
+        assert_eq!(snapshot.saturated_rps, None);
+        // Once they finish, nothing holds level 3 beyond the dwell (the interval they were still
+        // in flight at its start counts them once more).
+        drop(stuck);
+        let mut walked = vec![shedder.level()];
+        for _ in 0..5 {
+            ticker.advance(ShedConfig::default().min_dwell);
+            walked.push(shedder.admit().level());
+        }
+        assert_eq!(
+            walked,
+            [
+                CacheOnly,
+                CacheOnly,
+                ShortTimeouts,
+                DropExtras,
+                Normal,
+                Normal
+            ]
+        );
     }
 
     #[test]
