@@ -183,6 +183,9 @@ impl ServiceProcess {
                 format!("127.0.0.1:{simulator_port}"),
             )
             .env("REBATE__RESILIENCE__CLIENT_LIMIT__ENABLED", "false")
+            // Every simulated client connects from 127.0.0.1, standing in for a population
+            // behind a load balancer: the per-address connection cap would refuse the harness.
+            .env("REBATE__HTTP__MAX_CONNECTIONS_PER_PEER", "0")
             .env("REBATE__LOG__FILTER", "warn")
             .envs(extra_env.iter().map(|(key, value)| (key, value)))
             .stdin(Stdio::null())
