@@ -7,6 +7,7 @@
 //! (the request's due time for the first, the end of the retry wait for a retry).
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
@@ -299,10 +300,15 @@ pub struct LogicalOutcome {
     pub log: Vec<AttemptRecord>,
 }
 
-/// The shared HTTP client of one run: a pool of keep-alive HTTP/1.1 connections.
+/// The shared HTTP client of one run: a pool of keep-alive HTTP/1.1 connections (one pool per
+/// source address with [`LoadClient::from_sources`]).
 #[derive(Debug, Clone)]
 pub struct LoadClient {
     http: reqwest::Client,
+    /// With several source addresses: one client per address, chosen by the client id, so
+    /// that the simulated clients spread over the addresses like real ones over the internet
+    /// (a per-peer connection cap then bounds each address, not the whole load).
+    by_source: Arc<Vec<reqwest::Client>>,
 }
 
 impl LoadClient {
@@ -315,7 +321,52 @@ impl LoadClient {
             .connect_timeout(Duration::from_secs(2))
             .timeout(attempt_timeout)
             .build()?;
-        Ok(Self { http })
+        Ok(Self {
+            http,
+            by_source: Arc::new(Vec::new()),
+        })
+    }
+
+    /// One pool per loopback source address in `sources` (each must be on this machine's
+    /// loopback, e.g. 127.0.1.1), idle connections dropped after `pool_idle`; a request's
+    /// client id picks the address, so one simulated client always uses the same one.
+    pub fn from_sources(
+        attempt_timeout: Duration,
+        pool_idle: Duration,
+        sources: &[std::net::IpAddr],
+    ) -> anyhow::Result<Self> {
+        let mut clients = Vec::with_capacity(sources.len());
+        for source in sources {
+            anyhow::ensure!(source.is_loopback(), "{source} is not a loopback address");
+            clients.push(
+                reqwest::Client::builder()
+                    .no_proxy()
+                    .http1_only()
+                    .tcp_nodelay(true)
+                    .local_address(*source)
+                    .pool_idle_timeout(pool_idle)
+                    .connect_timeout(Duration::from_secs(2))
+                    .timeout(attempt_timeout)
+                    .build()?,
+            );
+        }
+        let mut client = Self::with_pool_idle(attempt_timeout, pool_idle)?;
+        client.by_source = Arc::new(clients);
+        Ok(client)
+    }
+
+    /// The pool for `client_id`: by a hash of it over the source addresses, if any.
+    fn pool_for(&self, client_id: &str) -> &reqwest::Client {
+        if self.by_source.is_empty() {
+            return &self.http;
+        }
+        // FNV-1a: cheap, and the same id always lands on the same address.
+        let hash = client_id
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+                (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+            });
+        &self.by_source[(hash % self.by_source.len() as u64) as usize]
     }
 
     /// As [`LoadClient::new`], but idle pooled connections are dropped after `pool_idle`: keep
@@ -330,7 +381,10 @@ impl LoadClient {
             .connect_timeout(Duration::from_secs(2))
             .timeout(attempt_timeout)
             .build()?;
-        Ok(Self { http })
+        Ok(Self {
+            http,
+            by_source: Arc::new(Vec::new()),
+        })
     }
 
     pub fn http(&self) -> &reqwest::Client {
@@ -344,10 +398,10 @@ impl LoadClient {
         request: &RequestKind,
         client_id: &str,
     ) -> Attempt {
+        let http = self.pool_for(client_id);
         let builder = match request {
-            RequestKind::Single(key) => self.http.get(target.single_url(key)),
-            RequestKind::Batch(keys) => self
-                .http
+            RequestKind::Single(key) => http.get(target.single_url(key)),
+            RequestKind::Batch(keys) => http
                 .post(target.batch_url())
                 .header("content-type", "application/json")
                 .body(batch_body(keys)),
@@ -476,6 +530,42 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_client_id_always_uses_the_same_source_address() {
+        let sources: Vec<IpAddr> = ["127.0.1.1", "127.0.1.2", "127.0.1.3"]
+            .iter()
+            .map(|address| address.parse().unwrap())
+            .collect();
+        let second = Duration::from_secs(1);
+        let client = LoadClient::from_sources(second, second, &sources).unwrap();
+        let pool = |id: &str| client.pool_for(id) as *const reqwest::Client;
+        assert_eq!(pool("app-ios-7"), pool("app-ios-7"));
+        let used: std::collections::HashSet<_> = (0..100)
+            .map(|index| pool(&format!("h5-web-{index}")))
+            .collect();
+        assert_eq!(used.len(), 3, "ids spread over every address");
+        assert!(LoadClient::from_sources(second, second, &["10.1.2.3".parse().unwrap()]).is_err());
+        // The bound source addresses do reach a loopback server.
+        let (target, calls) = test_server::overloaded_for(0).await;
+        for index in 0..6 {
+            let attempt = client
+                .attempt(
+                    &target,
+                    &RequestKind::Single(ItemKey {
+                        platform: "jd",
+                        item_id: 100_002,
+                    }),
+                    &format!("app-ios-{index}"),
+                )
+                .await;
+            assert!(
+                matches!(attempt, Attempt::Response(ref r) if r.status == 200),
+                "{attempt:?}"
+            );
+        }
+        assert_eq!(calls.load(Ordering::Relaxed), 6);
+    }
 
     fn response(status: u16, retry_after: Option<u64>) -> Attempt {
         Attempt::Response(ResponseSummary {
