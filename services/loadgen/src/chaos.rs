@@ -467,11 +467,14 @@ async fn run_with(
         ("DATABASE_URL", database.url()),
         ("REBATE__REDIS__ENABLED", "true".to_owned()),
         ("REDIS_URL", redis.url()),
-        // Production: the per-client limit is on (the harness turns it off elsewhere).
+        // Production: the per-client limit is on, and so is the per-address connection cap of
+        // config/default.toml (ServiceProcess turns both off for the other scenarios); the load
+        // is spread over 8 source addresses, the attackers have one.
         (
             "REBATE__RESILIENCE__CLIENT_LIMIT__ENABLED",
             "true".to_owned(),
         ),
+        ("REBATE__HTTP__MAX_CONNECTIONS_PER_PEER", "256".to_owned()),
     ]
     .into_iter()
     .map(|(key, value)| (key.to_owned(), value))
