@@ -197,6 +197,21 @@ impl Windows {
     fn fault_end(&self) -> f64 {
         self.baseline_s + self.fault_s
     }
+
+    /// The recorder's phase marks: baseline from the start, then fault, then recovery.
+    fn phases(&self) -> Vec<Phase> {
+        [
+            ("baseline", 0.0),
+            ("fault", self.baseline_s),
+            ("recovery", self.fault_end()),
+        ]
+        .into_iter()
+        .map(|(name, start_s)| Phase {
+            name: name.into(),
+            start: secs(start_s),
+        })
+        .collect()
+    }
 }
 
 /// Edge timeouts in force, from what the harness passed (or the documented defaults).
@@ -449,7 +464,7 @@ pub async fn run(options: ChaosOptions) -> anyhow::Result<ChaosReport> {
     let mut report = result?;
     report.wall_s = started.elapsed().as_secs_f64();
     report.harness_cpu = harness_meter.read();
-    write(&report, &options.out_dir)?;
+    crate::report::write_files(&report, &markdown(&report), &options.out_dir)?;
     Ok(report)
 }
 
@@ -1029,20 +1044,7 @@ impl Suite {
             .map_or(1.0, |segment| segment.from_rps.max(1.0));
         let mut main_segments = vec![Segment::constant(first_rate, lead_in)];
         main_segments.extend(segments);
-        let phases = vec![
-            Phase {
-                name: "baseline".into(),
-                start: Duration::ZERO,
-            },
-            Phase {
-                name: "fault".into(),
-                start: secs(windows.baseline_s),
-            },
-            Phase {
-                name: "recovery".into(),
-                start: secs(windows.fault_end()),
-            },
-        ];
+        let phases = windows.phases();
         let main_plan = OpenLoop {
             schedule: Schedule::new(main_segments)?,
             measure_from: lead_in,
@@ -1160,20 +1162,7 @@ impl Suite {
         let mut result = PhaseResult::new(name, windows);
         let lead_in = secs(self.timing.lead_in_s);
         let rate = self.capacity * FAULT_PHASE_SHARE;
-        let phases = vec![
-            Phase {
-                name: "baseline".into(),
-                start: Duration::ZERO,
-            },
-            Phase {
-                name: "fault".into(),
-                start: secs(windows.baseline_s),
-            },
-            Phase {
-                name: "recovery".into(),
-                start: secs(windows.fault_end()),
-            },
-        ];
+        let phases = windows.phases();
         let plan = OpenLoop {
             schedule: Schedule::new(vec![
                 Segment::constant(rate, lead_in),
@@ -1862,16 +1851,6 @@ fn met(value: Option<bool>) -> &'static str {
         Some(false) => "NOT met",
         None => "no figure",
     }
-}
-
-/// `report.json` and `report.md` into `dir`.
-pub fn write(report: &ChaosReport, dir: &std::path::Path) -> anyhow::Result<()> {
-    std::fs::write(
-        dir.join("report.json"),
-        serde_json::to_string_pretty(report)?,
-    )?;
-    std::fs::write(dir.join("report.md"), markdown(report))?;
-    Ok(())
 }
 
 /// The report as Markdown.

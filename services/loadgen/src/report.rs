@@ -435,10 +435,20 @@ pub fn ratio(numerator: Option<f64>, denominator: Option<f64>) -> Option<f64> {
 
 /// Writes `report.json` and `report.md` into `dir`.
 pub fn write(report: &RunReport, dir: &Path) -> anyhow::Result<()> {
+    write_files(report, &markdown(report), dir)
+}
+
+/// Writes any report as `report.json` and its Markdown rendering as `report.md` into `dir`
+/// (the run, chaos and soak reports alike).
+pub fn write_files(
+    report: &impl serde::Serialize,
+    markdown: &str,
+    dir: &Path,
+) -> anyhow::Result<()> {
     let json = serde_json::to_string_pretty(report)?;
     std::fs::write(dir.join("report.json"), json)
         .with_context(|| format!("writing {}", dir.join("report.json").display()))?;
-    std::fs::write(dir.join("report.md"), markdown(report))
+    std::fs::write(dir.join("report.md"), markdown)
         .with_context(|| format!("writing {}", dir.join("report.md").display()))?;
     Ok(())
 }

@@ -21,7 +21,7 @@
 //! RSS should not grow: the report gives RSS at the end of the warm-up and at the end, the
 //! maximum, and the least-squares slope after the warm-up.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -235,7 +235,7 @@ pub async fn run(options: SoakOptions) -> anyhow::Result<SoakReport> {
     }
     let mut report = result?;
     report.wall_s = started.elapsed().as_secs_f64();
-    write(&report, &options.out_dir)?;
+    crate::report::write_files(&report, &markdown(&report), &options.out_dir)?;
     Ok(report)
 }
 
@@ -425,15 +425,6 @@ fn mib(bytes: Option<u64>) -> String {
     bytes.map_or("–".into(), |bytes| {
         format!("{:.1} MiB", bytes as f64 / 1048576.0)
     })
-}
-
-pub fn write(report: &SoakReport, dir: &Path) -> anyhow::Result<()> {
-    std::fs::write(
-        dir.join("report.json"),
-        serde_json::to_string_pretty(report)?,
-    )?;
-    std::fs::write(dir.join("report.md"), markdown(report))?;
-    Ok(())
 }
 
 pub fn markdown(report: &SoakReport) -> String {
