@@ -5,7 +5,8 @@
 //! hold server resources without a bound:
 //! - **connections**: at most `max_connections` on the listener and `max_connections_per_peer`
 //!   from one address; one more is answered `503 too_many_connections` (JSON, with a trace id)
-//!   and closed without reading it;
+//!   and closed without reading it (beyond 1,024 refusals being answered at once, closed
+//!   without an answer: refusing must not hold sockets without a bound either);
 //! - **the request head** must arrive within `header_read_timeout` of its first byte (of the
 //!   accept, for a connection's first request), in at most `max_header_bytes` × 2 bytes and
 //!   [`HARD_MAX_HEADERS`] headers (the edge middleware answers the configured caps with JSON;
@@ -113,6 +114,9 @@ pub async fn serve(
 ) {
     let limits = Arc::new(limits);
     let peers = Arc::new(PeerCounts::default());
+    // Refusals answered at once; a flood beyond this many is closed without an answer, so
+    // refusing cannot itself hold an unbounded number of sockets.
+    let refusing = Arc::new(AtomicU64::new(0));
     let mut connections = JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
@@ -133,18 +137,22 @@ pub async fn serve(
         let open = stats.open.load(Ordering::Relaxed);
         if open >= limits.max_connections as u64 {
             stats.refused_listener_full.fetch_add(1, Ordering::Relaxed);
-            connections.spawn(refuse(
+            refuse_bounded(
+                &mut connections,
+                &refusing,
                 stream,
                 "this listener holds its maximum of connections",
-            ));
+            );
             continue;
         }
         let Some(peer_slot) = peers.try_take(peer.ip(), limits.max_connections_per_peer) else {
             stats.refused_peer_full.fetch_add(1, Ordering::Relaxed);
-            connections.spawn(refuse(
+            refuse_bounded(
+                &mut connections,
+                &refusing,
                 stream,
                 "this address holds its maximum of connections",
-            ));
+            );
             continue;
         };
         stats.accepted.fetch_add(1, Ordering::Relaxed);
@@ -227,6 +235,28 @@ fn log_connection_end(result: Result<(), hyper::Error>) {
         // Timeouts, resets and malformed requests: the client's doing, not ours.
         tracing::debug!(%error, "connection ended with an error");
     }
+}
+
+/// Refusals being answered at once at most; past them a refused connection is just closed.
+const MAX_REFUSALS_IN_FLIGHT: u64 = 1024;
+
+/// Answers a refused connection in a task of its own, unless [`MAX_REFUSALS_IN_FLIGHT`] are
+/// being answered already: then it is dropped (closed) here.
+fn refuse_bounded(
+    connections: &mut JoinSet<()>,
+    refusing: &Arc<AtomicU64>,
+    stream: TcpStream,
+    message: &'static str,
+) {
+    if refusing.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSALS_IN_FLIGHT {
+        refusing.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
+    let refusing = Arc::clone(refusing);
+    connections.spawn(async move {
+        refuse(stream, message).await;
+        refusing.fetch_sub(1, Ordering::Relaxed);
+    });
 }
 
 /// Answers a connection over a cap with a 503 and closes it, bounded in time.
