@@ -16,10 +16,11 @@
 //! revisit share) one asked for before, so the run touches `requests × (1 − revisit)` distinct
 //! keys and the rate is chosen so that the sweep covers every key in 90 % of the run.
 //!
-//! Warm-up ends when every L1 part first holds 95 % of its `parts.*.l1_max_entries` (the caches
-//! are full and evicting from then on), or at three quarters of the run, whichever is first. After it,
-//! RSS should not grow: the report gives RSS at the end of the warm-up and at the end, the
-//! maximum, and the least-squares slope after the warm-up.
+//! Warm-up ends when every L1 part first holds 99 % of its `parts.*.l1_max_entries` (the caches
+//! are full and evicting from then on), or at three quarters of the run, whichever is first. After
+//! it, RSS should not grow: the report gives RSS at the end of the warm-up and at the end (each the
+//! median of 30 one-second samples), the maximum, the least-squares slope after the warm-up, and
+//! the service's live heap (jemalloc's `allocated`) beside it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -65,6 +66,10 @@ pub struct SoakOptions {
 pub struct SoakSample {
     pub at_s: f64,
     pub rss_bytes: Option<u64>,
+    /// The service's live heap (jemalloc's `allocated`, from the status page).
+    pub heap_allocated_bytes: Option<u64>,
+    /// Allocator pages resident (jemalloc's `resident`): RSS minus this is outside the heap.
+    pub heap_resident_bytes: Option<u64>,
     pub product_entries: Option<u64>,
     pub rate_entries: Option<u64>,
     pub coupons_entries: Option<u64>,
@@ -106,9 +111,13 @@ pub struct SoakReport {
     pub rss_max_bytes: Option<u64>,
     pub rss_start_bytes: Option<u64>,
     pub rss_slope_after_warmup_mib_per_min: Option<f64>,
-    /// RSS end − RSS at warm-up end, ÷ RSS at warm-up end.
+    /// RSS end − RSS at warm-up end, ÷ RSS at warm-up end (each the median of its 30 samples).
     pub growth_after_warmup: Option<f64>,
     pub flat: Option<bool>,
+    /// The service's live heap (jemalloc's `allocated`) at warm-up end and at the end: when RSS
+    /// grows and this does not, the growth is pages the allocator holds, not data.
+    pub heap_allocated_at_warmup_end_bytes: Option<u64>,
+    pub heap_allocated_end_bytes: Option<u64>,
     pub load: StatsSummary,
     pub unfinished: u64,
     pub dispatch_lag_p99_ms: f64,
@@ -123,7 +132,16 @@ pub struct SoakReport {
 /// RSS may grow at most this share of its warm-up-end value over the rest of the run.
 pub const FLAT_GROWTH: f64 = 0.05;
 
-/// Where the warm-up ends: the first sample at which every L1 part holds ≥ 95 % of its
+/// Share of its `l1_max_entries` at which an L1 part counts as full (moka's entry count is an
+/// estimate that hovers just under the budget once it evicts).
+pub const FULL_SHARE: f64 = 0.99;
+
+/// Samples each end of the after-warm-up stretch is the median of. One sample is a moment: a
+/// burst of freed buffers that the allocator has not yet returned (it does so on a ~10 s decay)
+/// shows as tens of MiB for a few seconds, and the load's last second closes every connection.
+pub const END_WINDOW_SAMPLES: usize = 30;
+
+/// Where the warm-up ends: the first sample at which every L1 part holds ≥ 99 % of its
 /// `l1_max_entries` (every cache full and evicting from then on), else three quarters of the
 /// run (then the caches never all filled, and the report says so).
 pub fn warmup_end(samples: &[SoakSample], budgets: &[(String, u64)], run_s: f64) -> (f64, String) {
@@ -138,7 +156,8 @@ pub fn warmup_end(samples: &[SoakSample], budgets: &[(String, u64)], run_s: f64)
     if !budgets.is_empty() {
         let full = samples.iter().find(|sample| {
             budgets.iter().all(|(part, budget)| {
-                entries(sample, part).is_some_and(|count| count as f64 >= *budget as f64 * 0.95)
+                entries(sample, part)
+                    .is_some_and(|count| count as f64 >= *budget as f64 * FULL_SHARE)
             })
         });
         if let Some(sample) = full
@@ -146,7 +165,10 @@ pub fn warmup_end(samples: &[SoakSample], budgets: &[(String, u64)], run_s: f64)
         {
             return (
                 sample.at_s,
-                "every L1 part at ≥ 95 % of its l1_max_entries".to_owned(),
+                format!(
+                    "every L1 part at ≥ {:.0} % of its l1_max_entries",
+                    FULL_SHARE * 100.0
+                ),
             );
         }
     }
@@ -159,7 +181,9 @@ pub fn warmup_end(samples: &[SoakSample], budgets: &[(String, u64)], run_s: f64)
 /// RSS after the warm-up.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RssFigures {
+    /// The median of the first [`END_WINDOW_SAMPLES`] samples from the warm-up's end.
     pub at_warmup_end: Option<u64>,
+    /// The median of the last [`END_WINDOW_SAMPLES`] samples.
     pub end: Option<u64>,
     /// Over the whole run.
     pub max: Option<u64>,
@@ -175,8 +199,15 @@ pub fn rss_figures(samples: &[SoakSample], warmup_s: f64) -> RssFigures {
         .filter(|sample| sample.at_s >= warmup_s)
         .filter_map(|sample| sample.rss_bytes.map(|rss| (sample.at_s, rss)))
         .collect();
-    let at_warmup_end = after.first().map(|(_, rss)| *rss);
-    let end = after.last().map(|(_, rss)| *rss);
+    // Short stretches (tests, a run cut short) take a quarter of their samples at each end.
+    let window = END_WINDOW_SAMPLES.min(after.len().div_ceil(4)).max(1);
+    let median = |stretch: &[(f64, u64)]| {
+        let mut values: Vec<u64> = stretch.iter().map(|(_, rss)| *rss).collect();
+        values.sort_unstable();
+        values.get(values.len() / 2).copied()
+    };
+    let at_warmup_end = median(&after[..window.min(after.len())]);
+    let end = median(&after[after.len().saturating_sub(window)..]);
     let growth = match (at_warmup_end, end) {
         (Some(start), Some(end)) if start > 0 => Some((end as f64 - start as f64) / start as f64),
         _ => None,
@@ -348,6 +379,11 @@ async fn run_with(
         run_s + lead_in.as_secs_f64(),
     );
     let rss = rss_figures(&samples, warmup_end_s);
+    let heap_after: Vec<u64> = samples
+        .iter()
+        .filter(|sample| sample.at_s >= warmup_end_s)
+        .filter_map(|sample| sample.heap_allocated_bytes)
+        .collect();
     let load = output.recorded.total.summary();
     Ok(SoakReport {
         tool: "rebate-loadgen soak",
@@ -372,6 +408,8 @@ async fn run_with(
         rss_slope_after_warmup_mib_per_min: rss.slope_mib_per_min,
         growth_after_warmup: rss.growth,
         flat: rss.growth.map(|growth| growth <= FLAT_GROWTH),
+        heap_allocated_at_warmup_end_bytes: heap_after.first().copied(),
+        heap_allocated_end_bytes: heap_after.last().copied(),
         load,
         unfinished: output.unfinished,
         dispatch_lag_p99_ms: output.dispatch.lag_p99_ms,
@@ -408,6 +446,8 @@ async fn sample_every_second(
         samples.push(SoakSample {
             at_s: second as f64,
             rss_bytes: service.pid().and_then(procfs::rss_bytes),
+            heap_allocated_bytes: status["memory"]["allocated_bytes"].as_u64(),
+            heap_resident_bytes: status["memory"]["resident_bytes"].as_u64(),
             product_entries: entries("product"),
             rate_entries: entries("rate"),
             coupons_entries: entries("coupons"),
@@ -486,6 +526,12 @@ pub fn markdown(report: &SoakReport) -> String {
             None => "no figure",
         }
     );
+    let _ = writeln!(
+        out,
+        "- live heap (jemalloc allocated): at warm-up end {}, end {}",
+        mib(report.heap_allocated_at_warmup_end_bytes),
+        mib(report.heap_allocated_end_bytes)
+    );
     let load = &report.load;
     let _ = writeln!(
         out,
@@ -560,6 +606,8 @@ mod tests {
         SoakSample {
             at_s,
             rss_bytes: Some(rss_mib * 1024 * 1024),
+            heap_allocated_bytes: None,
+            heap_resident_bytes: None,
             product_entries: Some(product),
             rate_entries: None,
             coupons_entries: None,
@@ -577,19 +625,19 @@ mod tests {
             .map(|second| sample(second as f64, 100, (second * 3_000).min(200_000)))
             .collect();
         for sample in &mut samples {
-            // Extras (budget 100,000) fills at 1,000 a second: full (95,000) at second 95.
+            // Extras (budget 100,000) fills at 1,000 a second: full (99,000) at second 99.
             sample.extras_entries = Some((sample.at_s as u64 * 1_000).min(100_000));
         }
         let product_only = vec![("product".to_owned(), 200_000)];
         let (end, why) = warmup_end(&samples, &product_only, 200.0);
-        // 95 % of 200,000 = 190,000 entries: second 64 (192,000) is the first.
-        assert_eq!(end, 64.0);
-        assert!(why.contains("95 %"));
+        // 99 % of 200,000 = 198,000 entries: second 66 (198,000) is the first.
+        assert_eq!(end, 66.0);
+        assert!(why.contains("99 %"));
         let both = vec![
             ("product".to_owned(), 200_000),
             ("extras".to_owned(), 100_000),
         ];
-        assert_eq!(warmup_end(&samples, &both, 200.0).0, 95.0);
+        assert_eq!(warmup_end(&samples, &both, 200.0).0, 99.0);
         // Full only after three quarters of the run, or never: three quarters.
         let (end, why) = warmup_end(&samples, &both, 100.0);
         assert_eq!(end, 75.0);
@@ -610,10 +658,12 @@ mod tests {
         assert_eq!(rss.max, Some(200 * mib));
         assert_eq!(rss.slope_mib_per_min, Some(0.0));
         assert_eq!(rss.growth, Some(0.0));
-        // Growing after the warm-up: 100 → 190 MiB over 9 s.
+        // Growing after the warm-up: the first five samples' median is 120 MiB, the last five's
+        // 200 MiB.
         let rss = rss_figures(&samples, 0.0);
-        assert_eq!(rss.at_warmup_end, Some(100 * mib));
-        assert!((rss.growth.unwrap() - 1.0).abs() < 1e-9);
+        assert_eq!(rss.at_warmup_end, Some(120 * mib));
+        assert_eq!(rss.end, Some(200 * mib));
+        assert!((rss.growth.unwrap() - 80.0 / 120.0).abs() < 1e-9);
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! - [`lifecycle`]: starting, serving, draining: what readiness reports.
 //! - [`protection`]: [`Protection`](protection::Protection), the guards of every dependency, the
 //!   load shedder and the per-client limiter, from `[resilience]`.
+//! - [`memory`]: [`MemoryStats`](memory::MemoryStats), the allocator's counters and the
+//!   resident set; jemalloc is the global allocator unless the `jemalloc` feature is off.
 //! - [`metrics`]: [`Metrics`](metrics::Metrics), the Prometheus registry behind the admin
 //!   listener's `/metrics`: request and dependency-call latency recorded as they happen, cache,
 //!   guard, shedding and event counters read from the state at scrape time.
@@ -30,6 +32,7 @@ pub mod config;
 pub mod http;
 pub mod invalidation;
 pub mod lifecycle;
+pub mod memory;
 pub mod metrics;
 pub mod protection;
 pub mod server;
