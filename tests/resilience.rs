@@ -203,7 +203,8 @@ async fn a_full_bulkhead_and_a_spent_quota_degrade_at_once() {
 
 #[tokio::test]
 async fn each_shed_level_gives_up_what_it_should() {
-    let app = spawn_app_with(|_| {}).await;
+    // Strict cache-only at level 3: no warming loads (see the next test for those).
+    let app = spawn_app_with(|settings| settings.engine.cache_only_loads = 0).await;
     // Warm one item at level 0.
     assert_eq!(app.get_item("jd", "100001").await.status(), 200);
     let coupons_before = app.upstream_calls(Endpoint::Coupons);
@@ -285,6 +286,36 @@ async fn each_shed_level_gives_up_what_it_should() {
     let response = app.get_item("jd", "100009").await;
     assert_eq!(response.status(), 200);
     assert!(response.headers().get("x-shed-level").is_none());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn level_three_still_warms_a_cold_item_under_one_of_its_permits() {
+    let app = spawn_app_with(|settings| settings.engine.cache_only_loads = 1).await;
+    app.admin_put("/admin/v1/shedding", &json!({"level": "cache_only"}))
+        .await;
+    let loads_before = app.product_loads();
+    // Nothing cached for this item: it loads at level 2 (short timeouts, extras off).
+    let response = app.get_item("jd", "100011").await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-shed-level"], "3");
+    let quote = json_of(response).await;
+    assert!(
+        quote["degraded_parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|part| part["part"] == "extras" && part["reason"] == "shed"),
+        "{quote}"
+    );
+    assert_eq!(app.product_loads(), loads_before + 1);
+    // Now cached: answered from L1 without a permit or a load.
+    assert_eq!(app.get_item("jd", "100011").await.status(), 200);
+    assert_eq!(app.product_loads(), loads_before + 1);
+    let status = json_of(app.admin_get("/admin/v1/status").await).await;
+    assert_eq!(status["cache_only_loads"]["capacity"], 1);
+    assert_eq!(status["cache_only_loads"]["started"], 1);
+    assert_eq!(status["cache_only_loads"]["refused"], 0);
     app.stop().await;
 }
 
@@ -381,6 +412,7 @@ async fn measured_load_walks_the_shed_levels_up_and_back_down_one_dwell_at_a_tim
         shedding.capacity_rps = 100;
         shedding.interval_ms = 250;
         shedding.min_dwell_ms = 2_000;
+        settings.engine.cache_only_loads = 0;
     })
     .await;
     let level_of = |response: &reqwest::Response| {

@@ -119,6 +119,9 @@ pub struct EngineConfig {
     /// Bytes of complete quotes kept as rendered JSON (the hot path's one lookup); 0 turns the
     /// rendering cache off and every request assembles and serialises its quote.
     pub rendered_max_bytes: u64,
+    /// At shed level 3 (cache only), keys whose parts L1 lacks may still load, this many at a
+    /// time, so that a cold instance under load warms up; 0 refuses every miss at level 3.
+    pub cache_only_loads: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -418,6 +421,15 @@ impl Settings {
                 "engine.rendered_max_bytes",
                 format!(
                     "{rendered} is neither 0 (off) nor within 65536..=68719476736 (a size in bytes, e.g. 33554432 for 32 MiB)"
+                ),
+            ));
+        }
+        if self.engine.cache_only_loads > 1024 {
+            return Err(invalid(
+                "engine.cache_only_loads",
+                format!(
+                    "{} is above 1024 (loads at a time at shed level 3; 0 is strict cache-only)",
+                    self.engine.cache_only_loads
                 ),
             ));
         }

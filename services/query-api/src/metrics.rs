@@ -660,6 +660,14 @@ impl StateCollector {
                 snapshot.queue_delay_ms / 1e3,
             )?;
         }
+        let warming = self.engine.cache_only_loads();
+        counters(
+            encoder,
+            "rebate_cache_only_loads",
+            "Keys shed level 3 found incomplete in L1: started (loaded at level 2 under one of engine.cache_only_loads permits) or refused (answered from L1 alone, every permit taken).",
+            [("started", warming.started), ("refused", warming.refused)]
+                .map(|(result, count)| ([("result", result)], count)),
+        )?;
         let (clients, refused) = protection
             .clients
             .as_ref()
@@ -709,8 +717,37 @@ impl Collector for StateCollector {
         self.encode_bloom(&mut encoder)?;
         self.encode_dependencies(&mut encoder)?;
         self.encode_edge(&mut encoder)?;
-        self.encode_events(&mut encoder)
+        self.encode_events(&mut encoder)?;
+        encode_memory(&mut encoder)
     }
+}
+
+fn encode_memory(encoder: &mut DescriptorEncoder) -> fmt::Result {
+    let memory = crate::memory::MemoryStats::read();
+    if let Some(rss) = memory.rss_bytes {
+        single_gauge(
+            encoder,
+            "rebate_process_resident_memory_bytes",
+            "The process's resident set (VmRSS).",
+            rss,
+        )?;
+    }
+    let Some(heap) = memory.heap else {
+        return Ok(());
+    };
+    gauges(
+        encoder,
+        "rebate_heap_bytes",
+        "jemalloc's counters: allocated (live data), active (pages holding live data), resident (allocator pages in memory), metadata, retained (unmapped, kept for reuse).",
+        [
+            ("allocated", heap.allocated_bytes),
+            ("active", heap.active_bytes),
+            ("resident", heap.resident_bytes),
+            ("metadata", heap.metadata_bytes),
+            ("retained", heap.retained_bytes),
+        ]
+        .map(|(kind, bytes)| ([("kind", kind)], bytes)),
+    )
 }
 
 /// One counter family: its descriptor, then a sample per label set.

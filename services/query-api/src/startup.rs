@@ -256,6 +256,7 @@ impl Application {
             ),
             retries_per_request: settings.resilience.retry.max_per_request,
             rendered_capacity_bytes: settings.engine.rendered_max_bytes,
+            cache_only_loads: settings.engine.cache_only_loads,
         };
         let engine = QueryEngine::with_settings(parts, engine_settings, clock, filter);
 

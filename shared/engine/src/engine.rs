@@ -1,6 +1,7 @@
 //! [`QueryEngine`]: the parallel fan-out behind one quote.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -13,6 +14,7 @@ use rebate_resilience::ShedLevel;
 use rebate_telemetry::record_stage;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::quote::{DegradeReason, PartResult, Quote, assemble};
@@ -52,6 +54,26 @@ struct Inner {
     filter: Option<Arc<ItemFilter>>,
     /// Complete quotes as JSON; `None` when `rendered_capacity_bytes` is 0 or in naive mode.
     rendered: Option<RenderedQuotes>,
+    /// Permits for the loads shed level 3 still lets through (`cache_only_loads`).
+    warming: Semaphore,
+    warming_stats: WarmingCounters,
+}
+
+/// What shed level 3 did with keys L1 lacked a part of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CacheOnlyLoads {
+    /// The most that may run at once (`cache_only_loads`).
+    pub capacity: usize,
+    /// Loads started at level 3 (each warms the caches for every later request).
+    pub started: u64,
+    /// Keys answered from L1 alone, without their missing parts, because every permit was taken.
+    pub refused: u64,
+}
+
+#[derive(Debug, Default)]
+struct WarmingCounters {
+    started: AtomicU64,
+    refused: AtomicU64,
 }
 
 /// How the engine fetches parts.
@@ -78,12 +100,19 @@ pub struct EngineSettings {
     pub retries_per_request: u32,
     /// Bytes of complete quotes kept as JSON for [`QueryEngine::answer_at`]; 0 turns that off.
     pub rendered_capacity_bytes: u64,
+    /// At shed level 3, keys L1 lacks a part of may still load, this many at a time (at level
+    /// 2's timeouts), so that a cold instance under load warms instead of refusing every miss
+    /// for as long as the load lasts. 0 is strict cache-only.
+    pub cache_only_loads: usize,
 }
 
 impl EngineSettings {
     /// Kept renderings (32 MiB) are the default for a service; tests that only want quotes can
     /// set `rendered_capacity_bytes` to 0.
     pub const DEFAULT_RENDERED_CAPACITY_BYTES: u64 = 32 << 20;
+
+    /// Warming loads at shed level 3, at a time.
+    pub const DEFAULT_CACHE_ONLY_LOADS: usize = 8;
 
     /// No shortening; two retries per request.
     pub fn new(timeouts: PartTimeouts) -> Self {
@@ -93,6 +122,7 @@ impl EngineSettings {
             short_timeouts: timeouts,
             retries_per_request: 2,
             rendered_capacity_bytes: Self::DEFAULT_RENDERED_CAPACITY_BYTES,
+            cache_only_loads: Self::DEFAULT_CACHE_ONLY_LOADS,
         }
     }
 }
@@ -170,11 +200,23 @@ impl QueryEngine {
         Self {
             inner: Arc::new(Inner {
                 parts,
+                warming: Semaphore::new(settings.cache_only_loads.min(Semaphore::MAX_PERMITS)),
                 settings,
                 clock,
                 filter,
                 rendered,
+                warming_stats: WarmingCounters::default(),
             }),
+        }
+    }
+
+    /// Counters of the loads shed level 3 let through or refused.
+    pub fn cache_only_loads(&self) -> CacheOnlyLoads {
+        let stats = &self.inner.warming_stats;
+        CacheOnlyLoads {
+            capacity: self.inner.settings.cache_only_loads,
+            started: stats.started.load(Ordering::Relaxed),
+            refused: stats.refused.load(Ordering::Relaxed),
         }
     }
 
@@ -297,15 +339,43 @@ impl QueryEngine {
         if self.inner.settings.mode == EngineMode::Naive {
             return self.quote_naive(key).await.map(|quote| (quote, None));
         }
+        let request = self.request_context(deadline);
         if level == ShedLevel::CacheOnly {
             let started = Instant::now();
             self.prefetch_shared_tier(&[key]).await;
-            let quote = self.quote_cached(key);
+            let cached = self.quote_cached(key);
             record_stage("shed", "engine", "cache_only", started, None);
-            return quote;
+            return self.warm_or(cached, key, deadline, &request).await;
         }
-        let request = self.request_context(deadline);
         self.quote_admitted(key, deadline, level, &request).await
+    }
+
+    /// Shed level 3's answer for a key: L1's, unless L1 lacks one of its parts and a warming
+    /// permit is free; then the key loads at level 2 (short timeouts, no extras), which fills
+    /// the caches for every later request. The permit is held until the load ends, so at most
+    /// `cache_only_loads` run at once however many requests miss.
+    async fn warm_or(
+        &self,
+        cached: Cached,
+        key: ItemKey,
+        deadline: Instant,
+        request: &LoadContext,
+    ) -> Result<(Quote, Option<Timestamp>), QueryError> {
+        if !cached.incomplete {
+            return cached.answer;
+        }
+        let stats = &self.inner.warming_stats;
+        let Ok(_permit) = self.inner.warming.try_acquire() else {
+            stats.refused.fetch_add(1, Ordering::Relaxed);
+            return cached.answer;
+        };
+        stats.started.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let answer = self
+            .quote_admitted(key, deadline, ShedLevel::ShortTimeouts, request)
+            .await;
+        record_stage("shed", "engine", "warming_load", started, None);
+        answer
     }
 
     /// One request's deadline and retry allowance, shared by every part of every item in it.
@@ -505,17 +575,16 @@ impl QueryEngine {
             self.prefetch_shared_tier(&to_prefetch).await;
         }
         if level == ShedLevel::CacheOnly {
-            return keys
-                .iter()
-                .zip(admitted)
-                .map(|(key, admitted)| {
-                    if admitted {
-                        self.quote_cached(*key)
-                    } else {
-                        Err(QueryError::NotFound { delisted: false })
-                    }
-                })
-                .collect();
+            let request = &self.request_context(deadline);
+            return join_all(keys.iter().zip(admitted).map(|(key, admitted)| async move {
+                if admitted {
+                    let cached = self.quote_cached(*key);
+                    self.warm_or(cached, *key, deadline, request).await
+                } else {
+                    Err(QueryError::NotFound { delisted: false })
+                }
+            }))
+            .await;
         }
         if self.inner.settings.mode == EngineMode::Naive {
             let mut quotes = Vec::with_capacity(keys.len());
@@ -552,7 +621,7 @@ impl QueryEngine {
     }
 
     /// Shed level 3: whatever L1 holds (after any L2 prefetch), fresh or stale; no loads.
-    fn quote_cached(&self, key: ItemKey) -> Result<(Quote, Option<Timestamp>), QueryError> {
+    fn quote_cached(&self, key: ItemKey) -> Cached {
         let parts = &self.inner.parts;
         let now = self.inner.clock.now();
         let (product, rate, coupons, extras) = (
@@ -561,8 +630,14 @@ impl QueryEngine {
             cached(&parts.coupons, key, now),
             cached(&parts.extras, key, now),
         );
+        // Extras are off from level 1 on: their absence is no reason to load.
+        let incomplete = product.0.is_failed() || rate.0.is_failed() || coupons.0.is_failed();
         let fresh_until = earliest([product.1, rate.1, coupons.1, extras.1]);
-        assemble(product.0, rate.0, coupons.0, extras.0, now).map(|quote| (quote, fresh_until))
+        Cached {
+            answer: assemble(product.0, rate.0, coupons.0, extras.0, now)
+                .map(|quote| (quote, fresh_until)),
+            incomplete,
+        }
     }
 
     async fn prefetch_shared_tier(&self, keys: &[ItemKey]) {
@@ -686,6 +761,12 @@ impl QueryEngine {
 }
 
 /// The earliest of the parts' fresh ends; `None` if any part was not a fresh cache entry.
+/// A quote from L1 alone, and whether L1 lacked one of the parts a level-2 load would fetch.
+struct Cached {
+    answer: Result<(Quote, Option<Timestamp>), QueryError>,
+    incomplete: bool,
+}
+
 fn earliest(fresh_until: [Option<Timestamp>; 4]) -> Option<Timestamp> {
     fresh_until
         .into_iter()
@@ -1057,5 +1138,75 @@ mod tests {
             .unwrap();
         assert_eq!(quote.rebate.rate_bps, None);
         assert_eq!(quote.degraded_parts[0].reason, DegradeReason::Error);
+    }
+
+    /// The engine of [`engine_with`] with `cache_only_loads` warming permits.
+    fn warming_engine(loads: usize, coupon_delay: Duration) -> QueryEngine {
+        let clock = ManualClock::starting_now();
+        let base = engine_with(coupon_delay, false, Vec::new(), &clock);
+        let settings = EngineSettings {
+            cache_only_loads: loads,
+            ..base.settings()
+        };
+        QueryEngine::with_settings(base.parts().clone(), settings, Arc::new(clock), None)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn strict_cache_only_refuses_a_key_l1_lacks() {
+        let engine = warming_engine(0, Duration::from_millis(5));
+        let answer = engine
+            .answer_at(key(), deadline(), ShedLevel::CacheOnly)
+            .await;
+        assert!(matches!(
+            answer,
+            Err(QueryError::Unavailable {
+                reason: DegradeReason::Shed
+            })
+        ));
+        assert_eq!(engine.parts().product.stats().source_loads, 0);
+        let loads = engine.cache_only_loads();
+        assert_eq!((loads.started, loads.refused), (0, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cache_only_warms_a_missing_key_under_a_permit_and_serves_it_from_l1_after() {
+        let engine = warming_engine(1, Duration::from_millis(5));
+        let first = engine
+            .answer_at(key(), deadline(), ShedLevel::CacheOnly)
+            .await
+            .expect("the key loads under the free permit");
+        // Loaded at level 2: extras are off, so the quote is degraded and not rendered.
+        assert!(matches!(first, QuoteAnswer::Assembled(_)));
+        assert_eq!(engine.parts().product.stats().source_loads, 1);
+        assert_eq!(engine.parts().extras.stats().source_loads, 0);
+        // The next request finds every part a level-2 load fetches: no load, no permit.
+        engine
+            .answer_at(key(), deadline(), ShedLevel::CacheOnly)
+            .await
+            .expect("answered from L1");
+        assert_eq!(engine.parts().product.stats().source_loads, 1);
+        let loads = engine.cache_only_loads();
+        assert_eq!((loads.capacity, loads.started, loads.refused), (1, 1, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cache_only_runs_at_most_its_permits_at_once() {
+        let engine = warming_engine(2, Duration::from_millis(50));
+        let keys: Vec<ItemKey> = (0..6)
+            .map(|n| ItemKey::new(Platform::Jd, ItemId::from_u64(100_001 + n)))
+            .collect();
+        let single = futures::future::join_all(
+            keys[..3]
+                .iter()
+                .map(|key| engine.answer_at(*key, deadline(), ShedLevel::CacheOnly)),
+        );
+        let batch = engine.answer_many_at(&keys[3..], deadline(), ShedLevel::CacheOnly);
+        let (single, batch) = tokio::join!(single, batch);
+        let answered = single.iter().filter(|answer| answer.is_ok()).count()
+            + batch.iter().filter(|answer| answer.is_ok()).count();
+        assert_eq!(answered, 2, "two permits: two keys loaded, four refused");
+        let loads = engine.cache_only_loads();
+        assert_eq!((loads.started, loads.refused), (2, 4));
+        assert_eq!(engine.parts().product.stats().source_loads, 2);
     }
 }

@@ -24,7 +24,9 @@ pub mod quote;
 pub mod rendered;
 pub mod tier;
 
-pub use engine::{EngineMode, EngineParts, EngineSettings, PartTimeouts, QueryEngine, QueryError};
+pub use engine::{
+    CacheOnlyLoads, EngineMode, EngineParts, EngineSettings, PartTimeouts, QueryEngine, QueryError,
+};
 pub use quote::{
     DegradeReason, DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble,
 };

@@ -72,6 +72,12 @@ pub enum PartResult<T> {
     Failed { reason: DegradeReason },
 }
 
+impl<T> PartResult<T> {
+    pub fn is_failed(&self) -> bool {
+        matches!(self, Self::Failed { .. })
+    }
+}
+
 /// Template texts shown to users when a part is degraded. Fixed strings: clients may match them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Notice {
