@@ -87,6 +87,11 @@ pub struct StatusPoint {
     pub concurrency_limit: Option<f64>,
     pub in_flight: Option<f64>,
     pub load: Option<f64>,
+    /// The standing in-flight count the shedder compared with its limit.
+    pub standing_in_flight: Option<f64>,
+    /// The runtime queue delay the shedder last measured, ms (tells a queue-driven level from
+    /// an in-flight-driven one).
+    pub queue_delay_ms: Option<f64>,
     /// The service's VmRSS, bytes.
     pub rss_bytes: Option<u64>,
 }

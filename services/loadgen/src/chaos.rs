@@ -1443,6 +1443,8 @@ async fn sample_status(
                 .as_f64()
                 .or_else(|| shedding["peak_in_flight"].as_f64()),
             load: shedding["load"].as_f64(),
+            standing_in_flight: shedding["standing_in_flight"].as_f64(),
+            queue_delay_ms: shedding["queue_delay_ms"].as_f64(),
             rss_bytes: service.pid().and_then(procfs::rss_bytes),
         };
         let ready = if readyz {

@@ -414,7 +414,7 @@ pub fn shed_level(status: &Value) -> Option<u8> {
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
 pub struct ShedSample {
     pub level: Option<u8>,
-    /// max(throughput ÷ capacity_rps, peak in-flight ÷ concurrency limit).
+    /// max(queue delay ÷ target, standing in-flight ÷ concurrency limit[, throughput ÷ capacity_rps]).
     pub load: Option<f64>,
     pub concurrency_limit: Option<f64>,
     pub throughput_rps: Option<f64>,

@@ -7,13 +7,21 @@
 //! Overload is work waiting, not work arriving: the signals hold on a 2-core VM and a 64-core
 //! host alike, with nothing configured per machine. Every `interval` the first request past the
 //! deadline wins a CAS on the evaluation timestamp and computes, from that interval's counters,
-//! `load = max(queue delay / target, peak in-flight / concurrency limit[, throughput / cap])`:
+//! `load = max(queue delay / target, standing in-flight / concurrency limit[, throughput / cap])`:
 //! - **queue delay** (CoDel's sojourn time): the caller's probe reports how long a task waits for
 //!   a worker of the runtime ([`LoadShedder::record_queue_delay`], every `queue_probe_every`).
 //!   The interval's *minimum* counts, as in CoDel: a burst the service absorbs leaves some
 //!   samples low and sheds nothing; only a standing queue, where every sample waited, does.
 //!   An interval without any report keeps the last one's delay (a starved probe reports its
 //!   lateness when it runs again).
+//! - **standing in-flight**: the larger of the interval's *mean* concurrency (the time completed
+//!   requests spent in flight within the interval, over its length: Little's law) and the count
+//!   in flight at both this evaluation and the previous one (requests piled up on a hung
+//!   dependency complete nothing, so only the count shows them). A stall of a few milliseconds
+//!   that piles up hundreds of requests and drains again adds little to the mean and is gone by
+//!   the next evaluation: it sheds nothing — the same reading of "standing" as the queue
+//!   delay's. The count at a single instant (the first admission after a stall sees the whole
+//!   pile) is never used.
 //! - **the concurrency limit** follows latency against its own baseline, as in Netflix's
 //!   Gradient2: with `short` = this interval's mean latency and `long` = a slow EWMA of it,
 //!   `gradient = clamp(1.5 · long / short, 0.5, 1)`. Latency over the tolerated multiple moves
@@ -336,6 +344,10 @@ pub struct LoadShedder {
     long_latency_nanos_bits: AtomicU64,
     load_bits: AtomicU64,
     throughput_rps_bits: AtomicU64,
+    /// The standing in-flight count the last evaluation used (f64 bits).
+    standing_in_flight_bits: AtomicU64,
+    /// `in_flight` as the last evaluation read it.
+    evaluated_in_flight: AtomicU64,
     /// Written by the queue-delay probe.
     probe: ProbeCounters,
     /// The queue delay the last evaluation used, in nanoseconds (as f64 bits).
@@ -385,6 +397,8 @@ impl LoadShedder {
             long_latency_nanos_bits: AtomicU64::new(0.0_f64.to_bits()),
             load_bits: AtomicU64::new(0.0_f64.to_bits()),
             throughput_rps_bits: AtomicU64::new(0.0_f64.to_bits()),
+            standing_in_flight_bits: AtomicU64::new(0.0_f64.to_bits()),
+            evaluated_in_flight: AtomicU64::new(0),
             probe: ProbeCounters {
                 min_delay_nanos: AtomicU64::new(u64::MAX),
             },
@@ -422,10 +436,7 @@ impl LoadShedder {
             // Before this request is counted: it belongs to the interval that starts now.
             self.evaluate(last_nanos, now_nanos);
         }
-        let in_flight = self.counters.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        self.counters
-            .peak_in_flight
-            .fetch_max(in_flight, Ordering::Relaxed);
+        self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
         let level = PackedLevel::unpack(self.level_word.load(Ordering::Acquire)).effective();
         Admission {
             shedder: self,
@@ -480,6 +491,7 @@ impl LoadShedder {
             forced: packed.forced,
             load: load_f64(&self.load_bits),
             in_flight: self.counters.in_flight.load(Ordering::Relaxed),
+            standing_in_flight: load_f64(&self.standing_in_flight_bits),
             concurrency_limit: load_f64(&self.limit_bits) as u64,
             throughput_rps: load_f64(&self.throughput_rps_bits),
             latency_ms: load_f64(&self.short_latency_nanos_bits) / 1e6,
@@ -507,10 +519,13 @@ impl LoadShedder {
         let elapsed_nanos = now_nanos.saturating_sub(previous_nanos).max(1);
         let completed = self.counters.completed.swap(0, Ordering::Relaxed);
         let latency_sum_nanos = self.counters.latency_sum_nanos.swap(0, Ordering::Relaxed);
-        let peak_in_flight = self.counters.peak_in_flight.swap(
-            self.counters.in_flight.load(Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
+        let busy_nanos = self.counters.busy_nanos.swap(0, Ordering::Relaxed);
+        let in_flight = self.counters.in_flight.load(Ordering::Relaxed);
+        let persisting = in_flight.min(self.evaluated_in_flight.swap(in_flight, Ordering::Relaxed));
+        let mean_in_flight = busy_nanos as f64 / elapsed_nanos as f64;
+        let standing_in_flight = mean_in_flight.max(persisting as f64);
+        self.standing_in_flight_bits
+            .store(standing_in_flight.to_bits(), Ordering::Relaxed);
 
         let throughput_rps = completed as f64 * 1e9 / elapsed_nanos as f64;
         self.throughput_rps_bits
@@ -524,7 +539,7 @@ impl LoadShedder {
             .store(queue_delay_nanos.to_bits(), Ordering::Relaxed);
         let queue_ratio =
             queue_delay_nanos / saturating_nanos(self.config.queue_delay_target) as f64;
-        let concurrency_ratio = peak_in_flight as f64 / load_f64(&self.limit_bits);
+        let concurrency_ratio = standing_in_flight / load_f64(&self.limit_bits);
         let cap_ratio = if self.config.capacity_rps == 0 {
             0.0
         } else {
@@ -654,8 +669,8 @@ impl LoadShedder {
 #[repr(align(128))]
 struct RequestCounters {
     in_flight: AtomicU64,
-    /// Highest `in_flight` since the last evaluation.
-    peak_in_flight: AtomicU64,
+    /// Time requests completed since the last evaluation spent in flight after it began.
+    busy_nanos: AtomicU64,
     /// Completions since the last evaluation and the sum of their latencies.
     completed: AtomicU64,
     latency_sum_nanos: AtomicU64,
@@ -750,15 +765,20 @@ impl fmt::Debug for Admission<'_> {
 impl Drop for Admission<'_> {
     fn drop(&mut self) {
         let shedder = self.shedder;
-        let latency_nanos = shedder
-            .ticker
-            .now_nanos()
-            .saturating_sub(self.admitted_at_nanos);
+        let now_nanos = shedder.ticker.now_nanos();
+        let latency_nanos = now_nanos.saturating_sub(self.admitted_at_nanos);
         let counters = &shedder.counters;
         counters.in_flight.fetch_sub(1, Ordering::Relaxed);
         counters
             .latency_sum_nanos
             .fetch_add(latency_nanos, Ordering::Relaxed);
+        // Only the part inside the current interval: a request that hung for seconds must not
+        // count its whole wait against the interval it happens to end in.
+        let interval_start = shedder.last_evaluation_nanos.load(Ordering::Relaxed);
+        counters.busy_nanos.fetch_add(
+            now_nanos.saturating_sub(self.admitted_at_nanos.max(interval_start)),
+            Ordering::Relaxed,
+        );
         counters.completed.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -774,6 +794,9 @@ pub struct ShedSnapshot {
     /// in-flight at the limit, or the saturated rate held at level 3).
     pub load: f64,
     pub in_flight: u64,
+    /// What the last evaluation compared with the limit: the interval's mean concurrency, or
+    /// the count in flight at this and the previous evaluation, whichever is larger.
+    pub standing_in_flight: f64,
     pub concurrency_limit: u64,
     /// Completions per second over the last interval.
     pub throughput_rps: f64,
@@ -1120,18 +1143,23 @@ mod tests {
             interval: INTERVAL,
             ..ShedConfig::default()
         });
-        let mut open: Vec<_> = (0..9).map(|_| shedder.admit()).collect();
+        let mut open: Vec<_> = (0..10).map(|_| shedder.admit()).collect();
         assert!(open.iter().all(|admission| admission.level() == Normal));
         ticker.advance(INTERVAL);
         // Swap one request for another, so nine stay open while the new one closes the interval.
+        // One evaluation that sees them is a count at an instant, not a standing one.
+        drop(open.pop());
+        open.push(shedder.admit());
+        assert_eq!(open.last().map(Admission::level), Some(Normal));
+        ticker.advance(INTERVAL);
         drop(open.pop());
         open.push(shedder.admit());
         assert_eq!(
             open.last().map(Admission::level),
             Some(ShortTimeouts),
-            "0.9 ≥ 0.85"
+            "nine in flight at two evaluations in a row: 0.9 ≥ 0.85"
         );
-        assert_eq!(shedder.snapshot().in_flight, 9);
+        assert_eq!(shedder.snapshot().in_flight, 10);
 
         drop(open);
         assert_eq!(shedder.snapshot().in_flight, 0);
@@ -1140,10 +1168,8 @@ mod tests {
             ticker.advance(DWELL);
             walked.push(shedder.admit().level());
         }
-        assert_eq!(
-            walked,
-            [ShortTimeouts, ShortTimeouts, DropExtras, Normal, Normal]
-        );
+        // Released: down one level a dwell from the first evaluation on.
+        assert_eq!(walked, [ShortTimeouts, DropExtras, Normal, Normal, Normal]);
     }
 
     #[test]
@@ -1403,6 +1429,31 @@ mod tests {
     }
 
     #[test]
+    fn a_pile_up_that_drains_within_the_interval_sheds_nothing() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            max_in_flight: 64,
+            min_in_flight: 16,
+            adaptive: false,
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        for _ in 0..4 {
+            interval_of_traffic(&shedder, &ticker, 20, Duration::from_millis(1));
+        }
+        // A 15 ms stall of the runtime: 300 requests arrive together (the first admission
+        // after it sees every one in flight), then all drain within 15 ms.
+        interval_of_traffic(&shedder, &ticker, 300, Duration::from_millis(15));
+        for _ in 0..4 {
+            interval_of_traffic(&shedder, &ticker, 20, Duration::from_millis(1));
+            assert_eq!(shedder.level(), Normal);
+        }
+        // 300 × 15 ms in a 250 ms interval is a mean of 18 in flight: 0.28 of 64.
+        drop(shedder.admit());
+        let snapshot = shedder.snapshot();
+        assert!(snapshot.standing_in_flight < 1.0, "{snapshot:?}");
+    }
+
+    #[test]
     fn requests_piled_on_a_slow_dependency_teach_no_saturated_rate() {
         let (shedder, ticker) = manual_shedder(ShedConfig {
             max_in_flight: 10,
@@ -1414,11 +1465,17 @@ mod tests {
         let stuck: Vec<_> = (0..12).map(|_| shedder.admit()).collect();
         ticker.advance(INTERVAL);
         drop(shedder.admit());
+        assert_eq!(
+            shedder.level(),
+            Normal,
+            "one evaluation's count is not standing"
+        );
+        ticker.advance(INTERVAL);
+        drop(shedder.admit());
         let snapshot = shedder.snapshot();
-        assert_eq!(snapshot.level, CacheOnly, "12 in flight against 10");
+        assert_eq!(snapshot.level, CacheOnly, "12 in flight against 10, twice");
         assert_eq!(snapshot.saturated_rps, None);
-        // Once they finish, nothing holds level 3 beyond the dwell (the interval they were still
-        // in flight at its start counts them once more).
+        // Once they finish, nothing holds level 3 beyond the dwell.
         drop(stuck);
         let mut walked = vec![shedder.level()];
         for _ in 0..5 {
@@ -1427,14 +1484,7 @@ mod tests {
         }
         assert_eq!(
             walked,
-            [
-                CacheOnly,
-                CacheOnly,
-                ShortTimeouts,
-                DropExtras,
-                Normal,
-                Normal
-            ]
+            [CacheOnly, ShortTimeouts, DropExtras, Normal, Normal, Normal]
         );
     }
 
@@ -1522,6 +1572,8 @@ mod tests {
                 forced: None,
                 load: 0.8,
                 in_flight: 1,
+                // 100 requests of 20 ms each in a 250 ms interval (Little's law).
+                standing_in_flight: 8.0,
                 concurrency_limit: 512,
                 throughput_rps: 400.0,
                 latency_ms: 20.0,
