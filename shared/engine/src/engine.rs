@@ -339,27 +339,28 @@ impl QueryEngine {
         if self.inner.settings.mode == EngineMode::Naive {
             return self.quote_naive(key).await.map(|quote| (quote, None));
         }
-        let request = self.request_context(deadline);
         if level == ShedLevel::CacheOnly {
             let started = Instant::now();
             self.prefetch_shared_tier(&[key]).await;
             let cached = self.quote_cached(key);
             record_stage("shed", "engine", "cache_only", started, None);
-            return self.warm_or(cached, key, deadline, &request).await;
+            return self.warm_or(cached, key, deadline, None).await;
         }
+        let request = self.request_context(deadline);
         self.quote_admitted(key, deadline, level, &request).await
     }
 
     /// Shed level 3's answer for a key: L1's, unless L1 lacks one of its parts and a warming
     /// permit is free; then the key loads at level 2 (short timeouts, no extras), which fills
     /// the caches for every later request. The permit is held until the load ends, so at most
-    /// `cache_only_loads` run at once however many requests miss.
+    /// `cache_only_loads` run at once however many requests miss. A batch passes its one
+    /// request context; a single request gets its own only if it loads.
     async fn warm_or(
         &self,
         cached: Cached,
         key: ItemKey,
         deadline: Instant,
-        request: &LoadContext,
+        request: Option<&LoadContext>,
     ) -> Result<(Quote, Option<Timestamp>), QueryError> {
         if !cached.incomplete {
             return cached.answer;
@@ -370,6 +371,14 @@ impl QueryEngine {
             return cached.answer;
         };
         stats.started.fetch_add(1, Ordering::Relaxed);
+        let owned;
+        let request = match request {
+            Some(request) => request,
+            None => {
+                owned = self.request_context(deadline);
+                &owned
+            }
+        };
         let started = Instant::now();
         let answer = self
             .quote_admitted(key, deadline, ShedLevel::ShortTimeouts, request)
@@ -579,7 +588,7 @@ impl QueryEngine {
             return join_all(keys.iter().zip(admitted).map(|(key, admitted)| async move {
                 if admitted {
                     let cached = self.quote_cached(*key);
-                    self.warm_or(cached, *key, deadline, request).await
+                    self.warm_or(cached, *key, deadline, Some(request)).await
                 } else {
                     Err(QueryError::NotFound { delisted: false })
                 }
