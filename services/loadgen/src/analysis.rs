@@ -92,6 +92,13 @@ pub struct StatusPoint {
     /// The runtime queue delay the shedder last measured, ms (tells a queue-driven level from
     /// an in-flight-driven one).
     pub queue_delay_ms: Option<f64>,
+    /// The share of the interval the runtime's workers were busy (tells CPU saturation from
+    /// requests waiting on a dependency).
+    pub worker_busy: Option<f64>,
+    /// The rate the shedder learned as saturated, rps.
+    pub saturated_rps: Option<f64>,
+    /// The highest rate the shedder saw served with spare capacity (the saturated rate's floor).
+    pub served_rps: Option<f64>,
     /// The service's VmRSS, bytes.
     pub rss_bytes: Option<u64>,
 }

@@ -1445,6 +1445,9 @@ async fn sample_status(
             load: shedding["load"].as_f64(),
             standing_in_flight: shedding["standing_in_flight"].as_f64(),
             queue_delay_ms: shedding["queue_delay_ms"].as_f64(),
+            worker_busy: shedding["worker_busy"].as_f64(),
+            saturated_rps: shedding["saturated_rps"].as_f64(),
+            served_rps: shedding["served_rps"].as_f64(),
             rss_bytes: service.pid().and_then(procfs::rss_bytes),
         };
         let ready = if readyz {

@@ -63,12 +63,16 @@ pub struct WarmupPlan {
 /// Measures how long a task waits for a worker of the runtime, every `queue_probe_every`, and
 /// reports it to the load shedder: how late the probe's timer fired, or, if longer, how long one
 /// yield took to be polled again — both are time spent queued behind other tasks. A starved
-/// probe reports its lateness when it finally runs. Costs one timer and one yield per period.
+/// probe reports its lateness when it finally runs. Also reports how busy the runtime's workers
+/// were since the last period (tokio's per-worker busy time), which tells the shedder whether
+/// requests in flight are CPU work or waits. Costs one timer, one yield and one atomic read per
+/// worker per period.
 pub async fn probe_queue_delay(protection: Arc<Protection>, shutdown: CancellationToken) {
     let Some(shedder) = protection.shedder.as_ref() else {
         return;
     };
     let every = shedder.config().queue_probe_every;
+    let mut busy = WorkerBusy::new(tokio::runtime::Handle::current().metrics());
     let mut due = Instant::now() + every;
     loop {
         tokio::select! {
@@ -80,7 +84,47 @@ pub async fn probe_queue_delay(protection: Arc<Protection>, shutdown: Cancellati
         tokio::task::yield_now().await;
         let yielded = woke.elapsed();
         shedder.record_queue_delay(late.max(yielded));
+        let (busy_time, available) = busy.since_last();
+        shedder.record_worker_busy(busy_time, available);
         due = Instant::now() + every;
+    }
+}
+
+/// The runtime's total worker busy time between two readings.
+struct WorkerBusy {
+    metrics: tokio::runtime::RuntimeMetrics,
+    read_at: std::time::Instant,
+    total: Duration,
+}
+
+impl WorkerBusy {
+    fn new(metrics: tokio::runtime::RuntimeMetrics) -> Self {
+        let total = Self::total(&metrics);
+        Self {
+            metrics,
+            read_at: std::time::Instant::now(),
+            total,
+        }
+    }
+
+    fn total(metrics: &tokio::runtime::RuntimeMetrics) -> Duration {
+        (0..metrics.num_workers())
+            .map(|worker| metrics.worker_total_busy_duration(worker))
+            .sum()
+    }
+
+    /// Busy time summed over the workers since the last call, and the worker time that passed
+    /// (elapsed × workers).
+    fn since_last(&mut self) -> (Duration, Duration) {
+        // Wall-clock time, as tokio measures busy time (not the runtime's possibly paused clock).
+        let now = std::time::Instant::now();
+        let total = Self::total(&self.metrics);
+        let busy = total.saturating_sub(self.total);
+        let workers = u32::try_from(self.metrics.num_workers()).unwrap_or(u32::MAX);
+        let available = now.saturating_duration_since(self.read_at) * workers;
+        self.read_at = now;
+        self.total = total;
+        (busy, available)
     }
 }
 

@@ -659,6 +659,14 @@ impl StateCollector {
                 "The runtime queue delay the shedder last measured (the interval's minimum probe).",
                 snapshot.queue_delay_ms / 1e3,
             )?;
+            if let Some(busy) = snapshot.worker_busy {
+                single_gauge(
+                    encoder,
+                    "rebate_runtime_worker_busy_ratio",
+                    "The share of the last shedding interval the runtime's workers were busy (in-flight overload with busy workers is saturation).",
+                    busy,
+                )?;
+            }
         }
         let warming = self.engine.cache_only_loads();
         counters(
