@@ -120,3 +120,115 @@ async fn malformed_events_are_dead_lettered_and_the_bus_keeps_going() {
     assert!(stats.delivered_shared >= 1, "{stats:?}");
     app.stop().await;
 }
+
+fn event(kind: EventKind, key: ItemKey, version: u64) -> InvalidationEvent {
+    InvalidationEvent::new(
+        EventId::generate(),
+        kind,
+        key.platform,
+        vec![key.item_id],
+        version,
+        Timestamp::now(),
+    )
+    .unwrap()
+}
+
+fn fenced_writes_refused(app: &TestApp) -> u64 {
+    let parts = app.state.engine.parts();
+    [
+        parts.product.stats().fenced_writes_refused,
+        parts.rate.stats().fenced_writes_refused,
+        parts.coupons.stats().fenced_writes_refused,
+        parts.extras.stats().fenced_writes_refused,
+    ]
+    .iter()
+    .sum()
+}
+
+/// `item_delisted` fences the product at its row's version and nothing else: the item answers
+/// 404 from its product part, and its rate, coupons and extras stay cacheable (before, they were
+/// fenced at the product's version, which means nothing in their version spaces, and every query
+/// reloaded them for the whole fence window).
+#[tokio::test]
+async fn a_delisted_item_answers_404_with_at_most_one_load_per_part() {
+    use upstream_sim::Endpoint;
+    let app = spawn_app().await;
+    let key = ItemKey::parse("jd", "100077").unwrap();
+    assert_eq!(app.get_item("jd", "100077").await.status(), 200);
+    let store = catalogue(&app).await;
+    let mut product = store.product(key).await.unwrap().unwrap();
+    product.version += 1;
+    product.value.status = rebate_domain::ProductStatus::Delisted;
+    store.upsert_product(&product).await.unwrap();
+    app.state
+        .events
+        .publisher()
+        .publish(&event(EventKind::ItemDelisted, key, product.version))
+        .await
+        .unwrap();
+    app.state.events.in_process().unwrap().settled().await;
+
+    let loads = || {
+        (
+            app.product_loads(),
+            app.rate_loads(),
+            app.upstream_calls(Endpoint::Coupons),
+            app.upstream_calls(Endpoint::Extras),
+        )
+    };
+    let before = loads();
+    let refused = fenced_writes_refused(&app);
+    for _ in 0..100 {
+        assert_eq!(app.get_item("jd", "100077").await.status(), 404);
+    }
+    let after = loads();
+    assert!(
+        after.0 - before.0 <= 1
+            && after.1 - before.1 <= 1
+            && after.2 - before.2 <= 1
+            && after.3 - before.3 <= 1,
+        "loads per part (product, rate, coupons, extras): {before:?} -> {after:?}"
+    );
+    assert_eq!(fenced_writes_refused(&app), refused);
+    store.close().await;
+    app.stop().await;
+}
+
+/// An event can run ahead of the store (published before the row's write commits). The fence
+/// then refuses the old row the query in between reads, and the next query after the write
+/// serves the new one, through the kept rendering of the quote too.
+#[tokio::test]
+async fn an_event_ahead_of_the_store_never_leaves_the_old_value_behind() {
+    let app = spawn_app().await;
+    let key = ItemKey::parse("pdd", "100031").unwrap();
+    let before = rate_of(&app, "pdd", "100031").await;
+    let store = catalogue(&app).await;
+    let current = store.rate(key).await.unwrap().unwrap();
+    let ahead = current.version + 5;
+    app.state
+        .events
+        .publisher()
+        .publish(&event(EventKind::RateChanged, key, ahead))
+        .await
+        .unwrap();
+    app.state.events.in_process().unwrap().settled().await;
+    // The store still holds the old row: that is what there is to serve.
+    assert_eq!(rate_of(&app, "pdd", "100031").await, before);
+    store
+        .upsert_rate(
+            key,
+            &Versioned {
+                value: RebateRate {
+                    rate_bps: RateBps::try_from(1_234u64).unwrap(),
+                },
+                version: ahead,
+                updated_at: Timestamp::now(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(rate_of(&app, "pdd", "100031").await, 1_234);
+    assert_eq!(rate_of(&app, "pdd", "100031").await, 1_234);
+    store.close().await;
+    app.stop().await;
+}

@@ -231,7 +231,6 @@ pub enum EventBackend {
 pub struct EventSettings {
     pub backend: EventBackend,
     pub fence_secs: u64,
-    pub second_pass_ms: u64,
     pub signing_key: Secret,
     pub require_signature: bool,
     pub max_age_secs: u64,
@@ -795,12 +794,6 @@ impl Settings {
             && let Err(error) = events.amqp.validate()
         {
             return Err(invalid("events.amqp", error.to_string()));
-        }
-        if self.events.second_pass_ms > 60_000 {
-            return Err(invalid(
-                "events.second_pass_ms",
-                format!("{} is above 60000", self.events.second_pass_ms),
-            ));
         }
         self.warmup_items().map(|_| ())
     }

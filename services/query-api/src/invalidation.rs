@@ -2,11 +2,16 @@
 //!
 //! Every instance receives every event on its *broadcast* subscription and fences its own L1.
 //! Exactly one instance receives each event on the *shared* subscription: it fences L2 as well
-//! and re-warms the changed items so the next reader finds the new values cached. After a short
-//! delay it fences its L1 once more (the classic delayed second delete, for a read that raced the
-//! first); L2 needs no second pass, because its fence refuses any older version server-side.
-//! Fences compare data versions, so duplicate and out-of-order events change nothing; the shared
-//! path also skips event ids it has already applied.
+//! and re-warms the changed items so the next reader finds the new values cached. Each fence is
+//! in its part's own version space ([`InvalidationEvent::fences`]). Fences compare data
+//! versions, so duplicate and out-of-order events change nothing; the shared path also skips
+//! event ids it has already applied.
+//!
+//! # No delayed second pass
+//! The classic "delete, then delete again a moment later" closes the race of a rebuild that read
+//! the old row before the change and writes after the delete. A fence closes it for good: that
+//! rebuild's value carries the old version, and both L1 and L2 refuse any version below the
+//! fence for as long as it stands (`fence_secs`, longer than any rebuild), whenever it arrives.
 //!
 //! # When the shared step fails
 //! The shared handler can fail only on the L2 fence (L1 fences cannot fail), i.e. when Redis is
@@ -25,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rebate_domain::Timestamp;
 use rebate_engine::{QueryEngine, ShedLevel};
 use rebate_events::{Deduplicator, EventHandler, HandlerError, InvalidationEvent};
 use tokio::time::Instant;
@@ -41,8 +47,6 @@ pub const L2_FENCE_UNAPPLIED: &str = "l2_fence_unapplied";
 pub struct InvalidationSettings {
     /// How long a fence stands: longer than any rebuild that started before the change can take.
     pub fence_for: Duration,
-    /// Delay of the second pass.
-    pub second_pass_after: Duration,
     /// Deadline of each re-warm quote.
     pub rewarm_deadline: Duration,
 }
@@ -55,7 +59,7 @@ pub struct Invalidator {
     protection: Arc<Protection>,
     settings: InvalidationSettings,
     applied: Deduplicator,
-    /// Second passes and re-warms run here, stopped with the service.
+    /// Re-warms run here, stopped with the service.
     tasks: TaskTracker,
     shutdown: CancellationToken,
 }
@@ -81,13 +85,14 @@ impl Invalidator {
     /// Fences every affected part of every item: L1 always, L2 too when `through_l2`. Stops at
     /// the first L2 failure (the rest would wait out the same timeout); only L2 can fail.
     async fn fence(&self, event: &InvalidationEvent, through_l2: bool) -> Result<(), HandlerError> {
+        let applied_at = Timestamp::now();
         for key in event.keys() {
-            for part in event.affected_parts() {
+            for fence in event.fences(applied_at) {
                 self.engine
                     .invalidate(
                         key,
-                        *part,
-                        event.version(),
+                        fence.part,
+                        fence.version,
                         self.settings.fence_for,
                         through_l2,
                     )
@@ -97,8 +102,8 @@ impl Invalidator {
                             L2_FENCE_UNAPPLIED,
                             format!(
                                 "L2 fence of {key} {} at version {} not written (L1 is fenced): {error}",
-                                part.as_str(),
-                                event.version()
+                                fence.part.as_str(),
+                                fence.version
                             ),
                         )
                     })?;
@@ -139,28 +144,14 @@ impl EventHandler for Invalidator {
         let engine = self.engine.clone();
         let protection = Arc::clone(&self.protection);
         let event = event.clone();
-        let settings = self.settings.clone();
+        let deadline = self.settings.rewarm_deadline;
         let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {
             for key in event.keys() {
-                if protection.level() != ShedLevel::Normal {
+                if protection.level() != ShedLevel::Normal || shutdown.is_cancelled() {
                     break;
                 }
-                let _ = engine
-                    .quote(key, Instant::now() + settings.rewarm_deadline)
-                    .await;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(settings.second_pass_after) => {}
-                () = shutdown.cancelled() => return,
-            }
-            for key in event.keys() {
-                for part in event.affected_parts() {
-                    // L1 only: an L1 fence cannot fail, and L2's fence already holds.
-                    let _ = engine
-                        .invalidate(key, *part, event.version(), settings.fence_for, false)
-                        .await;
-                }
+                let _ = engine.quote(key, Instant::now() + deadline).await;
             }
         });
         Ok(())
@@ -173,7 +164,7 @@ mod tests {
         Jitter, L2Settings, LoadFailure, Loaded, Loader, ManualClock, MemoryTier, PartCache,
         PartCacheSettings, SharedTier, TierKey, TtlPolicy,
     };
-    use rebate_domain::{ItemId, ItemKey, PartKind, Platform, Timestamp};
+    use rebate_domain::{ItemId, ItemKey, PartKind, Platform};
     use rebate_engine::{EngineParts, PartTimeouts};
     use rebate_events::{EventId, EventKind};
     use rebate_resilience::ManualTicker;
@@ -256,7 +247,6 @@ mod tests {
             protection,
             InvalidationSettings {
                 fence_for: Duration::from_secs(60),
-                second_pass_after: Duration::from_millis(500),
                 rewarm_deadline: Duration::from_secs(1),
             },
             TaskTracker::new(),

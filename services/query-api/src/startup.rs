@@ -296,7 +296,6 @@ impl Application {
             Arc::clone(&protection),
             InvalidationSettings {
                 fence_for: Duration::from_secs(settings.events.fence_secs),
-                second_pass_after: Duration::from_millis(settings.events.second_pass_ms),
                 rewarm_deadline: settings.request_deadline(),
             },
             tasks.clone(),

@@ -154,9 +154,18 @@ impl TtlPolicy {
         jitter(self.fresh, self.jitter, rng)
     }
 
-    /// A jittered TTL for a not-found marker.
+    /// A jittered TTL for a not-found marker. The spread is proportional to the not-found TTL
+    /// in both kinds of jitter: an additive `up_to` is scaled by `not_found / fresh`, so a
+    /// marker never lives longer than `not_found × (1 + up_to / fresh)` (at most twice
+    /// `not_found`, as `up_to ≤ fresh`), rather than taking the fresh TTL's minutes of spread.
     pub fn sample_not_found<R: Rng + ?Sized>(&self, rng: &mut R) -> Duration {
-        jitter(self.not_found, self.jitter, rng)
+        let spread = match self.jitter {
+            Jitter::Ratio(ratio) => Jitter::Ratio(ratio),
+            Jitter::UpTo(up_to) => Jitter::UpTo(
+                up_to.mul_f64(self.not_found.as_secs_f64() / self.fresh.as_secs_f64().max(1e-9)),
+            ),
+        };
+        jitter(self.not_found, spread, rng)
     }
 
     /// Stamps a loaded value: fetched now, fresh for a jittered TTL, stale window after that.
@@ -265,6 +274,28 @@ mod tests {
         for count in buckets {
             assert!((1_600..=2_400).contains(&count), "{buckets:?}");
         }
+    }
+
+    #[test]
+    fn an_additive_jitter_spreads_not_found_markers_in_proportion() {
+        let policy = TtlPolicy {
+            fresh: Duration::from_secs(900),
+            jitter: Jitter::UpTo(Duration::from_secs(300)),
+            stale: Duration::from_secs(3_600),
+            not_found: Duration::from_secs(120),
+        };
+        let mut rng = SmallRng::seed_from_u64(7);
+        let samples: Vec<Duration> = (0..2_000)
+            .map(|_| policy.sample_not_found(&mut rng))
+            .collect();
+        // 120 s + up to 300 × 120 / 900 = 40 s, never the fresh TTL's 300 s.
+        assert!(
+            samples
+                .iter()
+                .all(|ttl| (120.0..=160.0).contains(&ttl.as_secs_f64()))
+        );
+        assert!(samples.iter().any(|ttl| ttl.as_secs_f64() > 150.0));
+        assert!(samples.iter().any(|ttl| ttl.as_secs_f64() < 130.0));
     }
 
     #[test]

@@ -556,7 +556,15 @@ where
             part: self.settings.part,
         };
         let mut stale = None;
-        let tier_up = match self.read_l2(l2, tier_key).await {
+        // A copy older than this instance's fence is what the event replaced: L2 may still
+        // hold it while the shared handler has not fenced L2 yet (or could not), and serving it
+        // would undo the event here. It counts as absent.
+        let fence = self.fence_version(key);
+        let read = self
+            .read_l2(l2, tier_key)
+            .await
+            .map(|found| found.filter(|envelope| envelope.version >= fence));
+        let tier_up = match read {
             Ok(Some(envelope)) if envelope.is_fresh(self.clock.now()) => {
                 bump(&self.stats.l2_hits);
                 return Ok(self.adopt_from_l2(key, envelope));
@@ -581,7 +589,7 @@ where
                 }
                 Ok(false) => {
                     bump(&self.stats.leases_lost);
-                    let waited = self.wait_for_winner(l2, tier_key).await;
+                    let waited = self.wait_for_winner(l2, tier_key, fence).await;
                     let outcome = if waited.is_some() {
                         "lost; the winner's value arrived"
                     } else {
@@ -666,12 +674,21 @@ where
     }
 
     /// Polls L2 for the lease winner's value for at most `lease_wait`.
-    async fn wait_for_winner(&self, l2: &L2Settings, tier_key: TierKey) -> Option<Envelope<T>> {
+    async fn wait_for_winner(
+        &self,
+        l2: &L2Settings,
+        tier_key: TierKey,
+        fence: u64,
+    ) -> Option<Envelope<T>> {
         let give_up = tokio::time::Instant::now() + l2.lease_wait;
         while tokio::time::Instant::now() < give_up {
             tokio::time::sleep(l2.lease_poll).await;
             match self.read_l2(l2, tier_key).await {
-                Ok(Some(envelope)) if envelope.is_fresh(self.clock.now()) => return Some(envelope),
+                Ok(Some(envelope))
+                    if envelope.is_fresh(self.clock.now()) && envelope.version >= fence =>
+                {
+                    return Some(envelope);
+                }
                 Ok(_) => {}
                 Err(()) => return None,
             }
@@ -761,6 +778,14 @@ where
         self.insert_fenced(key, envelope)
     }
 
+    /// The version of the fence L1 holds for `key`, 0 when it holds none.
+    fn fence_version(&self, key: ItemKey) -> u64 {
+        self.entries
+            .get(&key)
+            .filter(|envelope| envelope.tombstone)
+            .map_or(0, |envelope| envelope.version)
+    }
+
     /// Inserts unless L1 holds a newer version. Returns what the callers of this load get: the
     /// newer data L1 holds, or, when a fence refused the value, the value itself (those callers
     /// asked before the change; only later callers must not see it).
@@ -779,13 +804,29 @@ where
                 bump(&self.stats.fenced_writes_refused);
                 let current = current.into_value();
                 if current.tombstone {
-                    candidate
+                    uncached(candidate)
                 } else {
                     current
                 }
             }
             _ => candidate,
         }
+    }
+}
+
+/// What the callers of a load get when a fence refused its value: the same data, fresh for no
+/// one, so that nothing built from it is kept either (the engine keeps a quote's rendering only
+/// while every part is fresh). It is what the source said — older than the fence because the
+/// event ran ahead of the source — and the next caller loads again.
+fn uncached<T>(refused: Arc<Envelope<T>>) -> Arc<Envelope<T>> {
+    match Arc::try_unwrap(refused) {
+        Ok(mut envelope) => {
+            envelope.fresh_until = envelope.fetched_at;
+            envelope.stale_until = envelope.fetched_at;
+            Arc::new(envelope)
+        }
+        // Shared with nothing else by construction; keep it as it is rather than copy.
+        Err(shared) => shared,
     }
 }
 
@@ -1075,6 +1116,36 @@ mod tests {
     }
 
     /// Through L2: the fence also stops another instance's rebuild that read the old row.
+    #[tokio::test]
+    async fn an_instance_that_fenced_its_l1_never_serves_the_older_l2_copy() {
+        let source = Arc::new(FakeSource::default());
+        source.version.store(1, Ordering::SeqCst);
+        let tier = Arc::new(MemoryTier::new());
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        let reader = instance(&source, &tier, &clock);
+        let value_of = |outcome: CacheOutcome<String>| match outcome {
+            CacheOutcome::Loaded(envelope) | CacheOutcome::Hit(envelope) => {
+                (envelope.version, envelope.value.clone().unwrap())
+            }
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!(value_of(reader.get(key(), BUDGET).await).0, 1);
+        while tier.version_of(tier_key()) != Some(1) {
+            tokio::task::yield_now().await;
+        }
+        // The row moves to version 2 and this instance applies the event to its L1; the L2
+        // fence (another instance's shared delivery) has not landed yet.
+        source.version.store(2, Ordering::SeqCst);
+        reader
+            .invalidate_to(key(), 2, Duration::from_secs(60), false)
+            .await
+            .unwrap();
+        assert_eq!(tier.version_of(tier_key()), Some(1), "L2 still holds v1");
+        let (version, value) = value_of(reader.get(key(), BUDGET).await);
+        assert_eq!(version, 2, "{value}: the v1 copy in L2 must not come back");
+        assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+    }
+
     #[tokio::test]
     async fn an_l2_fence_refuses_an_older_rebuild_from_another_instance() {
         let old_source = Arc::new(FakeSource::default());

@@ -108,9 +108,11 @@ pub enum EventKind {
     ProductChanged,
     /// Coupons were added, removed or changed.
     CouponsChanged,
-    /// A new item exists; nothing is cached for it yet, but the Bloom filter must learn it.
+    /// A new item exists: the Bloom filter must learn it, and whatever was cached for the key
+    /// before it existed (not-found answers) must not outlive the event.
     ItemCreated,
-    /// The item left the platform; everything cached about it is stale.
+    /// The item left the platform: its product row changed status (and version). The item then
+    /// answers 404 from its product part; its other parts are unchanged.
     ItemDelisted,
 }
 
@@ -133,19 +135,13 @@ impl EventKind {
         }
     }
 
-    /// The cached parts this kind makes stale, i.e. what the consumer must drop.
+    /// The cached parts this kind makes stale, i.e. what the consumer must fence.
     pub const fn affected_parts(self) -> &'static [PartKind] {
         match self {
             EventKind::RateChanged => &[PartKind::Rate],
-            EventKind::ProductChanged => &[PartKind::Product],
+            EventKind::ProductChanged | EventKind::ItemDelisted => &[PartKind::Product],
             EventKind::CouponsChanged => &[PartKind::Coupons],
-            EventKind::ItemCreated => &[],
-            EventKind::ItemDelisted => &[
-                PartKind::Product,
-                PartKind::Rate,
-                PartKind::Coupons,
-                PartKind::Extras,
-            ],
+            EventKind::ItemCreated => &[PartKind::Product, PartKind::Rate, PartKind::Extras],
         }
     }
 
@@ -267,6 +263,37 @@ impl InvalidationEvent {
     pub fn affected_parts(&self) -> &'static [PartKind] {
         self.kind.affected_parts()
     }
+
+    /// The fences this event sets, each in its part's own version space (docs/ARCHITECTURE.md,
+    /// "Versions and fences"), `applied_at` being when this instance applies it:
+    /// - the part the kind names (rate, product, coupons) at the event's version, which is that
+    ///   part's row or document version;
+    /// - for `item_created`: the product at the event's version, the rate at
+    ///   [`FIRST_VERSION`] (past the not-found answer cached before the row existed, version 0),
+    ///   and the extras at `applied_at` in milliseconds (extras carry the time they were
+    ///   fetched: anything fetched before the event is refused).
+    pub fn fences(&self, applied_at: Timestamp) -> impl Iterator<Item = Fence> + '_ {
+        let fetched_before = u64::try_from(applied_at.as_millis()).unwrap_or(0);
+        self.affected_parts().iter().map(move |part| Fence {
+            part: *part,
+            version: match (self.kind, part) {
+                (EventKind::ItemCreated, PartKind::Rate) => FIRST_VERSION,
+                (EventKind::ItemCreated, PartKind::Extras) => fetched_before,
+                _ => self.version,
+            },
+        })
+    }
+}
+
+/// The lowest version of a stored row or upstream document; version 0 is what a part records
+/// for "not found" (a missing row, an API's 404 or a document without a version).
+pub const FIRST_VERSION: u64 = 1;
+
+/// One part an event makes stale and the version a load of it must reach to be cached again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub part: PartKind,
+    pub version: u64,
 }
 
 /// Keeps echoed input short in dead-letter reasons and logs.
@@ -328,16 +355,47 @@ mod tests {
         assert_eq!(EventKind::RateChanged.affected_parts(), &[Rate]);
         assert_eq!(EventKind::ProductChanged.affected_parts(), &[Product]);
         assert_eq!(EventKind::CouponsChanged.affected_parts(), &[Coupons]);
-        assert!(EventKind::ItemCreated.affected_parts().is_empty());
+        assert_eq!(
+            EventKind::ItemCreated.affected_parts(),
+            &[Product, Rate, Extras]
+        );
         assert!(EventKind::ItemCreated.adds_to_bloom_filter());
         assert!(!EventKind::ItemDelisted.adds_to_bloom_filter());
-        assert_eq!(
-            EventKind::ItemDelisted.affected_parts(),
-            &[Product, Rate, Coupons, Extras]
-        );
+        assert_eq!(EventKind::ItemDelisted.affected_parts(), &[Product]);
         for kind in EventKind::ALL {
             assert_eq!(kind.as_str().parse::<EventKind>().unwrap(), kind);
         }
+    }
+
+    #[test]
+    fn each_fence_is_in_its_parts_own_version_space() {
+        use PartKind::*;
+        let event = |kind| {
+            InvalidationEvent::new(
+                EventId::generate(),
+                kind,
+                Platform::Jd,
+                ids(&[7]),
+                42,
+                Timestamp::from_millis(0),
+            )
+            .unwrap()
+        };
+        let applied_at = Timestamp::from_millis(1_800_000_000_000);
+        let fences = |kind| {
+            event(kind)
+                .fences(applied_at)
+                .map(|fence| (fence.part, fence.version))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(fences(EventKind::RateChanged), [(Rate, 42)]);
+        assert_eq!(fences(EventKind::ProductChanged), [(Product, 42)]);
+        assert_eq!(fences(EventKind::CouponsChanged), [(Coupons, 42)]);
+        assert_eq!(fences(EventKind::ItemDelisted), [(Product, 42)]);
+        assert_eq!(
+            fences(EventKind::ItemCreated),
+            [(Product, 42), (Rate, 1), (Extras, 1_800_000_000_000)]
+        );
     }
 
     #[test]

@@ -30,7 +30,9 @@ pub use bus::{
     PublishError, Subscription,
 };
 pub use dedupe::{Deduplicator, VersionGate};
-pub use event::{EventId, EventKind, InvalidationEvent, MAX_ITEMS_PER_EVENT, MAX_VERSION};
+pub use event::{
+    EventId, EventKind, FIRST_VERSION, Fence, InvalidationEvent, MAX_ITEMS_PER_EVENT, MAX_VERSION,
+};
 pub use rejection::Rejection;
 pub use wire::{
     MAX_BODY_BYTES, SCHEMA_VERSION, SIGNATURE_PREFIX, SigningKey, SigningKeyTooShort,

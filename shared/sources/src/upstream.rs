@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rebate_cache::{FailureKind, LoadFailure, Loaded, Loader};
-use rebate_domain::{Coupon, Extras, ItemKey};
+use rebate_domain::{Coupon, Extras, ItemKey, Timestamp};
 use serde::Deserialize;
 
 use rebate_telemetry::Timeline;
@@ -207,11 +207,15 @@ impl ExtrasClient {
 
 #[async_trait]
 impl Loader<Extras> for ExtrasClient {
+    /// The extras API has no versions: an answer's version is the time its fetch began, in
+    /// milliseconds since the Unix epoch, so a fence set at a moment (`item_created`) refuses
+    /// exactly what was fetched before it.
     async fn load(&self, key: ItemKey) -> Result<Loaded<Extras>, LoadFailure> {
+        let fetched_at = u64::try_from(Timestamp::now().as_millis()).unwrap_or(0);
         let document = self.endpoint.fetch::<Extras>(key).await?;
         Ok(Loaded {
             value: document,
-            version: 0,
+            version: fetched_at,
         })
     }
 }
