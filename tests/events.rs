@@ -24,9 +24,18 @@ async fn catalogue(app: &TestApp) -> SqliteStore {
 }
 
 fn rate_event(id: &str, key: ItemKey, version: u64) -> InvalidationEvent {
-    InvalidationEvent::new(
+    event_with_id(
         EventId::parse(id).unwrap(),
         EventKind::RateChanged,
+        key,
+        version,
+    )
+}
+
+fn event_with_id(id: EventId, kind: EventKind, key: ItemKey, version: u64) -> InvalidationEvent {
+    InvalidationEvent::new(
+        id,
+        kind,
         key.platform,
         vec![key.item_id],
         version,
@@ -122,15 +131,7 @@ async fn malformed_events_are_dead_lettered_and_the_bus_keeps_going() {
 }
 
 fn event(kind: EventKind, key: ItemKey, version: u64) -> InvalidationEvent {
-    InvalidationEvent::new(
-        EventId::generate(),
-        kind,
-        key.platform,
-        vec![key.item_id],
-        version,
-        Timestamp::now(),
-    )
-    .unwrap()
+    event_with_id(EventId::generate(), kind, key, version)
 }
 
 fn fenced_writes_refused(app: &TestApp) -> u64 {

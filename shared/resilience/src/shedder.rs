@@ -1604,6 +1604,24 @@ mod tests {
         shedder.record_worker_busy(INTERVAL.mul_f64(0.95), INTERVAL);
     }
 
+    /// The distinct levels, in order, over `intervals` intervals of `requests` quick ones each.
+    fn levels_over(
+        shedder: &LoadShedder,
+        ticker: &ManualTicker,
+        requests: usize,
+        intervals: usize,
+    ) -> Vec<ShedLevel> {
+        let mut walked = vec![shedder.level()];
+        for _ in 0..intervals {
+            interval_of_traffic(shedder, ticker, requests, Duration::from_millis(1));
+            let level = shedder.admit().level();
+            if walked.last() != Some(&level) {
+                walked.push(level);
+            }
+        }
+        walked
+    }
+
     fn limited_shedder() -> (LoadShedder, ManualTicker) {
         manual_shedder(ShedConfig {
             max_in_flight: 40,
@@ -1648,15 +1666,10 @@ mod tests {
             );
         }
         // The load drops to 80 %: down one level per dwell.
-        let mut walked = vec![shedder.level()];
-        for _ in 0..20 {
-            interval_of_traffic(&shedder, &ticker, 80, Duration::from_millis(1));
-            let level = shedder.admit().level();
-            if walked.last() != Some(&level) {
-                walked.push(level);
-            }
-        }
-        assert_eq!(walked, [CacheOnly, ShortTimeouts, DropExtras, Normal]);
+        assert_eq!(
+            levels_over(&shedder, &ticker, 80, 20),
+            [CacheOnly, ShortTimeouts, DropExtras, Normal]
+        );
     }
 
     /// Thrashing lowers what a saturated interval completes: a rate learned then would hold
@@ -1691,15 +1704,10 @@ mod tests {
             );
         }
         // Back to the 240 rps served before: 0.9 of the floor, so it walks down.
-        let mut walked = vec![shedder.level()];
-        for _ in 0..20 {
-            interval_of_traffic(&shedder, &ticker, 60, Duration::from_millis(1));
-            let level = shedder.admit().level();
-            if walked.last() != Some(&level) {
-                walked.push(level);
-            }
-        }
-        assert_eq!(walked, [CacheOnly, ShortTimeouts, DropExtras, Normal]);
+        assert_eq!(
+            levels_over(&shedder, &ticker, 60, 20),
+            [CacheOnly, ShortTimeouts, DropExtras, Normal]
+        );
     }
 
     #[test]
