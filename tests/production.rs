@@ -3,6 +3,7 @@
 //! Every test has its own database and key prefix, so tests run in parallel.
 
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -415,7 +416,7 @@ impl Drop for RedisServer {
 #[tokio::test]
 async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
     let env = ProductionEnv::new("propagation").await;
-    let fleet = AmqpFleet::spawn(&env, "propagation", 3, |_| {}).await;
+    let fleet = AmqpFleet::spawn(&env, "propagation", 3, |_, _| {}).await;
     let instances = &fleet.instances;
     let ready: Value = instances[0]
         .client
@@ -523,7 +524,7 @@ impl AmqpFleet {
         env: &ProductionEnv,
         name: &str,
         size: usize,
-        customise: impl Fn(&mut query_api::Settings),
+        customise: impl Fn(usize, &mut query_api::Settings),
     ) -> Self {
         let names = format!("test.{name}.{}.{:08x}", std::process::id(), rand_u32());
         let amqp_url = std::env::var("AMQP_URL")
@@ -541,7 +542,7 @@ impl AmqpFleet {
                     amqp.dead_letter_exchange = format!("{names}.dlx");
                     amqp.dead_letter_queue = format!("{names}.dead");
                     amqp.instance_id = format!("i{index}");
-                    customise(settings);
+                    customise(index, settings);
                 })
                 .await,
             );
@@ -572,7 +573,7 @@ async fn a_created_item_answers_on_every_instance_despite_cached_not_found_marke
     let env = ProductionEnv::new("creation").await;
     // Without the Bloom filter an unknown id reaches the caches, which keep its not-found
     // markers (the case of a Bloom false positive).
-    let fleet = AmqpFleet::spawn(&env, "creation", 2, |settings| {
+    let fleet = AmqpFleet::spawn(&env, "creation", 2, |_, settings| {
         settings.bloom.enabled = false;
     })
     .await;
@@ -658,6 +659,172 @@ async fn a_created_item_answers_on_every_instance_despite_cached_not_found_marke
     eprintln!(
         "created item answered on both instances {:?} after the event",
         started.elapsed()
+    );
+    store.close().await;
+    fleet.stop().await;
+    env.clean_up().await;
+}
+
+/// A TCP proxy in front of RabbitMQ that the test can cut (every connection closed, new ones
+/// refused) and restore: one instance's broker outage while the broker serves the others.
+struct CuttableProxy {
+    address: std::net::SocketAddr,
+    open: Arc<std::sync::atomic::AtomicBool>,
+    cut: tokio::sync::watch::Sender<u64>,
+}
+
+impl CuttableProxy {
+    async fn start(upstream: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (cut, cuts) = tokio::sync::watch::channel(0u64);
+        let accepting = Arc::clone(&open);
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !accepting.load(std::sync::atomic::Ordering::SeqCst) {
+                    continue;
+                }
+                let mut cuts = cuts.clone();
+                // Only cuts after this connection opened end it.
+                cuts.borrow_and_update();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        Self { address, open, cut }
+    }
+
+    fn url(&self) -> String {
+        format!("amqp://guest:guest@{}/%2f", self.address)
+    }
+
+    fn cut(&self) {
+        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.cut.send_modify(|cuts| *cuts += 1);
+    }
+
+    fn restore(&self) {
+        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// One instance loses the broker while 50 rates change and their events go out through the
+/// other. Reconnecting within `catch_up_window_ms`, it finds them waiting in its broadcast queue
+/// (`replayed`); reconnecting after the window, its queue is gone and it drops its L1
+/// (`dropped_l1`). Either way it serves every new rate within 2 s of reconnecting.
+#[tokio::test]
+async fn an_instance_cut_off_from_the_broker_catches_up_or_drops_its_l1() {
+    for (window_ms, cut_for, outcome) in [
+        (300_000, Duration::from_secs(3), "replayed"),
+        (1_000, Duration::from_secs(4), "dropped_l1"),
+    ] {
+        cut_off_and_back(window_ms, cut_for, outcome).await;
+    }
+}
+
+async fn cut_off_and_back(window_ms: u64, cut_for: Duration, outcome: &str) {
+    let env = ProductionEnv::new("catch_up").await;
+    let proxy = CuttableProxy::start("127.0.0.1:5672".parse().unwrap()).await;
+    let proxied = proxy.url();
+    let fleet = AmqpFleet::spawn(&env, "catch_up", 2, |index, settings| {
+        let amqp = &mut settings.events.amqp;
+        amqp.reconnect_min_ms = 50;
+        amqp.reconnect_max_ms = 200;
+        amqp.catch_up_window_ms = window_ms;
+        if index == 1 {
+            amqp.url = proxied.clone();
+        }
+    })
+    .await;
+    let (publisher, cut_off) = (&fleet.instances[0], &fleet.instances[1]);
+    let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
+        env.database_url.clone(),
+    ))
+    .await
+    .unwrap();
+    let keys: Vec<ItemKey> = (0..50)
+        .map(|index| ItemKey::parse("jd", &(100_100 + index).to_string()).unwrap())
+        .collect();
+    for key in &keys {
+        assert!(rate_of(cut_off, *key).await.is_some(), "{key} cached first");
+    }
+
+    proxy.cut();
+    wait_until("the instance sees the broker gone", || {
+        !cut_off.state.events.is_ready()
+    })
+    .await;
+    for (index, key) in keys.iter().enumerate() {
+        let current = store.rate(*key).await.unwrap().unwrap();
+        let version = current.version + 1;
+        store
+            .upsert_rate(
+                *key,
+                &rebate_store::Versioned {
+                    value: rebate_domain::RebateRate {
+                        rate_bps: rebate_domain::RateBps::try_from(2_000 + index as u64).unwrap(),
+                    },
+                    version,
+                    updated_at: Timestamp::now(),
+                },
+            )
+            .await
+            .unwrap();
+        let event = rebate_events::InvalidationEvent::new(
+            rebate_events::EventId::generate(),
+            rebate_events::EventKind::RateChanged,
+            key.platform,
+            vec![key.item_id],
+            version,
+            Timestamp::now(),
+        )
+        .unwrap();
+        publisher
+            .state
+            .events
+            .publisher()
+            .publish(&event)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(cut_for).await;
+    proxy.restore();
+    wait_until("the instance is back on the broker", || {
+        cut_off.state.events.is_ready()
+    })
+    .await;
+    let back = std::time::Instant::now();
+    for (index, key) in keys.iter().enumerate() {
+        let wanted = 2_000 + index as u64;
+        while rate_of(cut_off, *key).await != Some(wanted) {
+            assert!(
+                back.elapsed() < Duration::from_secs(2),
+                "{key}: the new rate was not served within 2 s of reconnecting ({outcome})"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let ready: Value = cut_off
+        .client
+        .get(format!("{}/readyz", cut_off.admin_url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["events_catch_up"], outcome, "{ready}");
+    eprintln!(
+        "{outcome}: every new rate served {:?} after reconnecting",
+        back.elapsed()
     );
     store.close().await;
     fleet.stop().await;

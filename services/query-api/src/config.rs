@@ -795,6 +795,20 @@ impl Settings {
         {
             return Err(invalid("events.amqp", error.to_string()));
         }
+        if events.backend == EventBackend::Amqp
+            && events.max_age_secs > 0
+            && events.amqp.catch_up_window_ms > events.max_age_secs.saturating_mul(1_000)
+        {
+            // A replayed event older than max_age would be refused as stale, and its change lost.
+            return Err(invalid(
+                "events.amqp.catch_up_window_ms",
+                format!(
+                    "{} ms is longer than events.max_age_secs = {} s: events replayed after a \
+                     reconnect would be refused as too old",
+                    events.amqp.catch_up_window_ms, events.max_age_secs
+                ),
+            ));
+        }
         self.warmup_items().map(|_| ())
     }
 
@@ -958,6 +972,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("fast"), "{error}");
+        let error = load_file(
+            "[events]\nbackend = \"amqp\"\nmax_age_secs = 60\n[events.amqp]\ncatch_up_window_ms = 120000\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("events.amqp.catch_up_window_ms") && error.contains("max_age_secs = 60"),
+            "{error}"
+        );
     }
 
     #[test]

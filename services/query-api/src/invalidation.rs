@@ -132,6 +132,17 @@ impl EventHandler for Invalidator {
         );
     }
 
+    /// Events this instance missed cannot be known one by one: its L1 and kept renderings go
+    /// whole, and the next reads come from L2 (which the shared deliveries kept fenced) or the
+    /// store.
+    async fn on_events_missed(&self, reason: &str) {
+        self.engine.forget_l1();
+        tracing::warn!(
+            reason,
+            "invalidation events may have been missed: L1 dropped"
+        );
+    }
+
     async fn on_shared(&self, event: &InvalidationEvent) -> Result<(), HandlerError> {
         if !self.applied.first_time(event.event_id()) {
             return Ok(());

@@ -621,6 +621,16 @@ impl EventBus {
             EventBus::Amqp { bus, .. } => bus.is_ready(),
         }
     }
+
+    /// What the latest reconnect did about the events missed meanwhile (never, in process).
+    pub fn last_catch_up(&self) -> Option<rebate_amqp_bus::CatchUpOutcome> {
+        match self {
+            EventBus::InProcess(_) => None,
+            EventBus::Amqp { bus, .. } => {
+                bus.status().last_catch_up.map(|catch_up| catch_up.outcome)
+            }
+        }
+    }
 }
 
 /// Event counters since start, the same for the in-process bus and RabbitMQ.

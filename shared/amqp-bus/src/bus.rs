@@ -15,6 +15,7 @@ use crate::consumer::{ConsumeContext, consume};
 use crate::publisher::{AmqpPublisher, PublishError};
 use crate::settings::SettingsError;
 use crate::status::{BusStats, BusStatus, Counters};
+use crate::status::{CatchUp, CatchUpOutcome};
 use crate::{AmqpSettings, DeliveryHandler, QueueRole, topology};
 
 /// State shared by the supervisor, the consumers and the publishers.
@@ -52,6 +53,13 @@ impl Shared {
         if is_reconnect {
             status.reconnects += 1;
         }
+    }
+
+    fn record_catch_up(&self, catch_up: CatchUp) {
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .last_catch_up = Some(catch_up);
     }
 
     fn mark_disconnected(&self, error: Option<String>) {
@@ -107,6 +115,7 @@ impl AmqpBus {
                 since: None,
                 reconnects: 0,
                 last_error: None,
+                last_catch_up: None,
             }),
             publish_channel: Mutex::new(None),
         });
@@ -195,6 +204,7 @@ async fn supervise(
     );
     let mut failures: u32 = 0;
     let mut ever_connected = false;
+    let mut lost_at = None;
     loop {
         let opened = tokio::select! {
             () = stop.cancelled() => break,
@@ -203,6 +213,19 @@ async fn supervise(
         match opened {
             Ok(session) => {
                 failures = 0;
+                if ever_connected {
+                    let catch_up = catch_up(settings, session.backlog, lost_at.take());
+                    if let Some(reason) = &catch_up.reason {
+                        tracing::warn!(%reason, "amqp reconnected; events may have been missed");
+                        handler.on_missed(reason).await;
+                    } else {
+                        tracing::info!(
+                            backlog = catch_up.backlog,
+                            "amqp reconnected; the events missed meanwhile are waiting in the broadcast queue"
+                        );
+                    }
+                    shared.record_catch_up(catch_up);
+                }
                 shared.mark_connected(session.publish_channel.clone(), ever_connected);
                 tracing::info!(instance = %settings.instance_id, reconnect = ever_connected, "amqp bus connected");
                 ever_connected = true;
@@ -212,6 +235,7 @@ async fn supervise(
                     break;
                 };
                 tracing::warn!(%reason, "amqp connection lost; reconnecting");
+                lost_at = Some(std::time::Instant::now());
                 shared.mark_disconnected(Some(reason));
             }
             Err(error) => {
@@ -228,12 +252,46 @@ async fn supervise(
     shared.mark_disconnected(None);
 }
 
+/// What a reconnect found of the events published while this instance was away: the broadcast
+/// queue's `backlog` (None: gone) against its bound.
+fn catch_up(
+    settings: &AmqpSettings,
+    backlog: Option<u32>,
+    lost_at: Option<std::time::Instant>,
+) -> CatchUp {
+    let reason = match backlog {
+        None => Some(format!(
+            "the broadcast queue was gone (unused for over catch_up_window_ms = {} ms, or lost by the broker)",
+            settings.catch_up_window_ms
+        )),
+        Some(waiting) if waiting >= settings.catch_up_max_events => Some(format!(
+            "the broadcast queue held {waiting} events, its bound (catch_up_max_events): older ones were dropped"
+        )),
+        Some(_) => None,
+    };
+    CatchUp {
+        at: Utc::now(),
+        disconnected_ms: lost_at.map_or(0, |lost| {
+            u64::try_from(lost.elapsed().as_millis()).unwrap_or(u64::MAX)
+        }),
+        outcome: if reason.is_some() {
+            CatchUpOutcome::DroppedL1
+        } else {
+            CatchUpOutcome::Replayed
+        },
+        backlog,
+        reason,
+    }
+}
+
 /// One connection with its topology declared and both consumers started.
 struct Session {
     connection: Connection,
     publish_channel: Channel,
     broadcast: Consumer,
     shared_consumer: Consumer,
+    /// The broadcast queue's waiting events before this connection declared it (None: gone).
+    backlog: Option<u32>,
 }
 
 impl Session {
@@ -248,11 +306,12 @@ impl Session {
         .map_err(|_elapsed| format!("connect timed out after {:?}", settings.connect_timeout()))?
         .map_err(|error| format!("connect failed: {error}"))?;
         match Self::prepare(&connection, settings).await {
-            Ok((publish_channel, broadcast, shared_consumer)) => Ok(Self {
+            Ok((backlog, publish_channel, broadcast, shared_consumer)) => Ok(Self {
                 connection,
                 publish_channel,
                 broadcast,
                 shared_consumer,
+                backlog,
             }),
             Err(error) => {
                 let _ignored = connection.close(200, "topology setup failed".into()).await;
@@ -264,7 +323,8 @@ impl Session {
     async fn prepare(
         connection: &Connection,
         settings: &AmqpSettings,
-    ) -> lapin::Result<(Channel, Consumer, Consumer)> {
+    ) -> lapin::Result<(Option<u32>, Channel, Consumer, Consumer)> {
+        let backlog = topology::broadcast_backlog(connection, settings).await?;
         let publish_channel = connection.create_channel().await?;
         topology::declare(&publish_channel, settings).await?;
         publish_channel
@@ -272,7 +332,7 @@ impl Session {
             .await?;
         let broadcast = start_consumer(connection, settings, &settings.broadcast_queue()).await?;
         let shared_consumer = start_consumer(connection, settings, &settings.shared_queue).await?;
-        Ok((publish_channel, broadcast, shared_consumer))
+        Ok((backlog, publish_channel, broadcast, shared_consumer))
     }
 
     /// Runs until the connection fails (`Some(reason)`) or shutdown is requested (`None`).
@@ -304,7 +364,7 @@ impl Session {
             reason = watch_errors => Some(reason),
         };
         // Closing a half-dead connection fails harmlessly; closing a live one (shutdown, or a
-        // channel error) releases the exclusive broadcast queue at once.
+        // channel error) returns its unacknowledged deliveries to the queues at once.
         if let Err(error) = self.connection.close(200, "bye".into()).await {
             tracing::debug!(%error, "closing amqp connection failed");
         }

@@ -102,6 +102,10 @@ impl DeliveryHandler for DecodingHandler {
             }
         }
     }
+
+    async fn on_missed(&self, reason: &str) {
+        self.handler.on_events_missed(reason).await;
+    }
 }
 
 #[cfg(test)]

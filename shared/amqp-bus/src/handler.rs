@@ -95,4 +95,9 @@ pub trait DeliveryHandler: Send + Sync + 'static {
         body: &[u8],
         signature: Option<&str>,
     ) -> Result<(), DeliveryError>;
+
+    /// Broadcast deliveries this instance should have had are gone (see [`crate::CatchUp`]).
+    async fn on_missed(&self, reason: &str) {
+        let _ = reason;
+    }
 }

@@ -45,4 +45,4 @@ pub use consumer::RETRIES_EXHAUSTED;
 pub use handler::{DeliveryError, DeliveryHandler, QueueRole};
 pub use publisher::{AmqpPublisher, PublishError};
 pub use settings::{AmqpSettings, SettingsError};
-pub use status::{BusStats, BusStatus};
+pub use status::{BusStats, BusStatus, CatchUp, CatchUpOutcome};

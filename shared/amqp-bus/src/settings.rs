@@ -49,6 +49,15 @@ pub struct AmqpSettings {
     pub connect_timeout_ms: u64,
     /// Longest wait for the broker's publisher confirm.
     pub publish_timeout_ms: u64,
+    /// How long the broker keeps this instance's broadcast queue (and what is published to it)
+    /// while the instance is disconnected (`x-expires`). Reconnecting within it, the instance
+    /// receives every event it missed; later, the queue is gone and it drops its L1 instead.
+    /// Keep it at most `events.max_age_secs`, or replayed events would arrive too old to apply.
+    pub catch_up_window_ms: u64,
+    /// Most events the broadcast queue keeps for a disconnected instance (`x-max-length`, oldest
+    /// dropped first). A backlog that reached it may have lost events: the instance drops its
+    /// L1 on reconnecting.
+    pub catch_up_max_events: u32,
 }
 
 impl Default for AmqpSettings {
@@ -70,6 +79,8 @@ impl Default for AmqpSettings {
             reconnect_max_ms: 10_000,
             connect_timeout_ms: 5_000,
             publish_timeout_ms: 5_000,
+            catch_up_window_ms: 300_000,
+            catch_up_max_events: 100_000,
         }
     }
 }
@@ -94,7 +105,8 @@ impl AmqpSettings {
     /// than this is better re-published by an operator than held on to.
     pub const MAX_REDELIVERY_WINDOW: Duration = Duration::from_secs(600);
 
-    /// Name of this instance's exclusive, auto-delete broadcast queue.
+    /// Name of this instance's broadcast queue (durable, kept `catch_up_window_ms` after its
+    /// consumer leaves).
     #[must_use]
     pub fn broadcast_queue(&self) -> String {
         format!("{}{}", self.broadcast_queue_prefix, self.instance_id)
@@ -189,6 +201,18 @@ impl AmqpSettings {
                 problem: "timeouts must be positive",
             });
         }
+        if !(1_000..=86_400_000).contains(&self.catch_up_window_ms) {
+            return Err(SettingsError {
+                field: "catch_up_window_ms",
+                problem: "must be between 1000 (1 s) and 86400000 (a day)",
+            });
+        }
+        if !(1..=10_000_000).contains(&self.catch_up_max_events) {
+            return Err(SettingsError {
+                field: "catch_up_max_events",
+                problem: "must be between 1 and 10000000",
+            });
+        }
         Ok(())
     }
 
@@ -243,6 +267,8 @@ impl fmt::Debug for AmqpSettings {
             .field("reconnect_max_ms", &self.reconnect_max_ms)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("publish_timeout_ms", &self.publish_timeout_ms)
+            .field("catch_up_window_ms", &self.catch_up_window_ms)
+            .field("catch_up_max_events", &self.catch_up_max_events)
             .finish()
     }
 }

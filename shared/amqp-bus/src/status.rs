@@ -19,6 +19,40 @@ pub struct BusStatus {
     pub reconnects: u64,
     /// The latest connection or topology error, for operators.
     pub last_error: Option<String>,
+    /// What the latest reconnect did about the events published while disconnected.
+    pub last_catch_up: Option<CatchUp>,
+}
+
+/// How a reconnected instance accounted for the events it missed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CatchUp {
+    /// When the connection came back.
+    pub at: DateTime<Utc>,
+    /// How long it had been lost.
+    pub disconnected_ms: u64,
+    /// `replayed`: the broker kept this instance's broadcast queue, and the `backlog` events
+    /// waiting in it are delivered as usual. `dropped_l1`: the queue was gone or had reached its
+    /// bound, so events may be lost, and the instance dropped its L1 instead (`reason`).
+    pub outcome: CatchUpOutcome,
+    /// Events waiting in the broadcast queue when it reconnected (None: the queue was gone).
+    pub backlog: Option<u32>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CatchUpOutcome {
+    Replayed,
+    DroppedL1,
+}
+
+impl CatchUpOutcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CatchUpOutcome::Replayed => "replayed",
+            CatchUpOutcome::DroppedL1 => "dropped_l1",
+        }
+    }
 }
 
 /// Monotonic counters since start; the dead-letter breakdown shows *why* events are dropped.

@@ -70,22 +70,65 @@ pub(crate) async fn declare(channel: &Channel, settings: &AmqpSettings) -> lapin
         .await?;
     bind_to_events(channel, settings, &settings.shared_queue).await?;
 
-    // Exclusive + auto-delete: the queue lives exactly as long as this connection. Events missed
-    // while disconnected are not needed: the L1 TTL bounds staleness meanwhile.
-    let broadcast_options = QueueDeclareOptions {
-        exclusive: true,
-        auto_delete: true,
-        ..QueueDeclareOptions::default()
-    };
+    // Durable, and kept by the broker for `catch_up_window_ms` after its consumer leaves: an
+    // instance that reconnects within the window finds every event it missed waiting (see
+    // `broadcast_backlog`); after it, the broker deletes the queue, with a bound on what it holds
+    // meanwhile (oldest dropped first).
     let broadcast_queue = settings.broadcast_queue();
     channel
         .queue_declare(
             broadcast_queue.as_str().into(),
-            broadcast_options,
-            FieldTable::default(),
+            durable_queue,
+            broadcast_arguments(settings),
         )
         .await?;
     bind_to_events(channel, settings, &broadcast_queue).await
+}
+
+fn broadcast_arguments(settings: &AmqpSettings) -> FieldTable {
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-expires".into(),
+        AMQPValue::LongLongInt(i64::try_from(settings.catch_up_window_ms).unwrap_or(i64::MAX)),
+    );
+    arguments.insert(
+        "x-max-length".into(),
+        AMQPValue::LongLongInt(i64::from(settings.catch_up_max_events)),
+    );
+    arguments.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString(LongString::from("drop-head")),
+    );
+    arguments
+}
+
+/// The broadcast queue's state before this connection declares it: `Some(messages waiting)` if
+/// the broker still has it, `None` if it does not (it expired, or the broker lost it). Uses its
+/// own channel: a passive declare of a missing queue closes the channel it runs on.
+pub(crate) async fn broadcast_backlog(
+    connection: &lapin::Connection,
+    settings: &AmqpSettings,
+) -> lapin::Result<Option<u32>> {
+    let channel = connection.create_channel().await?;
+    let passive = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    match channel
+        .queue_declare(
+            settings.broadcast_queue().as_str().into(),
+            passive,
+            FieldTable::default(),
+        )
+        .await
+    {
+        Ok(queue) => {
+            let _ignored = channel.close(200, "checked".into()).await;
+            Ok(Some(queue.message_count()))
+        }
+        Err(error) if is_not_found(&error) => Ok(None),
+        Err(error) => Err(error),
+    }
 }
 
 async fn bind_to_events(
@@ -102,4 +145,13 @@ async fn bind_to_events(
             FieldTable::default(),
         )
         .await
+}
+
+fn is_not_found(error: &lapin::Error) -> bool {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(amqp)
+            if matches!(amqp.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    )
 }

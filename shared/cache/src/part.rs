@@ -409,6 +409,20 @@ where
         }
     }
 
+    /// Drops everything L1 holds and detaches every load in flight, as after invalidation
+    /// events this instance may have missed: the next read of any key goes to L2 or the source.
+    /// Fences go too; L2 keeps its own (server-side), which is what refuses old rebuilds there.
+    pub fn forget_all(&self) {
+        let inner = &self.inner;
+        inner
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        inner.entries.invalidate_all();
+        bump(&inner.stats.invalidations);
+    }
+
     /// Returns a fresh envelope when another caller's load completed meanwhile, else the one load
     /// in flight for `key` (joined, or started here).
     fn join_or_start_load(&self, key: ItemKey) -> Result<Arc<Envelope<T>>, SharedLoad<T>> {

@@ -444,6 +444,19 @@ impl QueryEngine {
         result.map(|quote| (quote, fresh_until))
     }
 
+    /// Drops this instance's L1 and kept renderings whole (see [`PartCache::forget_all`]): what
+    /// an instance does when it cannot know which invalidation events it missed.
+    pub fn forget_l1(&self) {
+        let parts = &self.inner.parts;
+        parts.product.forget_all();
+        parts.rate.forget_all();
+        parts.coupons.forget_all();
+        parts.extras.forget_all();
+        if let Some(rendered) = &self.inner.rendered {
+            rendered.invalidate_all();
+        }
+    }
+
     /// Fences one part of one item at `version` after a change event (see
     /// [`PartCache::invalidate_to`]): L1 always, the shared tier too when `through_l2`.
     pub async fn invalidate(

@@ -200,6 +200,12 @@ impl RenderedQuotes {
         self.cache.remove(key);
     }
 
+    /// Drops every rendering; renderings in progress are refused like after [`Self::invalidate`].
+    pub fn invalidate_all(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.cache.clear();
+    }
+
     pub fn stats(&self) -> RenderedStats {
         RenderedStats {
             hits: self.hits.load(Ordering::Relaxed),

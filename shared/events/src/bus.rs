@@ -40,6 +40,13 @@ pub trait EventPublisher: Send + Sync + fmt::Debug + 'static {
 pub trait EventHandler: Send + Sync + 'static {
     async fn on_broadcast(&self, event: &InvalidationEvent);
     async fn on_shared(&self, event: &InvalidationEvent) -> Result<(), HandlerError>;
+
+    /// This instance may have missed broadcast deliveries it cannot get back (a broker adapter
+    /// reconnected too late to replay them): whatever it keeps only for itself must be dropped.
+    /// `reason` says why, for the log. The in-process bus never calls it.
+    async fn on_events_missed(&self, reason: &str) {
+        let _ = reason;
+    }
 }
 
 /// Why the bus did not accept an event.

@@ -106,6 +106,10 @@ struct Readiness {
     /// What is down but does not stop this instance from answering: `store` (answering from
     /// cache), `redis`, `events`.
     degraded: Vec<&'static str>,
+    /// After a broker reconnect: `replayed` (the events missed were waiting and are applied) or
+    /// `dropped_l1` (they may be lost, so L1 was dropped). Absent before any reconnect.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    events_catch_up: Option<&'static str>,
 }
 
 /// The dependency probes' raw results.
@@ -117,6 +121,7 @@ struct Probes {
     cached_products: u64,
     redis: Option<bool>,
     events_connected: bool,
+    events_catch_up: Option<rebate_amqp_bus::CatchUpOutcome>,
 }
 
 impl Readiness {
@@ -154,6 +159,9 @@ impl Readiness {
                 "disconnected"
             },
             degraded,
+            events_catch_up: probes
+                .events_catch_up
+                .map(rebate_amqp_bus::CatchUpOutcome::as_str),
         }
     }
 
@@ -185,6 +193,7 @@ impl Readiness {
             cached_products: state.engine.parts().product.stats().entries,
             redis,
             events_connected: state.events.is_ready(),
+            events_catch_up: state.events.last_catch_up(),
         })
     }
 }
@@ -484,6 +493,7 @@ mod tests {
             cached_products: 0,
             redis: Some(true),
             events_connected: true,
+            events_catch_up: None,
         }
     }
 
