@@ -13,8 +13,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::protection::Protection;
 
-/// Builds the filter from the store now, then again every `interval`, until shutdown. A failed
-/// build keeps the previous filter (or fail-open) and is retried at the next interval.
+/// Builds the filter from the store now, then again every `interval` (or sooner when
+/// [`ItemFilter::request_rebuild`] asks), until shutdown. A failed build keeps the previous
+/// filter (or fail-open) and is retried at the next interval.
 pub async fn maintain_item_filter(
     filter: Arc<ItemFilter>,
     store: Arc<dyn CatalogRepository>,
@@ -38,6 +39,7 @@ pub async fn maintain_item_filter(
         }
         tokio::select! {
             () = tokio::time::sleep(interval) => {}
+            () = filter.rebuild_requested() => {}
             () = shutdown.cancelled() => return,
         }
     }

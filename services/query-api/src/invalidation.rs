@@ -133,10 +133,14 @@ impl EventHandler for Invalidator {
     }
 
     /// Events this instance missed cannot be known one by one: its L1 and kept renderings go
-    /// whole, and the next reads come from L2 (which the shared deliveries kept fenced) or the
-    /// store.
+    /// whole, the next reads come from L2 (which the shared deliveries kept fenced) or the
+    /// store, and the Bloom filter is rebuilt from the store at once.
     async fn on_events_missed(&self, reason: &str) {
         self.engine.forget_l1();
+        // Missed `item_created` keys are known only to the store.
+        if let Some(filter) = self.engine.item_filter() {
+            filter.request_rebuild();
+        }
         tracing::warn!(
             reason,
             "invalidation events may have been missed: L1 dropped"

@@ -50,9 +50,22 @@ pub struct ItemFilter {
     keys: AtomicU64,
     checks: AtomicU64,
     rejections: AtomicU64,
+    /// Wakes the rebuild loop early ([`ItemFilter::request_rebuild`]).
+    rebuild_requested: tokio::sync::Notify,
 }
 
 impl ItemFilter {
+    /// Asks whoever maintains the filter to rebuild it now rather than at its next interval:
+    /// after `item_created` events may have been missed, their keys are known only to the store.
+    pub fn request_rebuild(&self) {
+        self.rebuild_requested.notify_one();
+    }
+
+    /// Completes when a rebuild was requested since the last call.
+    pub async fn rebuild_requested(&self) {
+        self.rebuild_requested.notified().await;
+    }
+
     /// An empty, not-yet-ready filter (every key passes until [`ItemFilter::rebuild`] finishes).
     pub fn new(false_positive_rate: f64, expected_items: u64) -> Result<Self, FilterError> {
         if !(0.000_001..=0.1).contains(&false_positive_rate) {
@@ -69,6 +82,7 @@ impl ItemFilter {
             keys: AtomicU64::new(0),
             checks: AtomicU64::new(0),
             rejections: AtomicU64::new(0),
+            rebuild_requested: tokio::sync::Notify::new(),
         })
     }
 
@@ -175,6 +189,21 @@ impl ItemFilter {
 mod tests {
     use super::*;
     use rebate_domain::{ItemId, Platform};
+
+    #[tokio::test]
+    async fn a_requested_rebuild_wakes_the_maintainer_once() {
+        let filter = ItemFilter::new(0.01, 100).unwrap();
+        filter.request_rebuild();
+        tokio::time::timeout(Duration::from_secs(1), filter.rebuild_requested())
+            .await
+            .expect("the request is kept until the maintainer waits");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), filter.rebuild_requested())
+                .await
+                .is_err(),
+            "one request, one wake-up"
+        );
+    }
 
     fn key(id: u64) -> ItemKey {
         ItemKey::new(Platform::Jd, ItemId::from_u64(id))
