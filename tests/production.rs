@@ -18,9 +18,12 @@ use upstream_sim::Endpoint;
 /// The properties under test here are single flight and round trips, not speed: a burst on two
 /// cores in a debug build may outlast the edge tier, so every tier gets room. The whole burst
 /// comes from one address, so the per-address connection cap (256) is off: a slow moment would
-/// otherwise open more connections than it allows and have them refused.
+/// otherwise open more connections than it allows and have them refused. Leases are patient too.
 fn patient(settings: &mut query_api::Settings) {
     settings.http.max_connections_per_peer = 0;
+    // A lease loser waits for the winner's write rather than loading itself after 300 ms.
+    settings.redis.lease_ttl_ms = 10_000;
+    settings.redis.lease_wait_ms = 5_000;
     settings.http.request_deadline_ms = 5_000;
     settings.http.request_timeout_ms = 6_000;
     settings.timeouts.core_ms = 5_000;
@@ -828,6 +831,144 @@ async fn cut_off_and_back(window_ms: u64, cut_for: Duration, outcome: &str) {
     );
     store.close().await;
     fleet.stop().await;
+    env.clean_up().await;
+}
+
+/// The consistency observer on one production instance, windows 400 ms and 800 ms: a rate
+/// change that holds is counted consistent at both; an old copy written into L2 behind the
+/// fence's back after the event is counted inconsistent at both, and nothing else moves.
+#[tokio::test]
+async fn the_consistency_observer_counts_exactly_the_inconsistency_forced_on_it() {
+    let env = ProductionEnv::new("observer").await;
+    let app = env
+        .spawn_instance(|settings| {
+            settings.events.observer.windows_ms = vec![400, 800];
+        })
+        .await;
+    let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
+        env.database_url.clone(),
+    ))
+    .await
+    .unwrap();
+    let tier = connect_tier(&env).await;
+    let change_rate = |key: ItemKey, rate_bps: u64| {
+        let store = &store;
+        let app = &app;
+        async move {
+            let current = store.rate(key).await.unwrap().unwrap();
+            let version = current.version + 1;
+            store
+                .upsert_rate(
+                    key,
+                    &rebate_store::Versioned {
+                        value: rebate_domain::RebateRate {
+                            rate_bps: rebate_domain::RateBps::try_from(rate_bps).unwrap(),
+                        },
+                        version,
+                        updated_at: Timestamp::now(),
+                    },
+                )
+                .await
+                .unwrap();
+            let event = rebate_events::InvalidationEvent::new(
+                rebate_events::EventId::generate(),
+                rebate_events::EventKind::RateChanged,
+                key.platform,
+                vec![key.item_id],
+                version,
+                Timestamp::now(),
+            )
+            .unwrap();
+            app.state.events.publisher().publish(&event).await.unwrap();
+            app.state.events.in_process().unwrap().settled().await;
+            (current, version)
+        }
+    };
+    let counts = |app: &TestApp| {
+        app.state
+            .consistency
+            .report()
+            .windows
+            .iter()
+            .map(|window| (window.consistent, window.inconsistent, window.unknown))
+            .collect::<Vec<_>>()
+    };
+
+    // A change that holds.
+    let held = ItemKey::parse("jd", "100201").unwrap();
+    assert!(rate_of(&app, held).await.is_some());
+    change_rate(held, 1_501).await;
+    wait_until("both windows checked the change", || {
+        counts(&app)
+            .iter()
+            .all(|(consistent, _, _)| *consistent == 1)
+    })
+    .await;
+    assert_eq!(counts(&app), [(1, 0, 0), (1, 0, 0)]);
+
+    // A change, then the old copy put back into L2 behind the fence's back.
+    let broken = ItemKey::parse("jd", "100202").unwrap();
+    assert!(rate_of(&app, broken).await.is_some());
+    let tier_key = TierKey {
+        item: broken,
+        part: PartKind::Rate,
+    };
+    let (old, version) = change_rate(broken, 1_502).await;
+    wait_until_async("the re-warm wrote the new rate to L2", || async {
+        tier.get_many(&[tier_key]).await.unwrap()[0]
+            .as_ref()
+            .is_some_and(|entry| entry.version == version)
+    })
+    .await;
+    let now = Timestamp::now();
+    let stale = Envelope {
+        value: Some(old.value),
+        version: old.version,
+        fetched_at: now,
+        fresh_until: now.saturating_add_millis(600_000),
+        stale_until: now.saturating_add_millis(600_000),
+        tombstone: false,
+    };
+    let mut stored = old.version.to_string().into_bytes();
+    stored.push(b':');
+    stored.extend(stale.encode().unwrap());
+    let mut redis = redis::Client::open(env.redis_url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(format!("{}:v1:{broken}:rate", env.prefix))
+        .arg(stored)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    wait_until("both windows checked the broken change", || {
+        counts(&app)
+            .iter()
+            .all(|(consistent, inconsistent, _)| consistent + inconsistent == 2)
+    })
+    .await;
+    assert_eq!(counts(&app), [(1, 1, 0), (1, 1, 0)]);
+    let metrics = app
+        .client
+        .get(format!("{}/metrics", app.admin_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for window in ["400ms", "800ms"] {
+        for outcome in ["consistent", "inconsistent"] {
+            let line = format!(
+                "rebate_consistency_checks_total{{window=\"{window}\",outcome=\"{outcome}\"}} 1"
+            );
+            assert!(metrics.contains(&line), "{line} missing from:\n{metrics}");
+        }
+    }
+    store.close().await;
+    app.stop().await;
     env.clean_up().await;
 }
 

@@ -237,6 +237,79 @@ pub struct EventSettings {
     /// Broker and topology; `url` is overridden by `AMQP_URL`.
     #[serde(default)]
     pub amqp: rebate_amqp_bus::AmqpSettings,
+    /// The consistency observer (`crate::consistency`).
+    #[serde(default)]
+    pub observer: ObserverConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ObserverConfig {
+    pub enabled: bool,
+    /// Share of applied events checked, 0–1.
+    pub sample_ratio: f64,
+    /// When to look after each event, ascending, 1 to 8 windows of 1 ms to 1 h.
+    pub windows_ms: Vec<u64>,
+    /// Events under observation at once (1–1,000,000).
+    pub max_pending: u64,
+}
+
+impl Default for ObserverConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            sample_ratio: 1.0,
+            windows_ms: vec![1_000, 10_000, 60_000],
+            max_pending: 10_000,
+        }
+    }
+}
+
+impl ObserverConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return Err(invalid(
+                "events.observer.sample_ratio",
+                format!("{} is outside 0..=1", self.sample_ratio),
+            ));
+        }
+        let ascending = self.windows_ms.windows(2).all(|pair| pair[0] < pair[1]);
+        if !(1..=8).contains(&self.windows_ms.len())
+            || !ascending
+            || self
+                .windows_ms
+                .iter()
+                .any(|window| !(1..=3_600_000).contains(window))
+        {
+            return Err(invalid(
+                "events.observer.windows_ms",
+                format!(
+                    "{:?}: want 1 to 8 strictly ascending windows of 1..=3600000 ms",
+                    self.windows_ms
+                ),
+            ));
+        }
+        if !(1..=1_000_000).contains(&self.max_pending) {
+            return Err(invalid(
+                "events.observer.max_pending",
+                format!("{} is outside 1..=1000000", self.max_pending),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn settings(&self) -> crate::consistency::ObserverSettings {
+        crate::consistency::ObserverSettings {
+            enabled: self.enabled,
+            sample_ratio: self.sample_ratio,
+            windows: self
+                .windows_ms
+                .iter()
+                .map(|window| Duration::from_millis(*window))
+                .collect(),
+            max_pending: self.max_pending,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -795,6 +868,7 @@ impl Settings {
         {
             return Err(invalid("events.amqp", error.to_string()));
         }
+        events.observer.validate()?;
         if events.backend == EventBackend::Amqp
             && events.max_age_secs > 0
             && events.amqp.catch_up_window_ms > events.max_age_secs.saturating_mul(1_000)

@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::consistency::ConsistencyObserver;
 use crate::protection::Protection;
 
 /// The code of an event whose L1 fences hold but whose L2 fence could not be written.
@@ -57,6 +58,8 @@ pub struct Invalidator {
     /// Re-warming is skipped while the service sheds load: the fence is what matters, and the
     /// next request reloads.
     protection: Arc<Protection>,
+    /// Checks, after its windows, that each applied event holds (None: not observed).
+    consistency: Option<Arc<ConsistencyObserver>>,
     settings: InvalidationSettings,
     applied: Deduplicator,
     /// Re-warms run here, stopped with the service.
@@ -68,6 +71,7 @@ impl Invalidator {
     pub fn new(
         engine: QueryEngine,
         protection: Arc<Protection>,
+        consistency: Option<Arc<ConsistencyObserver>>,
         settings: InvalidationSettings,
         tasks: TaskTracker,
         shutdown: CancellationToken,
@@ -75,6 +79,7 @@ impl Invalidator {
         Arc::new(Self {
             engine,
             protection,
+            consistency,
             settings,
             applied: Deduplicator::new(100_000, Duration::from_secs(3_600)),
             tasks,
@@ -125,6 +130,9 @@ impl EventHandler for Invalidator {
         }
         // L1 fences cannot fail.
         let _ = self.fence(event, false).await;
+        if let Some(observer) = &self.consistency {
+            observer.observe(event);
+        }
         tracing::debug!(
             event_id = event.event_id().as_str(),
             kind = event.kind().as_str(),
@@ -260,6 +268,7 @@ mod tests {
         Invalidator::new(
             engine,
             protection,
+            None,
             InvalidationSettings {
                 fence_for: Duration::from_secs(60),
                 rewarm_deadline: Duration::from_secs(1),

@@ -29,6 +29,7 @@
 pub mod admin_token;
 pub mod background;
 pub mod config;
+pub mod consistency;
 pub mod http;
 pub mod invalidation;
 pub mod lifecycle;

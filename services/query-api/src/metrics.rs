@@ -338,11 +338,18 @@ pub struct StateCollector {
     engine: QueryEngine,
     protection: Arc<Protection>,
     events: EventBus,
+    consistency: Arc<crate::consistency::ConsistencyObserver>,
 }
 
 impl StateCollector {
-    pub fn new(engine: QueryEngine, protection: Arc<Protection>, events: EventBus) -> Self {
+    pub fn new(
+        engine: QueryEngine,
+        protection: Arc<Protection>,
+        events: EventBus,
+        consistency: Arc<crate::consistency::ConsistencyObserver>,
+    ) -> Self {
         Self {
+            consistency,
             engine,
             protection,
             events,
@@ -668,6 +675,26 @@ impl StateCollector {
                 )?;
             }
         }
+        let report = self.consistency.report();
+        counters(
+            encoder,
+            "rebate_consistency_checks",
+            "The consistency observer's checks of applied events, by window after the event and outcome: consistent, inconsistent (L1 or L2 would serve a version older than the event's), unknown (a tier or the store could not be read).",
+            report.windows.iter().flat_map(|window| {
+                let label = window_label(window.window_ms);
+                [
+                    ("consistent", window.consistent),
+                    ("inconsistent", window.inconsistent),
+                    ("unknown", window.unknown),
+                ]
+                .map(|(outcome, count)| {
+                    (
+                        [("window", label.clone()), ("outcome", outcome.to_owned())],
+                        count,
+                    )
+                })
+            }),
+        )?;
         let warming = self.engine.cache_only_loads();
         counters(
             encoder,
@@ -759,6 +786,15 @@ fn encode_memory(encoder: &mut DescriptorEncoder) -> fmt::Result {
 }
 
 /// One counter family: its descriptor, then a sample per label set.
+/// `1s` for whole seconds, else `250ms`.
+fn window_label(window_ms: u64) -> String {
+    if window_ms.is_multiple_of(1_000) {
+        format!("{}s", window_ms / 1_000)
+    } else {
+        format!("{window_ms}ms")
+    }
+}
+
 fn counters<L: EncodeLabelSet>(
     encoder: &mut DescriptorEncoder,
     name: &str,

@@ -83,6 +83,8 @@ pub struct AppShared {
     pub lifecycle: Arc<Lifecycle>,
     /// The API listener's connection counts and refusals.
     pub connections: Arc<ConnectionStats>,
+    /// Checks that applied events hold in L1 and L2 (`crate::consistency`).
+    pub consistency: Arc<crate::consistency::ConsistencyObserver>,
 }
 
 /// The request limits handlers and middleware enforce, resolved once from the settings.
@@ -291,9 +293,17 @@ impl Application {
             ));
         }
 
+        let consistency = crate::consistency::ConsistencyObserver::new(
+            settings.events.observer.settings(),
+            engine.clone(),
+            Arc::clone(&store),
+            tasks.clone(),
+            shutdown.clone(),
+        );
         let invalidator = Invalidator::new(
             engine.clone(),
             Arc::clone(&protection),
+            Some(Arc::clone(&consistency)),
             InvalidationSettings {
                 fence_for: Duration::from_secs(settings.events.fence_secs),
                 rewarm_deadline: settings.request_deadline(),
@@ -307,6 +317,7 @@ impl Application {
             engine.clone(),
             Arc::clone(&protection),
             events.clone(),
+            Arc::clone(&consistency),
         ));
 
         let listener = TcpListener::bind(settings.http.listen)
@@ -317,6 +328,7 @@ impl Application {
             .with_context(|| format!("binding admin.listen {}", settings.admin.listen))?;
         let admin_token = crate::admin_token::load_or_create(&settings)?;
         let state = AppState::new(AppShared {
+            consistency,
             engine,
             store,
             tier,

@@ -240,6 +240,11 @@ impl QueryEngine {
         &self.inner.parts
     }
 
+    /// The clock freshness is judged by.
+    pub fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
     pub fn timeouts(&self) -> PartTimeouts {
         self.inner.settings.timeouts
     }

@@ -240,6 +240,7 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
         "store_loads_max_in_flight": state.load_limiter.max_in_flight(),
         "connections": state.connections.snapshot(),
         "memory": crate::memory::MemoryStats::read(),
+        "consistency": state.consistency.report(),
         "ready": readiness.ready,
         "phase": readiness.phase,
         "store": readiness.store,
