@@ -40,6 +40,29 @@ impl MemoryTier {
         entries.get(&key).map(|(entry, _)| entry.version)
     }
 
+    /// Stores `entry` unless a live entry's version and the incoming one satisfy `refuse`.
+    fn put_unless(
+        &self,
+        key: TierKey,
+        entry: &TierEntry,
+        ttl: Duration,
+        refuse: impl Fn(u64, u64) -> bool,
+    ) -> Result<FenceOutcome, TierError> {
+        self.begin()?;
+        let now = Instant::now();
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((current, expires)) = entries.get(&key)
+            && *expires > now
+            && refuse(current.version, entry.version)
+        {
+            return Ok(FenceOutcome::Stale {
+                current: current.version,
+            });
+        }
+        entries.insert(key, (entry.clone(), now + ttl));
+        Ok(FenceOutcome::Written)
+    }
+
     fn begin(&self) -> Result<(), TierError> {
         self.round_trips.fetch_add(1, Ordering::SeqCst);
         if self.failing.load(Ordering::SeqCst) {
@@ -72,19 +95,16 @@ impl SharedTier for MemoryTier {
         entry: &TierEntry,
         ttl: Duration,
     ) -> Result<FenceOutcome, TierError> {
-        self.begin()?;
-        let now = Instant::now();
-        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some((current, expires)) = entries.get(&key)
-            && *expires > now
-            && current.version > entry.version
-        {
-            return Ok(FenceOutcome::Stale {
-                current: current.version,
-            });
-        }
-        entries.insert(key, (entry.clone(), now + ttl));
-        Ok(FenceOutcome::Written)
+        self.put_unless(key, entry, ttl, |current, incoming| current > incoming)
+    }
+
+    async fn put_fence(
+        &self,
+        key: TierKey,
+        entry: &TierEntry,
+        ttl: Duration,
+    ) -> Result<FenceOutcome, TierError> {
+        self.put_unless(key, entry, ttl, |current, incoming| current >= incoming)
     }
 
     async fn try_lease(&self, key: TierKey, token: u64, ttl: Duration) -> Result<bool, TierError> {

@@ -523,7 +523,7 @@ where
             part: inner.settings.part,
         };
         let entry = TierEntry { version, bytes };
-        match l2.tier.put_fenced(tier_key, &entry, fence_for).await? {
+        match l2.tier.put_fence(tier_key, &entry, fence_for).await? {
             FenceOutcome::Written | FenceOutcome::Stale { .. } => Ok(()),
         }
     }

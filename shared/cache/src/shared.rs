@@ -57,6 +57,17 @@ pub trait SharedTier: Send + Sync + Debug + 'static {
         ttl: Duration,
     ) -> Result<FenceOutcome, TierError>;
 
+    /// Writes an invalidation fence (a tombstone `entry`) for `ttl` unless the key holds its
+    /// version or a newer one: an entry at the fence's version already holds the changed data
+    /// (a rebuild that read the new row got there first), and covering it would only make every
+    /// instance reload it. L1 keeps an equal version the same way.
+    async fn put_fence(
+        &self,
+        key: TierKey,
+        entry: &TierEntry,
+        ttl: Duration,
+    ) -> Result<FenceOutcome, TierError>;
+
     /// Takes the rebuild lease of `key` for `ttl` if nobody holds it. `token` identifies the
     /// holder so that only it can release the lease; an expired lease frees itself.
     async fn try_lease(&self, key: TierKey, token: u64, ttl: Duration) -> Result<bool, TierError>;

@@ -6,9 +6,11 @@ use redis::Script;
 /// Version-fenced `SET`.
 ///
 /// `KEYS[1]` the entry key; `ARGV[1]` the new version (canonical decimal); `ARGV[2]` the value
-/// to store (`{version}:{bytes}`); `ARGV[3]` the TTL in milliseconds.
+/// to store (`{version}:{bytes}`); `ARGV[3]` the TTL in milliseconds; `ARGV[4]` `1` to keep an
+/// entry at the same version too (an invalidation fence), absent or `0` to replace it.
 ///
-/// Returns the stored version (a string) when it is newer and nothing was written, else `1`.
+/// Returns the stored version (a string) when it is newer (or equal, with `ARGV[4]` = `1`) and
+/// nothing was written, else `1`.
 ///
 /// Versions are compared as canonical decimal strings (longer is larger, then byte order)
 /// because Lua numbers are doubles and would round versions above 2^53. A stored value whose
@@ -20,7 +22,8 @@ if type(stored) == 'string' then
   local current = string.match(string.sub(stored, 1, 21), '^(%d+):')
   if current and (#current == 1 or string.byte(current, 1) ~= 48) then
     local incoming = ARGV[1]
-    if #current > #incoming or (#current == #incoming and current > incoming) then
+    if #current > #incoming or (#current == #incoming and current > incoming)
+       or (ARGV[4] == '1' and current == incoming) then
       return current
     end
   end

@@ -103,6 +103,42 @@ impl BatchCommand {
 }
 
 impl RedisTier {
+    /// The fenced `SET` script; `keep_equal` also keeps an entry at the same version.
+    async fn fenced_set(
+        &self,
+        key: TierKey,
+        entry: &TierEntry,
+        ttl: Duration,
+        keep_equal: bool,
+    ) -> Result<FenceOutcome, TierError> {
+        let name = self.key_name(key);
+        let mut invocation = self.inner.scripts.fenced_set.prepare_invoke();
+        invocation
+            .key(&name)
+            .arg(entry.version.to_string())
+            .arg(codec::encode(entry))
+            .arg(ttl_millis(ttl))
+            .arg(if keep_equal { "1" } else { "0" });
+
+        let outcome = self
+            .bounded(async {
+                match self.invoke(&invocation).await? {
+                    Value::Int(1) => Ok(FenceOutcome::Written),
+                    Value::BulkString(digits) => codec::parse_canonical_version(&digits)
+                        .map(|current| FenceOutcome::Stale { current })
+                        .ok_or_else(|| self.unexpected("the fenced write")),
+                    _ => Err(self.unexpected("the fenced write")),
+                }
+            })
+            .await?;
+        let counters = &self.inner.counters;
+        match outcome {
+            FenceOutcome::Written => Counters::add(&counters.fenced_writes, 1),
+            FenceOutcome::Stale { .. } => Counters::add(&counters.stale_writes_refused, 1),
+        }
+        Ok(outcome)
+    }
+
     /// Connects and proves the server answers, within `settings.connect_timeout`.
     ///
     /// Fails with [`TierError::Backend`] (a message naming the target, never its password) when
@@ -477,30 +513,16 @@ impl SharedTier for RedisTier {
         entry: &TierEntry,
         ttl: Duration,
     ) -> Result<FenceOutcome, TierError> {
-        let name = self.key_name(key);
-        let mut invocation = self.inner.scripts.fenced_set.prepare_invoke();
-        invocation
-            .key(&name)
-            .arg(entry.version.to_string())
-            .arg(codec::encode(entry))
-            .arg(ttl_millis(ttl));
-        let outcome = self
-            .bounded(async {
-                match self.invoke(&invocation).await? {
-                    Value::Int(1) => Ok(FenceOutcome::Written),
-                    Value::BulkString(digits) => codec::parse_canonical_version(&digits)
-                        .map(|current| FenceOutcome::Stale { current })
-                        .ok_or_else(|| self.unexpected("the fenced write")),
-                    _ => Err(self.unexpected("the fenced write")),
-                }
-            })
-            .await?;
-        let counters = &self.inner.counters;
-        match outcome {
-            FenceOutcome::Written => Counters::add(&counters.fenced_writes, 1),
-            FenceOutcome::Stale { .. } => Counters::add(&counters.stale_writes_refused, 1),
-        }
-        Ok(outcome)
+        self.fenced_set(key, entry, ttl, false).await
+    }
+
+    async fn put_fence(
+        &self,
+        key: TierKey,
+        entry: &TierEntry,
+        ttl: Duration,
+    ) -> Result<FenceOutcome, TierError> {
+        self.fenced_set(key, entry, ttl, true).await
     }
 
     async fn try_lease(&self, key: TierKey, token: u64, ttl: Duration) -> Result<bool, TierError> {

@@ -92,6 +92,44 @@ async fn stored_form_is_the_documented_key_and_version_prefix() {
 }
 
 #[tokio::test]
+async fn a_fence_keeps_an_entry_at_its_own_version_and_covers_older_ones() {
+    let namespace = Namespace::new(SHARED_URL);
+    let tier = tier(&namespace).await;
+    let tier_key = key(11, PartKind::Rate);
+    tier.put_fenced(tier_key, &entry(5, b"v5 rebuilt"), TTL)
+        .await
+        .unwrap();
+    // The rebuild that read the changed row got there first: the fence at 5 keeps it.
+    assert_eq!(
+        tier.put_fence(tier_key, &entry(5, b"fence 5"), TTL)
+            .await
+            .unwrap(),
+        FenceOutcome::Stale { current: 5 }
+    );
+    assert_eq!(
+        tier.get_many(&[tier_key]).await.unwrap(),
+        vec![Some(entry(5, b"v5 rebuilt"))]
+    );
+    // A fence past it covers it; a rebuild at the fence's version then replaces the fence.
+    assert_eq!(
+        tier.put_fence(tier_key, &entry(6, b"fence 6"), TTL)
+            .await
+            .unwrap(),
+        FenceOutcome::Written
+    );
+    assert_eq!(
+        tier.put_fenced(tier_key, &entry(6, b"v6 rebuilt"), TTL)
+            .await
+            .unwrap(),
+        FenceOutcome::Written
+    );
+    assert_eq!(
+        tier.get_many(&[tier_key]).await.unwrap(),
+        vec![Some(entry(6, b"v6 rebuilt"))]
+    );
+}
+
+#[tokio::test]
 async fn older_versions_are_refused_and_equal_or_newer_ones_written() {
     let namespace = Namespace::new(SHARED_URL);
     let tier = tier(&namespace).await;

@@ -544,6 +544,15 @@ impl SharedTier for GuardedTier {
         self.tier.put_fenced(key, entry, ttl).await
     }
 
+    async fn put_fence(
+        &self,
+        key: TierKey,
+        entry: &TierEntry,
+        ttl: Duration,
+    ) -> Result<FenceOutcome, TierError> {
+        self.tier.put_fence(key, entry, ttl).await
+    }
+
     async fn try_lease(&self, key: TierKey, token: u64, ttl: Duration) -> Result<bool, TierError> {
         self.guarded(|| self.tier.try_lease(key, token, ttl)).await
     }
