@@ -473,6 +473,13 @@ impl QueryEngine {
         through_l2: bool,
     ) -> Result<(), TierError> {
         let parts = &self.inner.parts;
+        // Before the part's L1 fence: its rendering goes first, and none is kept until the
+        // fences (L2's round trip included) are in place; a rendering begun before is refused.
+        let rendering = self
+            .inner
+            .rendered
+            .as_ref()
+            .map(|rendered| rendered.invalidating(key));
         let fenced = match part {
             PartKind::Product => {
                 parts
@@ -499,11 +506,9 @@ impl QueryEngine {
                     .await
             }
         };
-        // After the part's L1 fence (even if L2 failed): a rendering begun before this point is
-        // refused, and one begun after it reads the fenced part.
-        if let Some(rendered) = &self.inner.rendered {
-            rendered.invalidate(&key);
-        }
+        // Dropped after the fences (even if L2 failed): a rendering begun after this reads the
+        // fenced part.
+        drop(rendering);
         fenced
     }
 

@@ -15,8 +15,9 @@
 //! than moka: this is the one lookup every hot request pays, and it must cost tens of
 //! nanoseconds. The map is bounded by the bytes it holds.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use quick_cache::Weighter;
 use quick_cache::sync::Cache;
@@ -112,9 +113,39 @@ pub struct RenderedQuotes {
     capacity_bytes: u64,
     /// Bumped by every invalidation, before the key is removed.
     epoch: AtomicU64,
+    /// Keys whose parts are being fenced right now ([`RenderedQuotes::invalidating`]), with how
+    /// many invalidations of each are under way: no rendering of them is kept meanwhile.
+    invalidating: Mutex<HashMap<ItemKey, u32>>,
     hits: AtomicU64,
     inserts: AtomicU64,
     fenced: AtomicU64,
+}
+
+/// An invalidation of one key under way ([`RenderedQuotes::invalidating`]).
+#[must_use = "renderings of the key are refused only while this guard lives"]
+#[derive(Debug)]
+pub struct Invalidating<'a> {
+    rendered: &'a RenderedQuotes,
+    key: ItemKey,
+}
+
+impl Drop for Invalidating<'_> {
+    fn drop(&mut self) {
+        {
+            let mut invalidating = self
+                .rendered
+                .invalidating
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(count) = invalidating.get_mut(&self.key) {
+                *count -= 1;
+                if *count == 0 {
+                    invalidating.remove(&self.key);
+                }
+            }
+        }
+        self.rendered.invalidate(&self.key);
+    }
 }
 
 /// What a rendering must carry from before its parts were read: see [`RenderedQuotes::begin`].
@@ -132,6 +163,7 @@ impl RenderedQuotes {
             cache: Cache::with_weighter(estimated_items.max(16), capacity_bytes, ByteWeighter),
             capacity_bytes,
             epoch: AtomicU64::new(0),
+            invalidating: Mutex::new(HashMap::new()),
             hits: AtomicU64::new(0),
             inserts: AtomicU64::new(0),
             fenced: AtomicU64::new(0),
@@ -182,6 +214,10 @@ impl RenderedQuotes {
             self.fenced.fetch_add(1, Ordering::Relaxed);
             return None;
         }
+        if self.is_invalidating(&key) {
+            self.fenced.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
         self.cache.insert(key, Arc::clone(&rendered));
         // An invalidation may have bumped the epoch and removed the key between the check above
         // and the insert: then this rendering may hold pre-change data and must go.
@@ -198,6 +234,32 @@ impl RenderedQuotes {
     pub fn invalidate(&self, key: &ItemKey) {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         self.cache.remove(key);
+    }
+
+    /// Brackets the fencing of `key`'s parts: drops its rendering *before* the parts change and
+    /// keeps none until the returned guard drops (which drops any rendering once more). A reader
+    /// that sees a part's fence can therefore never be answered from a rendering older than it:
+    /// dropping the rendering only after the fence left a window (an L2 round trip on the
+    /// shared path, or a preempted thread) in which the old quote was still served.
+    pub fn invalidating(&self, key: ItemKey) -> Invalidating<'_> {
+        *self
+            .invalidating
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(key)
+            .or_default() += 1;
+        self.invalidate(&key);
+        Invalidating {
+            rendered: self,
+            key,
+        }
+    }
+
+    fn is_invalidating(&self, key: &ItemKey) -> bool {
+        self.invalidating
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(key)
     }
 
     /// Drops every rendering; renderings in progress are refused like after [`Self::invalidate`].
@@ -266,6 +328,38 @@ mod tests {
         let mut expected = serde_json::to_value(quote(false)).unwrap();
         expected["trace_id"] = "4bf92f3577b34da6a3ce929d0e0e4736".into();
         assert_eq!(value, expected);
+    }
+
+    #[test]
+    fn nothing_is_kept_for_a_key_while_its_parts_are_being_fenced() {
+        let map = RenderedQuotes::new(1 << 20);
+        assert!(
+            map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+                .is_some()
+        );
+        let fencing = map.invalidating(key());
+        assert!(
+            map.get(&key(), NOW).is_none(),
+            "gone before the parts change"
+        );
+        // A rendering begun while the parts are being fenced may have read them before.
+        assert!(
+            map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+                .is_none()
+        );
+        let nested = map.invalidating(key());
+        drop(fencing);
+        assert!(
+            map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+                .is_none(),
+            "another invalidation of the key is still under way"
+        );
+        drop(nested);
+        assert!(
+            map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+                .is_some()
+        );
+        assert!(map.get(&key(), NOW).is_some());
     }
 
     #[test]
