@@ -789,10 +789,15 @@ impl CuttableProxy {
 /// other. Reconnecting within `catch_up_window_ms`, it finds them waiting in its broadcast queue
 /// (`replayed`); reconnecting after the window, its queue is gone and it drops its L1
 /// (`dropped_l1`). Either way it serves every new rate within 2 s of reconnecting.
+/// `CATCH_UP_CUT_SECS` (default 3) sets how long the replayed case is cut off.
 #[tokio::test]
 async fn an_instance_cut_off_from_the_broker_catches_up_or_drops_its_l1() {
+    let replayed_cut = std::env::var("CATCH_UP_CUT_SECS")
+        .ok()
+        .and_then(|secs| secs.parse().ok())
+        .map_or(Duration::from_secs(3), Duration::from_secs);
     for (window_ms, cut_for, outcome) in [
-        (300_000, Duration::from_secs(3), "replayed"),
+        (300_000, replayed_cut, "replayed"),
         (1_000, Duration::from_secs(4), "dropped_l1"),
     ] {
         cut_off_and_back(window_ms, cut_for, outcome).await;
@@ -892,7 +897,7 @@ async fn cut_off_and_back(window_ms: u64, cut_for: Duration, outcome: &str) {
         .unwrap();
     assert_eq!(ready["events_catch_up"], outcome, "{ready}");
     eprintln!(
-        "{outcome}: every new rate served {:?} after reconnecting",
+        "{outcome} after {cut_for:?} cut off: every new rate served {:?} after reconnecting",
         back.elapsed()
     );
     store.close().await;
