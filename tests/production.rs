@@ -734,6 +734,96 @@ async fn a_created_item_answers_on_every_instance_despite_cached_not_found_marke
     env.clean_up().await;
 }
 
+/// An event that runs ahead of the store (published before the row's write commits), on the
+/// production profile: the fence refuses the old row in L1 and L2 meanwhile, and once the row is
+/// written the next query serves it, on both instances, through L2 and the kept renderings.
+#[tokio::test]
+async fn an_event_ahead_of_the_store_leaves_nothing_old_in_l1_l2_or_a_rendering() {
+    let env = ProductionEnv::new("ahead").await;
+    let fleet = AmqpFleet::spawn(&env, "ahead", 2, |_, _| {}).await;
+    let key = ItemKey::parse("pdd", "100031").unwrap();
+    let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
+        env.database_url.clone(),
+    ))
+    .await
+    .unwrap();
+    let current = store.rate(key).await.unwrap().unwrap();
+    for app in &fleet.instances {
+        assert_eq!(
+            rate_of(app, key).await,
+            Some(u64::from(current.value.rate_bps.get()))
+        );
+    }
+    let ahead = current.version + 5;
+    let event = rebate_events::InvalidationEvent::new(
+        rebate_events::EventId::generate(),
+        rebate_events::EventKind::RateChanged,
+        key.platform,
+        vec![key.item_id],
+        ahead,
+        Timestamp::now(),
+    )
+    .unwrap();
+    fleet.instances[0]
+        .state
+        .events
+        .publisher()
+        .publish(&event)
+        .await
+        .unwrap();
+    let tier = connect_tier(&env).await;
+    let tier_key = TierKey {
+        item: key,
+        part: PartKind::Rate,
+    };
+    wait_until_async("L2 holds the fence", || async {
+        tier.get_many(&[tier_key]).await.unwrap()[0]
+            .as_ref()
+            .is_some_and(|entry| entry.version == ahead)
+    })
+    .await;
+    // Queries in between get the store's (old) row: it is all there is.
+    for app in &fleet.instances {
+        wait_until_async("the instance applied the fence", || async {
+            app.state
+                .engine
+                .parts()
+                .rate
+                .peek(&key)
+                .is_some_and(|envelope| envelope.version == ahead)
+        })
+        .await;
+        assert_eq!(
+            rate_of(app, key).await,
+            Some(u64::from(current.value.rate_bps.get()))
+        );
+    }
+    store
+        .upsert_rate(
+            key,
+            &rebate_store::Versioned {
+                value: rebate_domain::RebateRate {
+                    rate_bps: rebate_domain::RateBps::try_from(1_234u64).unwrap(),
+                },
+                version: ahead,
+                updated_at: Timestamp::now(),
+            },
+        )
+        .await
+        .unwrap();
+    for app in &fleet.instances {
+        assert_eq!(rate_of(app, key).await, Some(1_234));
+        assert_eq!(
+            rate_of(app, key).await,
+            Some(1_234),
+            "and from what it kept"
+        );
+    }
+    store.close().await;
+    fleet.stop().await;
+    env.clean_up().await;
+}
+
 /// A TCP proxy in front of RabbitMQ that the test can cut (every connection closed, new ones
 /// refused) and restore: one instance's broker outage while the broker serves the others.
 struct CuttableProxy {
