@@ -507,28 +507,8 @@ async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
     for round in 0..200u64 {
         version += 1;
         let rate_bps = 1_000 + round;
-        store
-            .upsert_rate(
-                key,
-                &rebate_store::Versioned {
-                    value: rebate_domain::RebateRate {
-                        rate_bps: rebate_domain::RateBps::try_from(rate_bps).unwrap(),
-                    },
-                    version,
-                    updated_at: Timestamp::now(),
-                },
-            )
-            .await
-            .unwrap();
-        let event = rebate_events::InvalidationEvent::new(
-            rebate_events::EventId::generate(),
-            rebate_events::EventKind::RateChanged,
-            key.platform,
-            vec![key.item_id],
-            version,
-            Timestamp::now(),
-        )
-        .unwrap();
+        write_rate(&store, key, version, rate_bps).await;
+        let event = event_for(rebate_events::EventKind::RateChanged, key, version);
         let publisher = &instances[(round % 3) as usize];
         let started = std::time::Instant::now();
         publisher
@@ -683,28 +663,8 @@ async fn a_created_item_answers_on_every_instance_despite_cached_not_found_marke
         })
         .await
         .unwrap();
-    store
-        .upsert_rate(
-            key,
-            &rebate_store::Versioned {
-                value: rebate_domain::RebateRate {
-                    rate_bps: rebate_domain::RateBps::try_from(800u64).unwrap(),
-                },
-                version: 1,
-                updated_at: now,
-            },
-        )
-        .await
-        .unwrap();
-    let event = rebate_events::InvalidationEvent::new(
-        rebate_events::EventId::generate(),
-        rebate_events::EventKind::ItemCreated,
-        key.platform,
-        vec![key.item_id],
-        1,
-        now,
-    )
-    .unwrap();
+    write_rate(&store, key, 1, 800u64).await;
+    let event = event_for(rebate_events::EventKind::ItemCreated, key, 1);
     let started = std::time::Instant::now();
     fleet.instances[0]
         .state
@@ -755,15 +715,7 @@ async fn an_event_ahead_of_the_store_leaves_nothing_old_in_l1_l2_or_a_rendering(
         );
     }
     let ahead = current.version + 5;
-    let event = rebate_events::InvalidationEvent::new(
-        rebate_events::EventId::generate(),
-        rebate_events::EventKind::RateChanged,
-        key.platform,
-        vec![key.item_id],
-        ahead,
-        Timestamp::now(),
-    )
-    .unwrap();
+    let event = event_for(rebate_events::EventKind::RateChanged, key, ahead);
     fleet.instances[0]
         .state
         .events
@@ -798,19 +750,7 @@ async fn an_event_ahead_of_the_store_leaves_nothing_old_in_l1_l2_or_a_rendering(
             Some(u64::from(current.value.rate_bps.get()))
         );
     }
-    store
-        .upsert_rate(
-            key,
-            &rebate_store::Versioned {
-                value: rebate_domain::RebateRate {
-                    rate_bps: rebate_domain::RateBps::try_from(1_234u64).unwrap(),
-                },
-                version: ahead,
-                updated_at: Timestamp::now(),
-            },
-        )
-        .await
-        .unwrap();
+    write_rate(&store, key, ahead, 1_234u64).await;
     for app in &fleet.instances {
         assert_eq!(rate_of(app, key).await, Some(1_234));
         assert_eq!(
@@ -929,28 +869,8 @@ async fn cut_off_and_back(window_ms: u64, cut_for: Duration, outcome: &str) {
     for (index, key) in keys.iter().enumerate() {
         let current = store.rate(*key).await.unwrap().unwrap();
         let version = current.version + 1;
-        store
-            .upsert_rate(
-                *key,
-                &rebate_store::Versioned {
-                    value: rebate_domain::RebateRate {
-                        rate_bps: rebate_domain::RateBps::try_from(2_000 + index as u64).unwrap(),
-                    },
-                    version,
-                    updated_at: Timestamp::now(),
-                },
-            )
-            .await
-            .unwrap();
-        let event = rebate_events::InvalidationEvent::new(
-            rebate_events::EventId::generate(),
-            rebate_events::EventKind::RateChanged,
-            key.platform,
-            vec![key.item_id],
-            version,
-            Timestamp::now(),
-        )
-        .unwrap();
+        write_rate(&store, *key, version, 2_000 + index as u64).await;
+        let event = event_for(rebate_events::EventKind::RateChanged, *key, version);
         publisher
             .state
             .events
@@ -1019,28 +939,8 @@ async fn the_consistency_observer_counts_exactly_the_inconsistency_forced_on_it(
         async move {
             let current = store.rate(key).await.unwrap().unwrap();
             let version = current.version + 1;
-            store
-                .upsert_rate(
-                    key,
-                    &rebate_store::Versioned {
-                        value: rebate_domain::RebateRate {
-                            rate_bps: rebate_domain::RateBps::try_from(rate_bps).unwrap(),
-                        },
-                        version,
-                        updated_at: Timestamp::now(),
-                    },
-                )
-                .await
-                .unwrap();
-            let event = rebate_events::InvalidationEvent::new(
-                rebate_events::EventId::generate(),
-                rebate_events::EventKind::RateChanged,
-                key.platform,
-                vec![key.item_id],
-                version,
-                Timestamp::now(),
-            )
-            .unwrap();
+            write_rate(&store, key, version, rate_bps).await;
+            let event = event_for(rebate_events::EventKind::RateChanged, key, version);
             app.state.events.publisher().publish(&event).await.unwrap();
             app.state.events.in_process().unwrap().settled().await;
             (current, version)
@@ -1195,32 +1095,11 @@ async fn interleaved_writes_reads_and_an_outage_never_serve_what_an_instance_has
     let write = |key: ItemKey, version: u64| {
         let store = &store;
         async move {
-            store
-                .upsert_rate(
-                    key,
-                    &rebate_store::Versioned {
-                        value: rebate_domain::RebateRate {
-                            rate_bps: rebate_domain::RateBps::try_from(1_000 + version).unwrap(),
-                        },
-                        version,
-                        updated_at: Timestamp::now(),
-                    },
-                )
-                .await
-                .unwrap();
+            write_rate(&store, key, version, 1_000 + version).await;
         }
     };
-    let event = |key: ItemKey, version: u64| {
-        rebate_events::InvalidationEvent::new(
-            rebate_events::EventId::generate(),
-            rebate_events::EventKind::RateChanged,
-            key.platform,
-            vec![key.item_id],
-            version,
-            Timestamp::now(),
-        )
-        .unwrap()
-    };
+    let event =
+        |key: ItemKey, version: u64| event_for(rebate_events::EventKind::RateChanged, key, version);
     for (index, key) in keys.iter().enumerate() {
         write(*key, 10).await;
         committed[index].store(10, Ordering::SeqCst);
@@ -1392,6 +1271,40 @@ async fn wait_until_async<F: std::future::Future<Output = bool>>(
         assert!(std::time::Instant::now() < give_up, "timed out: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Writes `key`'s rate row: `rate_bps` at `version`.
+async fn write_rate(store: &rebate_store::MySqlStore, key: ItemKey, version: u64, rate_bps: u64) {
+    store
+        .upsert_rate(
+            key,
+            &rebate_store::Versioned {
+                value: rebate_domain::RebateRate {
+                    rate_bps: rebate_domain::RateBps::try_from(rate_bps).unwrap(),
+                },
+                version,
+                updated_at: Timestamp::now(),
+            },
+        )
+        .await
+        .unwrap();
+}
+
+/// A `kind` event about `key` at `version`, occurring now.
+fn event_for(
+    kind: rebate_events::EventKind,
+    key: ItemKey,
+    version: u64,
+) -> rebate_events::InvalidationEvent {
+    rebate_events::InvalidationEvent::new(
+        rebate_events::EventId::generate(),
+        kind,
+        key.platform,
+        vec![key.item_id],
+        version,
+        Timestamp::now(),
+    )
+    .unwrap()
 }
 
 async fn rate_of(app: &TestApp, key: ItemKey) -> Option<u64> {
