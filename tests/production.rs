@@ -939,7 +939,7 @@ async fn the_consistency_observer_counts_exactly_the_inconsistency_forced_on_it(
         async move {
             let current = store.rate(key).await.unwrap().unwrap();
             let version = current.version + 1;
-            write_rate(&store, key, version, rate_bps).await;
+            write_rate(store, key, version, rate_bps).await;
             let event = event_for(rebate_events::EventKind::RateChanged, key, version);
             app.state.events.publisher().publish(&event).await.unwrap();
             app.state.events.in_process().unwrap().settled().await;
@@ -1095,7 +1095,7 @@ async fn interleaved_writes_reads_and_an_outage_never_serve_what_an_instance_has
     let write = |key: ItemKey, version: u64| {
         let store = &store;
         async move {
-            write_rate(&store, key, version, 1_000 + version).await;
+            write_rate(store, key, version, 1_000 + version).await;
         }
     };
     let event =
