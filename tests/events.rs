@@ -5,7 +5,7 @@
 use rebate_domain::{ItemKey, RateBps, RebateRate, Timestamp};
 use rebate_events::{EventId, EventKind, EventPublisher, InvalidationEvent};
 use rebate_store::{CatalogRepository, SqliteSettings, SqliteStore, Versioned};
-use rebate_tests::{TestApp, spawn_app};
+use rebate_tests::{TestApp, event_for, spawn_app};
 use serde_json::Value;
 
 async fn rate_of(app: &TestApp, platform: &str, item: &str) -> Value {
@@ -24,18 +24,9 @@ async fn catalogue(app: &TestApp) -> SqliteStore {
 }
 
 fn rate_event(id: &str, key: ItemKey, version: u64) -> InvalidationEvent {
-    event_with_id(
+    InvalidationEvent::new(
         EventId::parse(id).unwrap(),
         EventKind::RateChanged,
-        key,
-        version,
-    )
-}
-
-fn event_with_id(id: EventId, kind: EventKind, key: ItemKey, version: u64) -> InvalidationEvent {
-    InvalidationEvent::new(
-        id,
-        kind,
         key.platform,
         vec![key.item_id],
         version,
@@ -130,10 +121,6 @@ async fn malformed_events_are_dead_lettered_and_the_bus_keeps_going() {
     app.stop().await;
 }
 
-fn event(kind: EventKind, key: ItemKey, version: u64) -> InvalidationEvent {
-    event_with_id(EventId::generate(), kind, key, version)
-}
-
 fn fenced_writes_refused(app: &TestApp) -> u64 {
     let parts = app.state.engine.parts();
     [
@@ -164,7 +151,7 @@ async fn a_delisted_item_answers_404_with_at_most_one_load_per_part() {
     app.state
         .events
         .publisher()
-        .publish(&event(EventKind::ItemDelisted, key, product.version))
+        .publish(&event_for(EventKind::ItemDelisted, key, product.version))
         .await
         .unwrap();
     app.state.events.in_process().unwrap().settled().await;
@@ -209,7 +196,7 @@ async fn an_event_ahead_of_the_store_never_leaves_the_old_value_behind() {
     app.state
         .events
         .publisher()
-        .publish(&event(EventKind::RateChanged, key, ahead))
+        .publish(&event_for(EventKind::RateChanged, key, ahead))
         .await
         .unwrap();
     app.state.events.in_process().unwrap().settled().await;

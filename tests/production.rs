@@ -11,7 +11,7 @@ use rebate_cache::{Envelope, SharedTier, TierEntry, TierKey};
 use rebate_domain::{ItemKey, PartKind, Product, Timestamp};
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierSettings};
 use rebate_store::CatalogRepository;
-use rebate_tests::{ProductionEnv, TestApp};
+use rebate_tests::{ProductionEnv, TestApp, event_for};
 use serde_json::{Value, json};
 use upstream_sim::Endpoint;
 
@@ -473,26 +473,14 @@ async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
             (sent, skipped)
         })
     });
-    let ready: Value = instances[0]
-        .client
-        .get(format!("{}/readyz", instances[0].admin_url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, ready) = instances[0].readyz().await;
     assert_eq!(
         ready,
         json!({"ready": true, "phase": "serving", "store": "ok", "redis": "ok",
                "events": "connected", "degraded": []})
     );
 
-    let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
-        env.database_url.clone(),
-    ))
-    .await
-    .unwrap();
+    let store = env.store().await;
     let key = ItemKey::parse("pdd", "100888").unwrap();
     let mut version = store.rate(key).await.unwrap().unwrap().version;
     // Under load the caches start cold: the first answers may degrade until they fill.
@@ -641,11 +629,7 @@ async fn a_created_item_answers_on_every_instance_despite_cached_not_found_marke
     })
     .await;
 
-    let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
-        env.database_url.clone(),
-    ))
-    .await
-    .unwrap();
+    let store = env.store().await;
     let now = Timestamp::now();
     store
         .upsert_product(&rebate_store::Versioned {
@@ -702,11 +686,7 @@ async fn an_event_ahead_of_the_store_leaves_nothing_old_in_l1_l2_or_a_rendering(
     let env = ProductionEnv::new("ahead").await;
     let fleet = AmqpFleet::spawn(&env, "ahead", 2, |_, _| {}).await;
     let key = ItemKey::parse("pdd", "100031").unwrap();
-    let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
-        env.database_url.clone(),
-    ))
-    .await
-    .unwrap();
+    let store = env.store().await;
     let current = store.rate(key).await.unwrap().unwrap();
     for app in &fleet.instances {
         assert_eq!(
@@ -849,11 +829,7 @@ async fn cut_off_and_back(window_ms: u64, cut_for: Duration, outcome: &str) {
     })
     .await;
     let (publisher, cut_off) = (&fleet.instances[0], &fleet.instances[1]);
-    let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
-        env.database_url.clone(),
-    ))
-    .await
-    .unwrap();
+    let store = env.store().await;
     let keys: Vec<ItemKey> = (0..50)
         .map(|index| ItemKey::parse("jd", &(100_100 + index).to_string()).unwrap())
         .collect();
@@ -896,15 +872,7 @@ async fn cut_off_and_back(window_ms: u64, cut_for: Duration, outcome: &str) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-    let ready: Value = cut_off
-        .client
-        .get(format!("{}/readyz", cut_off.admin_url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, ready) = cut_off.readyz().await;
     assert_eq!(ready["events_catch_up"], outcome, "{ready}");
     eprintln!(
         "{outcome} after {cut_for:?} cut off: every new rate served {:?} after reconnecting",
@@ -927,11 +895,7 @@ async fn the_consistency_observer_counts_exactly_the_inconsistency_forced_on_it(
             settings.events.observer.windows_ms = vec![3_000, 6_000];
         })
         .await;
-    let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
-        env.database_url.clone(),
-    ))
-    .await
-    .unwrap();
+    let store = env.store().await;
     let tier = connect_tier(&env).await;
     let change_rate = |key: ItemKey, rate_bps: u64| {
         let store = &store;
@@ -1082,11 +1046,7 @@ async fn interleaved_writes_reads_and_an_outage_never_serve_what_an_instance_has
         }
     })
     .await;
-    let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
-        env.database_url.clone(),
-    ))
-    .await
-    .unwrap();
+    let store = env.store().await;
     let keys: Vec<ItemKey> = (0..20)
         .map(|index| ItemKey::parse("taobao", &(100_400 + index).to_string()).unwrap())
         .collect();
@@ -1288,23 +1248,6 @@ async fn write_rate(store: &rebate_store::MySqlStore, key: ItemKey, version: u64
         )
         .await
         .unwrap();
-}
-
-/// A `kind` event about `key` at `version`, occurring now.
-fn event_for(
-    kind: rebate_events::EventKind,
-    key: ItemKey,
-    version: u64,
-) -> rebate_events::InvalidationEvent {
-    rebate_events::InvalidationEvent::new(
-        rebate_events::EventId::generate(),
-        kind,
-        key.platform,
-        vec![key.item_id],
-        version,
-        Timestamp::now(),
-    )
-    .unwrap()
 }
 
 async fn rate_of(app: &TestApp, key: ItemKey) -> Option<u64> {

@@ -20,17 +20,6 @@ async fn until_serving(app: &TestApp) {
     panic!("the application never entered the serving phase");
 }
 
-async fn readyz(app: &TestApp) -> (u16, Value) {
-    let response = app
-        .client
-        .get(format!("{}/readyz", app.admin_url))
-        .send()
-        .await
-        .expect("the admin listener answers");
-    let status = response.status().as_u16();
-    (status, response.json().await.expect("a JSON body"))
-}
-
 /// A local TCP port nothing listens on (bound, then released).
 fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
@@ -41,7 +30,7 @@ fn closed_port() -> u16 {
 async fn a_fresh_embedded_app_is_ready_with_nothing_degraded() {
     let app = spawn_app_with(|_| {}).await;
     until_serving(&app).await;
-    let (status, body) = readyz(&app).await;
+    let (status, body) = app.readyz().await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body,
@@ -67,7 +56,7 @@ async fn an_unreachable_broker_degrades_readiness_but_never_fails_it() {
     until_serving(&app).await;
     assert!(!app.state.events.is_ready());
 
-    let (status, body) = readyz(&app).await;
+    let (status, body) = app.readyz().await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(
         body,
@@ -125,14 +114,14 @@ async fn a_lost_store_with_nothing_cached_is_unready() {
     let env = ProductionEnv::new("readiness_store").await;
     let app = env.spawn_instance(|_| {}).await;
     until_serving(&app).await;
-    let (status, body) = readyz(&app).await;
+    let (status, body) = app.readyz().await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["store"], json!("ok"));
     assert_eq!(body["redis"], json!("ok"));
 
     drop_database(&env.database_url).await;
 
-    let (status, body) = readyz(&app).await;
+    let (status, body) = app.readyz().await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(
         body,

@@ -178,6 +178,15 @@ impl ProductionEnv {
         .await
     }
 
+    /// A connection of the test's own to the environment's database (close it when done).
+    pub async fn store(&self) -> rebate_store::MySqlStore {
+        rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
+            self.database_url.clone(),
+        ))
+        .await
+        .expect("MySQL reachable")
+    }
+
     /// Drops the database and the prefix's Redis keys.
     pub async fn clean_up(mut self) {
         if let Some(database) = self.database.take() {
@@ -253,6 +262,18 @@ impl TestApp {
             .send()
             .await
             .expect("request reaches the service")
+    }
+
+    /// `GET /readyz` (no token): the status code and the JSON body.
+    pub async fn readyz(&self) -> (u16, serde_json::Value) {
+        let response = self
+            .client
+            .get(format!("{}/readyz", self.admin_url))
+            .send()
+            .await
+            .expect("the admin listener answers");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("a JSON body"))
     }
 
     /// `GET` on the admin listener with the bearer token.
@@ -331,4 +352,21 @@ impl TestApp {
             .expect("server task did not panic");
         finished.expect("service stopped cleanly");
     }
+}
+
+/// A `kind` event about `key` at `version`, occurring now, with a fresh id.
+pub fn event_for(
+    kind: rebate_events::EventKind,
+    key: rebate_domain::ItemKey,
+    version: u64,
+) -> rebate_events::InvalidationEvent {
+    rebate_events::InvalidationEvent::new(
+        rebate_events::EventId::generate(),
+        kind,
+        key.platform,
+        vec![key.item_id],
+        version,
+        rebate_domain::Timestamp::now(),
+    )
+    .expect("a valid event")
 }

@@ -40,25 +40,13 @@ pub struct ObserverSettings {
     pub max_pending: u64,
 }
 
-/// What one check found.
+/// What one check found; its discriminant indexes [`WindowCounts::by_outcome`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Consistent,
     Inconsistent,
     /// The store or L2 could not be read: nothing can be said.
     Unknown,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 3] = [Outcome::Consistent, Outcome::Inconsistent, Outcome::Unknown];
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Consistent => "consistent",
-            Outcome::Inconsistent => "inconsistent",
-            Outcome::Unknown => "unknown",
-        }
-    }
 }
 
 /// The counts of one window, for the status page.
