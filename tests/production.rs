@@ -490,14 +490,27 @@ async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
         })
         .await;
     }
+    if load.is_some() {
+        // The rounds measure propagation, not the cold start: in the first seconds every
+        // instance is loading the load's 1,000 items and one poll took 100–280 ms.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
 
     let mut latencies = Vec::new();
+    // Where the slowest round spent its time, to explain the tail.
+    let mut slowest: Option<(Duration, String)> = None;
     for round in 0..200u64 {
         version += 1;
         let rate_bps = 1_000 + round;
         write_rate(&store, key, version, rate_bps).await;
         let event = event_for(rebate_events::EventKind::RateChanged, key, version);
         let publisher = &instances[(round % 3) as usize];
+        let processed: Vec<u64> = instances
+            .iter()
+            .map(|app| app.state.events.stats().processed)
+            .collect();
+        let leases_lost = |app: &TestApp| app.state.engine.parts().rate.stats().leases_lost;
+        let lost_before: Vec<u64> = instances.iter().map(leases_lost).collect();
         let started = std::time::Instant::now();
         publisher
             .state
@@ -506,24 +519,58 @@ async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
             .publish(&event)
             .await
             .unwrap();
-        let mut pending: Vec<&TestApp> = instances.iter().collect();
-        while !pending.is_empty() {
+        let confirmed = started.elapsed();
+        // Per instance: when its event count moved (the event applied), when it served the new
+        // rate, and its slowest poll.
+        let mut applied: Vec<Option<Duration>> = vec![None; instances.len()];
+        let mut served: Vec<Option<Duration>> = vec![None; instances.len()];
+        let mut slowest_poll = vec![Duration::ZERO; instances.len()];
+        while served.iter().any(Option::is_none) {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
                 "round {round}: the new rate did not reach every instance"
             );
-            let mut still = Vec::new();
-            for app in pending {
-                if rate_of(app, key).await != Some(rate_bps) {
-                    still.push(app);
+            for (index, app) in instances.iter().enumerate() {
+                if served[index].is_some() {
+                    continue;
+                }
+                if applied[index].is_none() && app.state.events.stats().processed > processed[index]
+                {
+                    applied[index] = Some(started.elapsed());
+                }
+                let polled = std::time::Instant::now();
+                let answer = rate_of(app, key).await;
+                slowest_poll[index] = slowest_poll[index].max(polled.elapsed());
+                if answer == Some(rate_bps) {
+                    served[index] = Some(started.elapsed());
                 }
             }
-            pending = still;
-            if !pending.is_empty() {
+            if served.iter().any(Option::is_none) {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }
-        latencies.push(started.elapsed());
+        let took = started.elapsed();
+        latencies.push(took);
+        if slowest.as_ref().is_none_or(|(longest, _)| took > *longest) {
+            let stages: Vec<String> = (0..instances.len())
+                .map(|index| {
+                    format!(
+                        "instance {index}: applied {:?}, served {:?}, slowest poll {:?}, \
+                         rate leases lost {}",
+                        applied[index],
+                        served[index],
+                        slowest_poll[index],
+                        leases_lost(&instances[index]) - lost_before[index]
+                    )
+                })
+                .collect();
+            let breakdown = format!(
+                "round {round} through instance {}: publish confirmed {confirmed:?}; {}",
+                round % 3,
+                stages.join("; ")
+            );
+            slowest = Some((took, breakdown));
+        }
     }
     load_stop.cancel();
     let load = match load {
@@ -543,6 +590,9 @@ async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
         percentile(99),
         latencies[latencies.len() - 1]
     );
+    if let Some((took, breakdown)) = slowest {
+        eprintln!("propagation: the slowest round ({took:?}): {breakdown}");
+    }
 
     store.close().await;
     fleet.stop().await;
@@ -744,8 +794,11 @@ async fn an_event_ahead_of_the_store_leaves_nothing_old_in_l1_l2_or_a_rendering(
     env.clean_up().await;
 }
 
-/// A TCP proxy in front of RabbitMQ that the test can cut (every connection closed, new ones
-/// refused) and restore: one instance's broker outage while the broker serves the others.
+/// A TCP proxy the test can cut (every connection closed, new ones refused) and restore: one
+/// instance's broker outage while the broker serves the others. With `late_replies` it also
+/// holds each chunk the server sends for a random time up to that bound (in order), so that a
+/// query the server has already answered reaches the instance late: in front of MariaDB, a
+/// rebuild that read a row before a write can finish after that write's event.
 struct CuttableProxy {
     address: std::net::SocketAddr,
     open: Arc<std::sync::atomic::AtomicBool>,
@@ -754,25 +807,31 @@ struct CuttableProxy {
 
 impl CuttableProxy {
     async fn start(upstream: std::net::SocketAddr) -> Self {
+        Self::with_late_replies(upstream, Duration::ZERO).await
+    }
+
+    async fn with_late_replies(upstream: std::net::SocketAddr, late_replies: Duration) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let (cut, cuts) = tokio::sync::watch::channel(0u64);
         let accepting = Arc::clone(&open);
         tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
+            let mut connections = 0u64;
+            while let Ok((client, _)) = listener.accept().await {
                 if !accepting.load(std::sync::atomic::Ordering::SeqCst) {
                     continue;
                 }
+                connections += 1;
                 let mut cuts = cuts.clone();
                 // Only cuts after this connection opened end it.
                 cuts.borrow_and_update();
                 tokio::spawn(async move {
-                    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
                         return;
                     };
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = relay(client, server, late_replies, connections) => {}
                         _ = cuts.changed() => {}
                     }
                 });
@@ -780,7 +839,6 @@ impl CuttableProxy {
         });
         Self { address, open, cut }
     }
-
     fn url(&self) -> String {
         format!("amqp://guest:guest@{}/%2f", self.address)
     }
@@ -792,6 +850,45 @@ impl CuttableProxy {
 
     fn restore(&self) {
         self.open.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Copies both ways until either side closes; replies from the server are held for up to
+/// `late_replies` each (seeded per connection), never reordered.
+async fn relay(
+    mut client: tokio::net::TcpStream,
+    mut server: tokio::net::TcpStream,
+    late_replies: Duration,
+    seed: u64,
+) {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if late_replies.is_zero() {
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        return;
+    }
+    let (mut client_reads, mut client_writes) = client.split();
+    let (mut server_reads, mut server_writes) = server.split();
+    let requests = tokio::io::copy(&mut client_reads, &mut server_writes);
+    let replies = async {
+        let mut rng = SmallRng::seed_from_u64(0x1a7e + seed);
+        let mut chunk = vec![0u8; 16 * 1024];
+        loop {
+            let read = match server_reads.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => read,
+            };
+            let hold_ms = rng.random_range(0..=late_replies.as_millis() as u64);
+            tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+            if client_writes.write_all(&chunk[..read]).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = requests => {}
+        _ = replies => {}
     }
 }
 
@@ -1009,15 +1106,17 @@ async fn the_consistency_observer_counts_exactly_the_inconsistency_forced_on_it(
 }
 
 /// Hunts stale reads: three instances on MariaDB, Redis and RabbitMQ; a seeded writer changes
-/// rates and publishes their events through random instances (with duplicates and late, older
-/// events), concurrent readers query random keys on random instances, and one instance loses
-/// the broker in the middle. Every rate encodes its row version (`rate_bps = 1000 + version`).
+/// rates and publishes their events through random instances (with duplicates, late older
+/// events and a second write right behind the first), concurrent readers query random keys on
+/// random instances, every instance's MariaDB replies are held up to 60 ms (so rebuilds read a
+/// row and finish after the next event), and one instance loses the broker in the middle. Every rate encodes its row version (`rate_bps = 1000 + version`).
 ///
 /// Checks: a read never returns a version older than what that instance's L1 held for the key
 /// when the read started (an applied event leaves a fence at its version, so "applied v, then
 /// served older" shows up here); every key converges on every instance; the consistency
 /// observer finds nothing inconsistent at its 10 s window. Prints the counts and how many
-/// versions behind the latest committed one the reads were. `INTERLEAVING_SECS` (default 15)
+/// versions behind the latest committed one the reads were, and how many rebuilds a fence
+/// refused (at least one, or the interleaving did not happen). `INTERLEAVING_SECS` (default 15)
 /// sets how long the writer runs.
 #[tokio::test]
 async fn interleaved_writes_reads_and_an_outage_never_serve_what_an_instance_has_fenced() {
@@ -1035,8 +1134,20 @@ async fn interleaved_writes_reads_and_an_outage_never_serve_what_an_instance_has
     let env = ProductionEnv::new("interleaving").await;
     let proxy = CuttableProxy::start("127.0.0.1:5672".parse().unwrap()).await;
     let proxied = proxy.url();
+    // Every instance reads MariaDB through replies held up to 60 ms: a rebuild that read a row
+    // may finish after the next write's event reached its instance.
+    let (database, _) = authority(&env.database_url);
+    let late_store = CuttableProxy::with_late_replies(
+        database
+            .parse()
+            .expect("the test database is at an IP address"),
+        Duration::from_millis(60),
+    )
+    .await;
+    let late_store_url = authority(&env.database_url).1(late_store.address);
     let fleet = AmqpFleet::spawn(&env, "interleaving", 3, |index, settings| {
         patient(settings);
+        settings.store.mysql.url = query_api::config::Secret::new(late_store_url.clone());
         settings.events.observer.windows_ms = vec![1_000, 10_000];
         let amqp = &mut settings.events.amqp;
         amqp.reconnect_min_ms = 50;
@@ -1137,6 +1248,16 @@ async fn interleaved_writes_reads_and_an_outage_never_serve_what_an_instance_has
         let changed = event(key, version);
         publisher.publish(&changed).await.unwrap();
         events += 1;
+        if rng.random_bool(0.2) {
+            // A second write right behind the first: rebuilds started by the first event are
+            // still waiting for their rows.
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
+            let version = version + 1;
+            write(key, version).await;
+            committed[index].store(version, Ordering::SeqCst);
+            publisher.publish(&event(key, version)).await.unwrap();
+            events += 1;
+        }
         if rng.random_bool(0.1) {
             publisher.publish(&changed).await.unwrap();
             duplicates += 1;
@@ -1193,9 +1314,15 @@ async fn interleaved_writes_reads_and_an_outage_never_serve_what_an_instance_has
     }
     let mut distribution: Vec<(u64, u64)> = behind.into_iter().collect();
     distribution.sort();
+    let refused: u64 = fleet
+        .instances
+        .iter()
+        .map(|app| app.state.engine.parts().rate.stats().fenced_writes_refused)
+        .sum();
     eprintln!(
-        "interleaving: {events} events (+{duplicates} duplicates, {late} late), {reads} reads; \
-         versions behind the latest committed at the read's start: {distribution:?}"
+        "interleaving: {events} events (+{duplicates} duplicates, {late} late), {reads} reads, \
+         {refused} rate rebuilds that finished behind a fence; versions behind the latest \
+         committed at the read's start: {distribution:?}"
     );
     for (instance, app) in fleet.instances.iter().enumerate() {
         let report = app.state.consistency.report();
@@ -1215,11 +1342,29 @@ async fn interleaved_writes_reads_and_an_outage_never_serve_what_an_instance_has
     }
     assert!(violations.is_empty(), "{violations:#?}");
     assert!(reads > 100, "only {reads} reads");
+    assert!(
+        refused > 0,
+        "no rebuild finished behind a fence: the late replies did not interleave"
+    );
 
     store.close().await;
     let fleet = Arc::try_unwrap(fleet).unwrap_or_else(|_| panic!("readers are done"));
     fleet.stop().await;
     env.clean_up().await;
+}
+
+/// The `host:port` of a URL such as `mysql://root@127.0.0.1:3306/db`, and a function giving
+/// the same URL with another address in its place.
+fn authority(url: &str) -> (String, impl Fn(std::net::SocketAddr) -> String + '_) {
+    let start = url
+        .find('@')
+        .or_else(|| url.find("://").map(|at| at + 2))
+        .unwrap()
+        + 1;
+    let end = url[start..].find('/').map_or(url.len(), |at| start + at);
+    let replace =
+        move |address: std::net::SocketAddr| format!("{}{address}{}", &url[..start], &url[end..]);
+    (url[start..end].to_owned(), replace)
 }
 
 async fn wait_until_async<F: std::future::Future<Output = bool>>(
