@@ -250,6 +250,8 @@ pub struct LoadFigures {
     pub recovery: StatsSummary,
     pub non_503_5xx: u64,
     pub received_503: u64,
+    /// The 503s by the `code` of their error bodies.
+    pub received_503_by_code: BTreeMap<String, u64>,
     /// HTTP 200 ÷ logical requests, per window.
     pub answered_baseline: Option<f64>,
     pub answered_fault: Option<f64>,
@@ -339,6 +341,8 @@ pub struct ChaosReport {
     pub service_binary: String,
     pub capacity_rps: f64,
     pub capacity_source: String,
+    /// The open-loop search behind `capacity_rps` (empty with `--capacity`).
+    pub capacity_steps: Vec<CapacityStep>,
     pub main_rate_share: f64,
     pub cold_rate_rps: f64,
     pub service_env: Vec<(String, String)>,
@@ -358,7 +362,9 @@ pub struct ChaosReport {
 const FAULT_PHASE_SHARE: f64 = 0.5;
 const STATUS_EVERY: Duration = Duration::from_millis(250);
 /// Loopback source addresses the ordinary load is spread over.
-const LOAD_SOURCES: u8 = 8;
+/// 40 × the service's 256 connections per address ≥ the default `--max-in-flight` (10,000):
+/// however slow the service gets, the ordinary load never meets the per-address cap.
+const LOAD_SOURCES: u8 = 40;
 /// The large-header phase's RSS bound: RSS before + this.
 const LARGE_HEADER_RSS_ALLOWANCE: u64 = 64 * 1024 * 1024;
 
@@ -375,6 +381,8 @@ struct Timing {
     probe: Duration,
     /// Closed-loop warm-up of the probe before it counts: the catalogue's misses load first.
     probe_warmup: Duration,
+    /// One step of the open-loop capacity search (after a lead-in of `lead_in_s`).
+    search_step: Duration,
     settle: Duration,
 }
 
@@ -393,6 +401,7 @@ impl Timing {
                 drain: Duration::from_secs(3),
                 probe: Duration::from_secs(2),
                 probe_warmup: Duration::from_secs(3),
+                search_step: Duration::from_secs(2),
                 settle: Duration::from_secs(6),
             }
         } else {
@@ -408,6 +417,7 @@ impl Timing {
                 drain: Duration::from_secs(12),
                 probe: Duration::from_secs(8),
                 probe_warmup: Duration::from_secs(10),
+                search_step: Duration::from_secs(5),
                 settle: Duration::from_secs(20),
             }
         };
@@ -415,6 +425,52 @@ impl Timing {
             timing.steady_s = seconds;
         }
         timing
+    }
+}
+
+/// One rate of the open-loop capacity search and whether the service served it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CapacityStep {
+    pub offered_rps: f64,
+    pub ok_share: f64,
+    pub p99_ms: Option<f64>,
+    pub received_503: u64,
+    /// The generator's dispatch lag: past [`CapacityStep::GENERATOR_LAG_MS`] the generator,
+    /// not the service, was the limit and the search stops.
+    pub dispatch_lag_p99_ms: f64,
+    pub served: bool,
+}
+
+impl CapacityStep {
+    /// A step is served when at least this share of its requests got a 2xx …
+    const OK_SHARE: f64 = 0.995;
+    /// … and the 99th percentile stayed under this (an open loop past capacity queues without
+    /// bound: latency shows it before errors do).
+    const P99_MS: f64 = 200.0;
+    const SERVED_MEANS: &'static str = "≥ 99.5 % 2xx and p99 ≤ 200 ms";
+    const GENERATOR_LAG_MS: f64 = 20.0;
+    /// Each step up offers this much more; a refused first step is retried this much lower.
+    const UP: f64 = 1.15;
+    const DOWN: f64 = 0.85;
+    const MAX_STEPS: usize = 10;
+
+    fn judge(offered_rps: f64, run: &RunOutput) -> Self {
+        let total = &run.recorded.total;
+        let ok_share = if total.logical() == 0 {
+            0.0
+        } else {
+            total.ok_2xx() as f64 / total.logical() as f64
+        };
+        let p99_ms = total.quantile_ms(0.99);
+        let served = ok_share >= Self::OK_SHARE && p99_ms.is_some_and(|p99| p99 <= Self::P99_MS);
+        Self {
+            offered_rps,
+            ok_share,
+            p99_ms,
+            received_503: total.summary().received_503,
+            dispatch_lag_p99_ms: run.dispatch.lag_p99_ms,
+            served,
+        }
     }
 }
 
@@ -484,7 +540,7 @@ async fn run_with(
         ("REDIS_URL", redis.url()),
         // Production: the per-client limit is on, and so is the per-address connection cap of
         // config/default.toml (ServiceProcess turns both off for the other scenarios); the load
-        // is spread over 8 source addresses, the attackers have one.
+        // is spread over LOAD_SOURCES addresses, the attackers have one.
         (
             "REBATE__RESILIENCE__CLIENT_LIMIT__ENABLED",
             "true".to_owned(),
@@ -520,9 +576,9 @@ async fn run_with(
     let ticks_per_second = procfs::clock_ticks_per_second();
     // Pooled connections of the load are dropped before the server's idle timeout would.
     let pool_idle = Duration::from_millis(edge.idle_ms / 2);
-    // The simulated clients come from 8 loopback addresses (127.0.1.1–8), as real ones come from
-    // many: the service caps connections per peer (256 by default), and one address carrying
-    // the whole load would hit that cap under any latency spike. Attackers use 127.0.0.3.
+    // The simulated clients come from many loopback addresses (127.0.1.1–40), as real ones do:
+    // the service caps connections per peer (256 by default), and a few addresses carrying the
+    // whole load would hit that cap under any latency spike. Attackers use 127.0.0.3.
     let sources: Vec<std::net::IpAddr> = (1..=LOAD_SOURCES)
         .map(|last| std::net::Ipv4Addr::new(127, 0, 1, last).into())
         .collect();
@@ -586,6 +642,7 @@ async fn run_with(
         env: service_env.clone(),
     };
     let capacity_source;
+    let mut capacity_steps = Vec::new();
     if let Some(capacity) = options.capacity {
         suite.capacity = capacity;
         capacity_source = "--capacity".to_owned();
@@ -603,18 +660,37 @@ async fn run_with(
             options.seed,
         )
         .await;
-        probe_service.stop().await;
         if probe.ok_rps < 1.0 {
+            probe_service.stop().await;
             bail!("the capacity probe got no successful answers");
         }
-        suite.capacity = probe.ok_rps;
+        // A closed loop waits for each answer, so it offers less than an open loop can be
+        // served at: it is the search's first step, not the figure.
+        let steps = suite
+            .search_capacity(&probe_service, &workload, probe.ok_rps)
+            .await?;
+        probe_service.stop().await;
+        let served: Vec<&CapacityStep> = steps.iter().filter(|step| step.served).collect();
+        suite.capacity = served
+            .iter()
+            .map(|step| step.offered_rps)
+            .fold(0.0, f64::max);
+        if suite.capacity < 1.0 {
+            bail!("no step of the open-loop capacity search was served: {steps:?}");
+        }
         capacity_source = format!(
-            "closed loop ×{} over the demo catalogue (Zipf) for {:.0} s after {:.0} s uncounted, \
-             on a separate instance of the same profile ({warmed}); 2xx answers/s",
+            "the highest open-loop rate served ({}) in a search from the closed-loop figure \
+             ({:.0} 2xx/s, ×{} for {:.0} s after {:.0} s uncounted), {} steps of {:.0} s on a \
+             separate instance of the same profile ({warmed})",
+            CapacityStep::SERVED_MEANS,
+            probe.ok_rps,
             options.probe_concurrency,
             suite.timing.probe.as_secs_f64(),
-            suite.timing.probe_warmup.as_secs_f64()
+            suite.timing.probe_warmup.as_secs_f64(),
+            steps.len(),
+            suite.timing.search_step.as_secs_f64(),
         );
+        capacity_steps = steps;
     }
     eprintln!("chaos: capacity {:.0} rps", suite.capacity);
 
@@ -626,6 +702,7 @@ async fn run_with(
     .await?;
     let service_meter = CpuMeter::start(service.pid(), ticks_per_second);
     notes.push(format!("main service: {}", suite.warm(&service).await));
+    notes.push(format!("main service: {}", suite.ramp_up(&service).await?));
     let thresholds = service
         .status()
         .await
@@ -739,6 +816,7 @@ async fn run_with(
         service_binary: options.service_binary.display().to_string(),
         capacity_rps: suite.capacity,
         capacity_source,
+        capacity_steps,
         main_rate_share: FAULT_PHASE_SHARE,
         cold_rate_rps: options.cold_rate,
         service_env: service_env.clone(),
@@ -816,6 +894,116 @@ struct FaultOutcome {
 impl Suite {
     /// Asks for the 300 hottest catalogue keys (two passes, 16 at a time) so that the phases
     /// start from a warm cache; returns a note.
+    /// Finds the highest open-loop rate the service serves: steps of `search_step` from
+    /// `start_rps` up by [`CapacityStep::UP`] while each is served, or down by
+    /// [`CapacityStep::DOWN`] until one is; at most [`CapacityStep::MAX_STEPS`]. Stops early when
+    /// the generator falls behind its own schedule.
+    async fn search_capacity(
+        &self,
+        service: &ServiceProcess,
+        workload: &Workload,
+        start_rps: f64,
+    ) -> anyhow::Result<Vec<CapacityStep>> {
+        let lead_in = secs(self.timing.lead_in_s);
+        let mut steps: Vec<CapacityStep> = Vec::new();
+        let mut rate = start_rps;
+        for index in 0..CapacityStep::MAX_STEPS {
+            // Each step from level 0: a step that starts on the last one's shedding measures
+            // its hold, not the rate.
+            self.settle(service).await;
+            let plan = OpenLoop {
+                schedule: Schedule::new(vec![
+                    Segment::constant(rate, lead_in),
+                    Segment::constant(rate, self.timing.search_step),
+                ])?,
+                measure_from: lead_in,
+                phases: vec![Phase {
+                    name: "search".to_owned(),
+                    start: Duration::ZERO,
+                }],
+                max_in_flight: self.options.max_in_flight,
+                drain_timeout: self.timing.drain,
+                window: Duration::from_secs(1),
+                seed: self.options.seed.wrapping_add(500 + index as u64),
+            };
+            let run = run_open_loop(
+                &self.client,
+                &service.api,
+                workload,
+                &plan,
+                Instant::now() + Duration::from_millis(20),
+            )
+            .await;
+            let step = CapacityStep::judge(rate, &run);
+            eprintln!(
+                "chaos: capacity search {rate:.0} rps: {:.2} % 2xx, p99 {:?} ms, {}",
+                step.ok_share * 100.0,
+                step.p99_ms,
+                if step.served { "served" } else { "not served" }
+            );
+            let (served, generator_bound) = (
+                step.served,
+                step.dispatch_lag_p99_ms > CapacityStep::GENERATOR_LAG_MS,
+            );
+            let any_served_before = steps.iter().any(|step| step.served);
+            steps.push(step);
+            if generator_bound {
+                eprintln!("chaos: capacity search stopped: the generator fell behind");
+                break;
+            }
+            match (served, any_served_before) {
+                (true, _) => rate *= CapacityStep::UP,
+                (false, true) => break,
+                (false, false) => rate *= CapacityStep::DOWN,
+            }
+            // Let the queues of a step the service did not serve drain before the next.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        Ok(steps)
+    }
+
+    /// Brings a freshly started service to the phases' load the way a load balancer's slow
+    /// start would: an open loop from 10 % to 80 % of capacity over `probe_warmup`, in the
+    /// notes only. Its L1 fills from the catalogue's traffic, so the first phase measures the
+    /// phase, not a cold start (the probe instance had the same warm-up, closed loop).
+    async fn ramp_up(&self, service: &ServiceProcess) -> anyhow::Result<String> {
+        let ramp = self.timing.probe_warmup;
+        let plan = OpenLoop {
+            schedule: Schedule::new(vec![Segment::ramp(
+                self.capacity * 0.1,
+                self.capacity * 0.8,
+                ramp,
+            )])?,
+            measure_from: Duration::ZERO,
+            phases: vec![Phase {
+                name: "ramp-up".to_owned(),
+                start: Duration::ZERO,
+            }],
+            max_in_flight: self.options.max_in_flight,
+            drain_timeout: self.timing.drain,
+            window: Duration::from_secs(1),
+            seed: self.options.seed.wrapping_add(400),
+        };
+        let workload = Workload::singles(self.catalogue.clone());
+        let run = run_open_loop(
+            &self.client,
+            &service.api,
+            &workload,
+            &plan,
+            Instant::now() + Duration::from_millis(20),
+        )
+        .await;
+        Ok(format!(
+            "ramp-up: {} requests due from {:.0} to {:.0} rps over {:.0} s ({:.2} % answered \
+             2xx)",
+            plan.schedule.total_requests(),
+            self.capacity * 0.1,
+            self.capacity * 0.8,
+            ramp.as_secs_f64(),
+            run.recorded.total.ok_2xx() as f64 * 100.0 / run.recorded.total.logical().max(1) as f64
+        ))
+    }
+
     async fn warm(&self, service: &ServiceProcess) -> String {
         let keys = self.catalogue.hottest(300).to_vec();
         let started = Instant::now();
@@ -1336,6 +1524,18 @@ async fn rabbitmqctl(arguments: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// ` (overloaded 12, unavailable 3)`, or nothing without 503s.
+fn by_code(codes: &BTreeMap<String, u64>) -> String {
+    if codes.is_empty() {
+        return String::new();
+    }
+    let codes: Vec<String> = codes
+        .iter()
+        .map(|(code, count)| format!("{code} {count}"))
+        .collect();
+    format!(" ({})", codes.join(", "))
+}
+
 fn secs(seconds: f64) -> Duration {
     Duration::from_secs_f64(seconds.max(0.0))
 }
@@ -1529,6 +1729,7 @@ fn load_figures(output: &RunOutput) -> LoadFigures {
         answered_recovery: answered(&recovery),
         non_503_5xx: total.server_errors_non_503,
         received_503: total.received_503,
+        received_503_by_code: total.received_503_by_code.clone(),
         baseline,
         fault,
         recovery,
@@ -1889,6 +2090,23 @@ pub fn markdown(report: &ChaosReport) -> String {
         report.main_rate_share * 100.0,
         report.cold_rate_rps
     );
+    if !report.capacity_steps.is_empty() {
+        let steps: Vec<String> = report
+            .capacity_steps
+            .iter()
+            .map(|step| {
+                format!(
+                    "{:.0} rps → {:.2} % 2xx, p99 {} ms{}",
+                    step.offered_rps,
+                    step.ok_share * 100.0,
+                    step.p99_ms
+                        .map_or("–".to_owned(), |p99| format!("{p99:.0}")),
+                    if step.served { "" } else { " (not served)" }
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "- capacity search: {}", steps.join("; "));
+    }
     let _ = writeln!(
         out,
         "- edge timeouts: header {} ms, body {} ms, idle {} ms ({})",
@@ -2006,7 +2224,7 @@ pub fn markdown(report: &ChaosReport) -> String {
             if let Some(load) = load {
                 let _ = writeln!(
                     out,
-                    "- {label} load {:.0} rps: answered {} / {} / {}, P99 {} / {} / {} ms, admitted P99 during {} ms, 503 {}, 5xx ≠ 503 {}, business ok during {}",
+                    "- {label} load {:.0} rps: answered {} / {} / {}, P99 {} / {} / {} ms, admitted P99 during {} ms, 503 {}{}, 5xx ≠ 503 {}, business ok during {}",
                     load.offered_rps,
                     pct(load.answered_baseline),
                     pct(load.answered_fault),
@@ -2016,6 +2234,7 @@ pub fn markdown(report: &ChaosReport) -> String {
                     num(load.recovery.p99_ms),
                     num(load.fault.admitted_p99_ms),
                     load.received_503,
+                    by_code(&load.received_503_by_code),
                     load.non_503_5xx,
                     pct(load.fault.business_success_rate),
                 );
@@ -2238,6 +2457,7 @@ mod tests {
             service_binary: "target/release/rebate-query".into(),
             capacity_rps: 1000.0,
             capacity_source: "--capacity".into(),
+            capacity_steps: Vec::new(),
             main_rate_share: 0.5,
             cold_rate_rps: 50.0,
             service_env: Vec::new(),

@@ -109,6 +109,49 @@ pub struct ResponseSummary {
     pub shed_level: Option<u8>,
     /// 200 and every quote in it has `"degraded":false`.
     pub business_ok: bool,
+    /// For a 503: the error code the body gave.
+    pub refusal: Option<Refusal>,
+}
+
+/// Why the service answered 503, from the `code` of its error body: the shedder refused the
+/// request (`overloaded`), a part it needed had nothing to serve (`unavailable`), the request
+/// ran into its hard timeout (`timeout`), or a connection cap refused the connection
+/// (`too_many_connections`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Refusal {
+    Overloaded,
+    Unavailable,
+    Timeout,
+    TooManyConnections,
+    Other,
+}
+
+impl Refusal {
+    /// Scans for `"code":"…"` instead of parsing: 503s come by the thousand in a burst.
+    pub fn of_body(body: &[u8]) -> Self {
+        let Some(at) = memchr::memmem::find(body, b"\"code\":\"") else {
+            return Self::Other;
+        };
+        let code = &body[at + 8..];
+        let code = &code[..memchr::memchr(b'"', code).unwrap_or(code.len())];
+        match code {
+            b"overloaded" => Self::Overloaded,
+            b"unavailable" => Self::Unavailable,
+            b"timeout" => Self::Timeout,
+            b"too_many_connections" => Self::TooManyConnections,
+            _ => Self::Other,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Overloaded => "overloaded",
+            Self::Unavailable => "unavailable",
+            Self::Timeout => "timeout",
+            Self::TooManyConnections => "too_many_connections",
+            Self::Other => "other",
+        }
+    }
 }
 
 /// How one HTTP attempt ended.
@@ -243,6 +286,8 @@ pub struct AttemptRecord {
     /// From the moment this attempt was due to its answer: for the first attempt the request's
     /// scheduled time (so a late dispatcher stays in), for a retry the end of its wait.
     pub latency: Duration,
+    /// For a 503: why.
+    pub refusal: Option<Refusal>,
 }
 
 impl AttemptRecord {
@@ -264,6 +309,13 @@ impl Attempt {
         match self {
             Self::Response(response) => Ok(response.status),
             Self::Transport(error) => Err(*error),
+        }
+    }
+
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Self::Response(response) => response.refusal,
+            Self::Transport(_) => None,
         }
     }
 }
@@ -422,6 +474,7 @@ impl LoadClient {
             retry_after,
             shed_level,
             business_ok: status == StatusCode::OK && business_ok(&body, request.items()),
+            refusal: (status == StatusCode::SERVICE_UNAVAILABLE).then(|| Refusal::of_body(&body)),
         })
     }
 
@@ -449,6 +502,7 @@ impl LoadClient {
             log.push(AttemptRecord {
                 status: attempt.status(),
                 latency: answered.saturating_duration_since(attempt_due),
+                refusal: attempt.refusal(),
             });
             if let Attempt::Response(response) = &attempt {
                 shed_level = shed_level.max(response.shed_level);
@@ -573,6 +627,7 @@ mod tests {
             retry_after: retry_after.map(Duration::from_secs),
             shed_level: None,
             business_ok: false,
+            refusal: None,
         })
     }
 
@@ -820,6 +875,7 @@ mod tests {
             Attempt::Response(ResponseSummary {
                 status: 200,
                 business_ok: true,
+                refusal: None,
                 ..
             })
         ));
@@ -839,10 +895,27 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_is_read_from_the_error_code() {
+        let body = |code: &str| {
+            format!(r#"{{"error":{{"code":"{code}","message":"m"}},"trace_id":"t"}}"#).into_bytes()
+        };
+        assert_eq!(Refusal::of_body(&body("overloaded")), Refusal::Overloaded);
+        assert_eq!(Refusal::of_body(&body("unavailable")), Refusal::Unavailable);
+        assert_eq!(Refusal::of_body(&body("timeout")), Refusal::Timeout);
+        assert_eq!(
+            Refusal::of_body(&body("too_many_connections")),
+            Refusal::TooManyConnections
+        );
+        assert_eq!(Refusal::of_body(&body("broker")), Refusal::Other);
+        assert_eq!(Refusal::of_body(b"not json"), Refusal::Other);
+    }
+
+    #[test]
     fn admitted_means_the_service_did_the_work() {
         let record = |status| AttemptRecord {
             status,
             latency: Duration::from_millis(1),
+            refusal: None,
         };
         for status in [200, 404, 500, 502, 504] {
             assert!(record(Ok(status)).admitted(), "{status}");

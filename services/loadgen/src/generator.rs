@@ -362,6 +362,7 @@ pub async fn closed_loop_probe(
                     let record = AttemptRecord {
                         status: attempt.status(),
                         latency,
+                        refusal: attempt.refusal(),
                     };
                     let outcome = LogicalOutcome {
                         last: attempt,

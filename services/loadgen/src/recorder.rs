@@ -15,7 +15,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::client::{AttemptRecord, TransportError};
+use crate::client::{AttemptRecord, Refusal, TransportError};
 
 /// Largest latency the histograms hold (longer ones are recorded as this): 2 minutes.
 const MAX_LATENCY_MICROS: u64 = 120_000_000;
@@ -60,6 +60,8 @@ pub struct Stats {
     /// HTTP attempts of the recorded logical requests.
     attempts: u64,
     received_503: u64,
+    /// The 503s by the error code of their bodies.
+    received_503_by_code: BTreeMap<&'static str, u64>,
     received_429: u64,
     /// Attempts answered 5xx other than 503 (503 is the service's deliberate refusal).
     server_errors_non_503: u64,
@@ -82,6 +84,7 @@ impl Default for Stats {
             admitted: latency_histogram(),
             attempts: 0,
             received_503: 0,
+            received_503_by_code: BTreeMap::new(),
             received_429: 0,
             server_errors_non_503: 0,
             logical: 0,
@@ -111,7 +114,11 @@ impl Stats {
         self.attempts += attempts.len() as u64;
         for attempt in attempts {
             match attempt.status {
-                Ok(503) => self.received_503 += 1,
+                Ok(503) => {
+                    self.received_503 += 1;
+                    let code = attempt.refusal.unwrap_or(Refusal::Other).as_str();
+                    *self.received_503_by_code.entry(code).or_default() += 1;
+                }
                 Ok(429) => self.received_429 += 1,
                 Ok(500..=599) => self.server_errors_non_503 += 1,
                 _ => {}
@@ -191,6 +198,11 @@ impl Stats {
             admitted_max_ms: (!self.admitted.is_empty())
                 .then(|| self.admitted.max() as f64 / 1000.0),
             received_503: self.received_503,
+            received_503_by_code: self
+                .received_503_by_code
+                .iter()
+                .map(|(code, count)| ((*code).to_owned(), *count))
+                .collect(),
             received_429: self.received_429,
             server_errors_non_503: self.server_errors_non_503,
             by_status: self
@@ -239,6 +251,8 @@ pub struct StatsSummary {
     pub admitted_max_ms: Option<f64>,
     /// Attempts answered 503 (shed, or a dependency refused) and 429 (rate limited).
     pub received_503: u64,
+    /// The 503s by the `code` of their error bodies (`overloaded`, `unavailable`, `timeout`).
+    pub received_503_by_code: BTreeMap<String, u64>,
     pub received_429: u64,
     /// Attempts answered 5xx other than 503: errors, not deliberate refusals.
     pub server_errors_non_503: u64,
@@ -372,6 +386,7 @@ mod tests {
         AttemptRecord {
             status,
             latency: Duration::from_millis(latency_ms),
+            refusal: None,
         }
     }
 

@@ -714,6 +714,7 @@ mod tests {
                 &[AttemptRecord {
                     status: Ok(200),
                     latency: Duration::from_millis(latency_ms),
+                    refusal: None,
                 }],
             );
         }

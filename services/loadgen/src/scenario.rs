@@ -1727,12 +1727,14 @@ mod tests {
                 AttemptRecord {
                     status: Ok(503),
                     latency: Duration::from_millis(1),
+                    refusal: None,
                 };
                 attempts_each - 1
             ];
             attempts.push(AttemptRecord {
                 status: Ok(status),
                 latency: Duration::from_millis(2),
+                refusal: None,
             });
             recorder.record(
                 Duration::from_millis(index * 10),
