@@ -150,6 +150,9 @@ pub struct HttpSettings {
     pub max_connections: usize,
     /// Connections open at once from one peer address (0: no cap; use 0 behind a load balancer).
     pub max_connections_per_peer: usize,
+    /// Length of the kernel's queue of connections waiting to be accepted (`listen(2)`'s
+    /// backlog; the kernel caps it at `net.core.somaxconn`).
+    pub listen_backlog: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -638,6 +641,12 @@ impl Settings {
                 ),
             ));
         }
+        if !(16..=65_535).contains(&http.listen_backlog) {
+            return Err(invalid(
+                "http.listen_backlog",
+                format!("{} is outside 16..=65535", http.listen_backlog),
+            ));
+        }
         if !(1..=10_000).contains(&self.admin.max_connections) {
             return Err(invalid(
                 "admin.max_connections",
@@ -1042,6 +1051,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("http.request_timeout_ms"), "{error}");
+        let error = load_file("[http]\nlisten_backlog = 8\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("http.listen_backlog") && error.contains("16..=65535"),
+            "{error}"
+        );
         let error = load_file("[parts.rate]\ntier = \"fast\"\n")
             .unwrap_err()
             .to_string();

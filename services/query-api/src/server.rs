@@ -102,6 +102,21 @@ impl ConnectionStats {
     }
 }
 
+/// Binds a listener whose kernel accept queue holds `backlog` connections (tokio's and std's
+/// `bind` ask for 128). Past the backlog the kernel drops new connections and their clients
+/// retry a second later, so a flash crowd's connections would wait where nothing measures them.
+pub fn bind(address: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
+    let socket = match address {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    // As tokio's `bind` does: a restarted instance can take its port back at once.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(backlog)
+}
+
 /// Serves `router` on `listener` until `shutdown` is cancelled; then stops accepting, asks every
 /// connection to finish its current request, waits at most `drain`, and closes the rest.
 pub async fn serve(
@@ -540,6 +555,29 @@ impl AsyncWrite for BoundedIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel queues up to the backlog asked for: 250 connections to a listener that
+    /// accepts none all complete their handshakes (with the 128 of tokio's `bind`, the SYNs
+    /// past the queue are dropped and those connects hang).
+    #[tokio::test]
+    async fn the_listener_queues_the_configured_backlog() {
+        let listener = bind("127.0.0.1:0".parse().unwrap(), 300).unwrap();
+        let address = listener.local_addr().unwrap();
+        let connects: Vec<_> = (0..250)
+            .map(|_| tokio::spawn(TcpStream::connect(address)))
+            .collect();
+        let connected = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut streams = Vec::new();
+            for connect in connects {
+                streams.push(connect.await.unwrap().unwrap());
+            }
+            streams
+        })
+        .await
+        .expect("every handshake completed without an accept");
+        assert_eq!(connected.len(), 250);
+        drop(listener);
+    }
     use tokio::io::AsyncReadExt;
 
     fn limits() -> ConnectionLimits {

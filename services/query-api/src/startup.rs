@@ -320,8 +320,7 @@ impl Application {
             Arc::clone(&consistency),
         ));
 
-        let listener = TcpListener::bind(settings.http.listen)
-            .await
+        let listener = crate::server::bind(settings.http.listen, settings.http.listen_backlog)
             .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
         let admin_listener = TcpListener::bind(settings.admin.listen)
             .await
