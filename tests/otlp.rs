@@ -1,7 +1,7 @@
 //! OTLP export against a test collector (OTLP/HTTP, protobuf) in this test: a slow request's
 //! spans arrive under the trace id the client saw, with a span per dependency call; a fast,
-//! complete request under a zero sample ratio is not exported. One test in its own binary: the
-//! tracing subscriber and the exporter are process-wide.
+//! complete request under a zero sample ratio is not exported. One test in its own binary (not in
+//! the suite): the tracing subscriber and the exporter are process-wide.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

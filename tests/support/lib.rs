@@ -148,7 +148,7 @@ impl ProductionEnv {
         .expect("MySQL reachable");
         store.seed_demo().await.expect("demo catalogue seeded");
         store.close().await;
-        let prefix = format!("test-{name}-{}-{:08x}", std::process::id(), rand_suffix());
+        let prefix = format!("test-{name}-{}-{:08x}", std::process::id(), unique_suffix());
         Self {
             database_url,
             redis_url,
@@ -199,7 +199,37 @@ impl ProductionEnv {
     }
 }
 
-fn rand_suffix() -> u32 {
+/// Polls `condition` every 10 ms until it holds; panics naming `what` after 5 s.
+pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let give_up = std::time::Instant::now() + Duration::from_secs(5);
+    while !condition() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// [`wait_until`] for a condition that has to ask something (an HTTP answer, a store row);
+/// gives up after 10 s.
+pub async fn wait_until_true<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut condition: impl FnMut() -> F,
+) {
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    while !condition().await {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A suffix that keeps names (databases, key prefixes, queues) of tests running at the same
+/// time apart.
+pub fn unique_suffix() -> u32 {
     use std::time::{SystemTime, UNIX_EPOCH};
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)

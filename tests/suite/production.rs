@@ -11,7 +11,7 @@ use rebate_cache::{Envelope, SharedTier, TierEntry, TierKey};
 use rebate_domain::{ItemKey, PartKind, Product, Timestamp};
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierSettings};
 use rebate_store::CatalogRepository;
-use rebate_tests::{ProductionEnv, TestApp, event_for};
+use rebate_tests::{ProductionEnv, TestApp, event_for, unique_suffix, wait_until, wait_until_true};
 use serde_json::{Value, json};
 use upstream_sim::Endpoint;
 
@@ -50,16 +50,6 @@ fn redis_round_trips(app: &TestApp) -> u64 {
         .expect("production instances have a Redis tier")
         .stats()
         .round_trips
-}
-
-async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    for _ in 0..500 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting until {what}");
 }
 
 /// 1,000 concurrent requests for one cold item, spread over two instances: exactly one MySQL
@@ -485,7 +475,7 @@ async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
     let mut version = store.rate(key).await.unwrap().unwrap().version;
     // Under load the caches start cold: the first answers may degrade until they fill.
     for app in instances {
-        wait_until_async("the rate is served", || async {
+        wait_until_true("the rate is served", || async {
             rate_of(app, key).await.is_some()
         })
         .await;
@@ -613,7 +603,7 @@ impl AmqpFleet {
         size: usize,
         customise: impl Fn(usize, &mut query_api::Settings),
     ) -> Self {
-        let names = format!("test.{name}.{}.{:08x}", std::process::id(), rand_u32());
+        let names = format!("test.{name}.{}.{:08x}", std::process::id(), unique_suffix());
         let amqp_url = std::env::var("AMQP_URL")
             .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
         let mut instances = Vec::new();
@@ -674,7 +664,7 @@ async fn a_created_item_answers_on_every_instance_despite_cached_not_found_marke
         item: key,
         part: PartKind::Product,
     };
-    wait_until_async("L2 holds the product's not-found marker", || async {
+    wait_until_true("L2 holds the product's not-found marker", || async {
         tier.get_many(&[product_key]).await.unwrap()[0].is_some()
     })
     .await;
@@ -758,7 +748,7 @@ async fn an_event_ahead_of_the_store_leaves_nothing_old_in_l1_l2_or_a_rendering(
         item: key,
         part: PartKind::Rate,
     };
-    wait_until_async("L2 holds the fence", || async {
+    wait_until_true("L2 holds the fence", || async {
         tier.get_many(&[tier_key]).await.unwrap()[0]
             .as_ref()
             .is_some_and(|entry| entry.version == ahead)
@@ -766,7 +756,7 @@ async fn an_event_ahead_of_the_store_leaves_nothing_old_in_l1_l2_or_a_rendering(
     .await;
     // Queries in between get the store's (old) row: it is all there is.
     for app in &fleet.instances {
-        wait_until_async("the instance applied the fence", || async {
+        wait_until_true("the instance applied the fence", || async {
             app.state
                 .engine
                 .parts()
@@ -1021,7 +1011,7 @@ async fn the_consistency_observer_counts_exactly_the_inconsistency_forced_on_it(
     let held = ItemKey::parse("jd", "100201").unwrap();
     assert!(rate_of(&app, held).await.is_some());
     change_rate(held, 1_501).await;
-    wait_until_async("both windows checked the change", || async {
+    wait_until_true("both windows checked the change", || async {
         counts(&app)
             .iter()
             .all(|(consistent, _, _)| *consistent == 1)
@@ -1037,7 +1027,7 @@ async fn the_consistency_observer_counts_exactly_the_inconsistency_forced_on_it(
         part: PartKind::Rate,
     };
     let (old, version) = change_rate(broken, 1_502).await;
-    wait_until_async("the re-warm wrote the new rate to L2", || async {
+    wait_until_true("the re-warm wrote the new rate to L2", || async {
         tier.get_many(&[tier_key]).await.unwrap()[0]
             .as_ref()
             .is_some_and(|entry| entry.version == version)
@@ -1076,7 +1066,7 @@ async fn the_consistency_observer_counts_exactly_the_inconsistency_forced_on_it(
             .map(|entry| entry.version),
         Some(old.version)
     );
-    wait_until_async("both windows checked the broken change", || async {
+    wait_until_true("both windows checked the broken change", || async {
         counts(&app)
             .iter()
             .all(|(consistent, inconsistent, _)| consistent + inconsistent == 2)
@@ -1367,17 +1357,6 @@ fn authority(url: &str) -> (String, impl Fn(std::net::SocketAddr) -> String + '_
     (url[start..end].to_owned(), replace)
 }
 
-async fn wait_until_async<F: std::future::Future<Output = bool>>(
-    what: &str,
-    mut condition: impl FnMut() -> F,
-) {
-    let give_up = std::time::Instant::now() + Duration::from_secs(10);
-    while !condition().await {
-        assert!(std::time::Instant::now() < give_up, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Writes `key`'s rate row: `rate_bps` at `version`.
 async fn write_rate(store: &rebate_store::MySqlStore, key: ItemKey, version: u64, rate_bps: u64) {
     store
@@ -1403,13 +1382,6 @@ async fn rate_of(app: &TestApp, key: ItemKey) -> Option<u64> {
         .await
         .ok()?;
     body["rebate"]["rate_bps"].as_u64()
-}
-
-fn rand_u32() -> u32 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| elapsed.subsec_nanos())
-        .unwrap_or_default()
 }
 
 async fn delete_amqp_topology(url: &str, names: &str) {

@@ -1,0 +1,12 @@
+//! The black-box suite: the real `Application` on port 0 over real HTTP, against real stores,
+//! brokers and the upstream simulator. One binary with a module per area, so the application is
+//! linked once; shared helpers live in the `rebate_tests` library (`tests/support`).
+
+mod api;
+mod edge;
+mod events;
+mod metrics;
+mod observability;
+mod production;
+mod readiness;
+mod resilience;
