@@ -45,7 +45,9 @@ impl FromStr for Endpoint {
         match text {
             "coupons" => Ok(Endpoint::Coupons),
             "extras" => Ok(Endpoint::Extras),
-            other => Err(UnknownEndpoint(truncate_for_message(other))),
+            other => Err(UnknownEndpoint(rebate_domain::text::truncate_chars(
+                other, 32,
+            ))),
         }
     }
 }
@@ -79,15 +81,6 @@ impl<T> PerEndpoint<T> {
             Endpoint::Coupons => &mut self.coupons,
             Endpoint::Extras => &mut self.extras,
         }
-    }
-}
-
-/// Echoing a path segment back is useful, echoing a very long one is not.
-fn truncate_for_message(text: &str) -> String {
-    const LIMIT: usize = 32;
-    match text.char_indices().nth(LIMIT) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_owned(),
     }
 }
 

@@ -10,13 +10,13 @@ use lapin::{Channel, Connection, ConnectionProperties, Consumer, Event};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::Backoff;
 use crate::consumer::{ConsumeContext, consume};
 use crate::publisher::{AmqpPublisher, PublishError};
 use crate::settings::SettingsError;
 use crate::status::{BusStats, BusStatus, Counters};
 use crate::status::{CatchUp, CatchUpOutcome};
 use crate::{AmqpSettings, DeliveryHandler, QueueRole, topology};
+use rebate_resilience::{Backoff, Jitter};
 
 /// State shared by the supervisor, the consumers and the publishers.
 pub(crate) struct Shared {
@@ -198,10 +198,12 @@ async fn supervise(
     stop: CancellationToken,
 ) {
     let settings = &shared.settings;
-    let backoff = Backoff::new(
-        std::time::Duration::from_millis(settings.reconnect_min_ms),
-        std::time::Duration::from_millis(settings.reconnect_max_ms),
-    );
+    // Full jitter, so that a fleet does not reconnect in lockstep after a broker restart.
+    let backoff = Backoff {
+        base: std::time::Duration::from_millis(settings.reconnect_min_ms),
+        max: std::time::Duration::from_millis(settings.reconnect_max_ms),
+        jitter: Jitter::Full,
+    };
     let mut failures: u32 = 0;
     let mut ever_connected = false;
     let mut lost_at = None;
@@ -246,7 +248,8 @@ async fn supervise(
         }
         tokio::select! {
             () = stop.cancelled() => break,
-            () = tokio::time::sleep(backoff.delay(failures)) => {}
+            // After a lost connection (no failure yet) up to the minimum, then doubling.
+            () = tokio::time::sleep(backoff.delay(failures + 1)) => {}
         }
     }
     shared.mark_disconnected(None);

@@ -8,6 +8,7 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Consumer};
+use rebate_domain::text::truncate_bytes;
 
 use crate::bus::Shared;
 use crate::publisher::{PublishError, persistent_json, publish_confirmed};
@@ -160,7 +161,7 @@ async fn ack(delivery: &Delivery, role: QueueRole) {
 fn original_routing_key(message_headers: &FieldTable, delivery: &Delivery) -> String {
     // AMQP routing keys are at most 255 bytes; a foreign header could claim a longer one.
     headers::text(message_headers, headers::ORIGINAL_ROUTING_KEY)
-        .map(|key| truncate(&key, 255).to_owned())
+        .map(|key| truncate_bytes(&key, 255).to_owned())
         .unwrap_or_else(|| delivery.routing_key.as_str().to_owned())
 }
 
@@ -216,11 +217,11 @@ async fn dead_letter(
     let text = |value: &str| AMQPValue::LongString(LongString::from(value));
     message_headers.insert(
         headers::DEATH_REASON.into(),
-        text(truncate(reason, MAX_REASON_BYTES)),
+        text(truncate_bytes(reason, MAX_REASON_BYTES)),
     );
     message_headers.insert(
         headers::DEATH_CODE.into(),
-        text(truncate(code, MAX_REASON_BYTES)),
+        text(truncate_bytes(code, MAX_REASON_BYTES)),
     );
     message_headers.insert(
         headers::DELIVERIES.into(),
@@ -246,27 +247,4 @@ async fn dead_letter(
 
 fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-fn truncate(text: &str, max_bytes: usize) -> &str {
-    if text.len() <= max_bytes {
-        return text;
-    }
-    let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn truncate_respects_char_boundaries() {
-        assert_eq!(truncate("héllo", 2), "h");
-        assert_eq!(truncate("héllo", 3), "hé");
-        assert_eq!(truncate("abc", 10), "abc");
-    }
 }

@@ -29,7 +29,6 @@
 //! way, but at `max_deliveries` it is acknowledged and counted in [`BusStats::abandoned`] instead
 //! of dead-lettered. Dead letters are for input that was never acceptable.
 
-mod backoff;
 mod bus;
 mod consumer;
 pub mod events;

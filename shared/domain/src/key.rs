@@ -47,7 +47,9 @@ impl FromStr for Platform {
             "taobao" => Ok(Platform::Taobao),
             "jd" => Ok(Platform::Jd),
             "pdd" => Ok(Platform::Pdd),
-            other => Err(KeyError::UnknownPlatform(truncate_for_message(other))),
+            other => Err(KeyError::UnknownPlatform(crate::text::truncate_chars(
+                other, 32,
+            ))),
         }
     }
 }
@@ -173,15 +175,6 @@ impl ItemKey {
 impl fmt::Display for ItemKey {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(formatter, "{}:{}", self.platform, self.item_id)
-    }
-}
-
-/// Echoing client input back in an error is useful, echoing megabytes of it is not.
-fn truncate_for_message(text: &str) -> String {
-    const LIMIT: usize = 32;
-    match text.char_indices().nth(LIMIT) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_owned(),
     }
 }
 

@@ -17,6 +17,7 @@ pub mod error;
 pub mod key;
 pub mod money;
 pub mod part;
+pub mod text;
 pub mod time;
 
 pub use error::ErrorCode;

@@ -298,13 +298,7 @@ pub struct Fence {
 
 /// Keeps echoed input short in dead-letter reasons and logs.
 pub(crate) fn truncate_for_message(text: &str) -> String {
-    const LIMIT: usize = 40;
-    if text.chars().count() <= LIMIT {
-        return text.to_owned();
-    }
-    let mut short: String = text.chars().take(LIMIT).collect();
-    short.push('…');
-    short
+    rebate_domain::text::truncate_chars(text, 40)
 }
 
 #[cfg(test)]

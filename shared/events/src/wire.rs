@@ -293,20 +293,11 @@ fn rejection_from_serde(error: serde_json::Error) -> Rejection {
                 Some(name) if message.starts_with("duplicate field") => {
                     Rejection::DuplicateField(name)
                 }
-                _ => Rejection::WrongType(truncate_chars(&full_message, 200)),
+                // Serde echoes offending strings whole; dead-letter reasons stay short.
+                _ => Rejection::WrongType(rebate_domain::text::truncate_chars(&full_message, 200)),
             }
         }
     }
-}
-
-/// Serde echoes offending strings whole; dead-letter reasons stay short.
-fn truncate_chars(text: &str, limit: usize) -> String {
-    if text.chars().count() <= limit {
-        return text.to_owned();
-    }
-    let mut short: String = text.chars().take(limit).collect();
-    short.push('…');
-    short
 }
 
 fn first_backticked(message: &str) -> Option<&str> {

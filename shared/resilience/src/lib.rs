@@ -24,6 +24,6 @@ pub use breaker::{
 };
 pub use bulkhead::{Bulkhead, BulkheadFull, BulkheadPermit, BulkheadSnapshot};
 pub use quota::{KeyedLimiter, QuotaExceeded, RateConfig, TokenBucket};
-pub use retry::{Backoff, RetryBudget, RetryConfig};
+pub use retry::{Backoff, Jitter, RetryBudget, RetryConfig};
 pub use shedder::{Admission, LevelController, LoadShedder, ShedConfig, ShedLevel, ShedSnapshot};
 pub use ticker::{ManualTicker, MonotonicTicker, Ticker};

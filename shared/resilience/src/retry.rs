@@ -122,23 +122,40 @@ impl RetryBudget {
     }
 }
 
-/// Exponential back-off with "equal jitter": retry `n` (1-based) waits a uniform time in
-/// `[d/2, d]` where `d = min(base × 2^(n−1), max)`, so retries of many clients spread out but
-/// never collapse to zero.
+/// Exponential back-off: retry `n` (1-based) waits a random time up to
+/// `d = min(base × 2^(n−1), max)`, spread by its [`Jitter`] so that the retries of many clients
+/// (or the reconnects of a fleet) do not arrive in lockstep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
     pub base: Duration,
     pub max: Duration,
+    pub jitter: Jitter,
+}
+
+/// How a [`Backoff`] spreads its delay below the ceiling `d`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Jitter {
+    /// Uniform in `[d/2, d]`: spread, yet never collapsing to an immediate retry (calls).
+    Equal,
+    /// Uniform in `[0, d]`: the widest spread (a fleet reconnecting after a broker restart).
+    Full,
 }
 
 impl Backoff {
-    pub fn delay(&self, retry: u32) -> Duration {
+    /// The ceiling of retry `retry`'s delay (1-based; 0 counts as 1).
+    pub fn cap(&self, retry: u32) -> Duration {
         let doubling = retry.saturating_sub(1).min(20);
-        let ceiling = self.base.saturating_mul(1 << doubling).min(self.max);
-        let half = ceiling / 2;
-        let jitter_nanos =
-            rand::rng().random_range(0..=ceiling.as_nanos() as u64 - half.as_nanos() as u64);
-        half + Duration::from_nanos(jitter_nanos)
+        self.base.saturating_mul(1 << doubling).min(self.max)
+    }
+
+    pub fn delay(&self, retry: u32) -> Duration {
+        let ceiling = self.cap(retry);
+        let floor = match self.jitter {
+            Jitter::Equal => ceiling / 2,
+            Jitter::Full => Duration::ZERO,
+        };
+        let spread = u64::try_from(ceiling.saturating_sub(floor).as_nanos()).unwrap_or(u64::MAX);
+        floor + Duration::from_nanos(rand::rng().random_range(0..=spread))
     }
 }
 
@@ -147,6 +164,7 @@ impl From<&RetryConfig> for Backoff {
         Self {
             base: config.base_backoff,
             max: config.max_backoff,
+            jitter: Jitter::Equal,
         }
     }
 }
@@ -206,6 +224,7 @@ mod tests {
         let backoff = Backoff {
             base: Duration::from_millis(10),
             max: Duration::from_millis(100),
+            jitter: Jitter::Equal,
         };
         for _ in 0..200 {
             let first = backoff.delay(1);
@@ -215,6 +234,32 @@ mod tests {
             let late = backoff.delay(30);
             assert!(late >= Duration::from_millis(50) && late <= Duration::from_millis(100));
         }
+    }
+
+    #[test]
+    fn full_jitter_spreads_from_zero_to_the_doubling_cap() {
+        let backoff = Backoff {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(10),
+            jitter: Jitter::Full,
+        };
+        assert_eq!(backoff.cap(1), Duration::from_millis(200));
+        assert_eq!(backoff.cap(2), Duration::from_millis(400));
+        assert_eq!(backoff.cap(6), Duration::from_millis(6_400));
+        assert_eq!(backoff.cap(7), Duration::from_secs(10));
+        assert_eq!(backoff.cap(u32::MAX), Duration::from_secs(10));
+        let delays: Vec<Duration> = (0..200).map(|_| backoff.delay(3)).collect();
+        assert!(
+            delays
+                .iter()
+                .all(|delay| *delay <= Duration::from_millis(800))
+        );
+        assert!(
+            delays
+                .iter()
+                .any(|delay| *delay < Duration::from_millis(400)),
+            "full jitter reaches below half the cap"
+        );
     }
 
     #[test]
