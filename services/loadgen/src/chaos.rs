@@ -435,7 +435,7 @@ pub struct CapacityStep {
     pub ok_share: f64,
     pub p99_ms: Option<f64>,
     pub received_503: u64,
-    /// The generator's dispatch lag: past [`CapacityStep::GENERATOR_LAG_MS`] the generator,
+    /// The generator's dispatch lag: past 20 ms (`GENERATOR_LAG_MS`) the generator,
     /// not the service, was the limit and the search stops.
     pub dispatch_lag_p99_ms: f64,
     pub served: bool,

@@ -77,7 +77,7 @@ struct SoakArgs {
 
 #[derive(Debug, clap::Args)]
 struct CommonArgs {
-    /// Report directory (default target/loadgen/<timestamp>-<command>/).
+    /// Report directory (default target/loadgen/TIMESTAMP-COMMAND/).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// The service binary (default target/release/rebate-query, built first).
@@ -141,7 +141,7 @@ struct RunArgs {
     /// Shrink every duration about ten times (2–3 s per run), for CI.
     #[arg(long)]
     quick: bool,
-    /// Report directory (default target/loadgen/<timestamp>/).
+    /// Report directory (default target/loadgen/TIMESTAMP/).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Capacity in requests/s to scale loads to, instead of measuring it in this run.

@@ -40,7 +40,7 @@ pub struct ObserverSettings {
     pub max_pending: u64,
 }
 
-/// What one check found; its discriminant indexes [`WindowCounts::by_outcome`].
+/// What one check found; its discriminant indexes `WindowCounts::by_outcome`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Consistent,
