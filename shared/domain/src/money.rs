@@ -148,7 +148,7 @@ mod tests {
 
     #[test]
     fn contract_example() {
-        // DESIGN.md: price 129.00, coupon 10.00 off from 99.00, rate 8.5 % → 10.11
+        // The contract's example: price 129.00, coupon 10.00 off from 99.00, rate 8.5 % → 10.11
         let coupons = [coupon(1000, 9900, 2_000_000)];
         let rate = RateBps::try_from(850u64).unwrap();
         assert_eq!(

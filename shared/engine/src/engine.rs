@@ -17,18 +17,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::quote::{DegradeReason, PartResult, Quote, assemble};
+use crate::error::{DegradeReason, QueryError};
+use crate::quote::{PartResult, Quote, assemble};
 use crate::rendered::{QuoteAnswer, RenderTicket, RenderedQuotes, RenderedStats};
 use crate::tier::{Tier, TimeoutTiers};
-
-/// Why there is no quote at all. Everything else degrades inside the quote.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum QueryError {
-    #[error("item not found (delisted: {delisted})")]
-    NotFound { delisted: bool },
-    #[error("product source unavailable ({reason:?}) and nothing stale is cached")]
-    Unavailable { reason: DegradeReason },
-}
 
 /// The four part caches the engine reads through, with each part's timeout.
 #[derive(Debug, Clone)]

@@ -14,22 +14,24 @@
 //!
 //! # Layout
 //! - [`tier`]: [`Tier`], [`TimeoutTiers`]: how long each part may take.
-//! - [`quote`]: [`Quote`] and its views, the degrade vocabulary, and [`assemble`].
+//! - [`error`]: [`DegradeReason`] (why a part is not live) and [`QueryError`] (why there is no
+//!   quote).
+//! - [`quote`]: [`Quote`] and its views, and [`assemble`].
 //! - [`engine`]: [`QueryEngine`], the fan-out.
 //! - [`rendered`]: [`RenderedQuotes`], complete quotes kept as JSON until an input changes, so a
 //!   hot item costs one lookup ([`QueryEngine::answer_at`]).
 
 pub mod engine;
+pub mod error;
 pub mod quote;
 pub mod rendered;
 pub mod tier;
 
 pub use engine::{
-    CacheOnlyLoads, EngineMode, EngineParts, EngineSettings, PartTimeouts, QueryEngine, QueryError,
+    CacheOnlyLoads, EngineMode, EngineParts, EngineSettings, PartTimeouts, QueryEngine,
 };
-pub use quote::{
-    DegradeReason, DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble,
-};
+pub use error::{DegradeReason, QueryError};
+pub use quote::{DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble};
 pub use rendered::{QuoteAnswer, RenderedQuote, RenderedQuotes, RenderedStats};
 pub use tier::{Tier, TimeoutTiers};
 
