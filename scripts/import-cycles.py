@@ -27,6 +27,8 @@ def crate_graph(src: pathlib.Path) -> dict:
         text = file.read_text(errors="replace")
         # `#[cfg(test)] mod tests` blocks may import anything of their parent: skip them.
         text = text.split("#[cfg(test)]\nmod tests")[0]
+        # Comments name modules without importing them.
+        text = "\n".join(line.split("//")[0] for line in text.splitlines())
         for match in PATH_RE.finditer(text):
             anchor, rest = match.group(1), match.group(2).split("::")[1:]
             base = () if anchor == "crate" else module[:-1]

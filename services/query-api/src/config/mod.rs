@@ -1,6 +1,13 @@
 //! Typed, validated configuration: the embedded `config/default.toml`, then an optional file,
 //! then `REBATE__SECTION__KEY` environment variables, each overriding the one before.
 
+pub mod resilience;
+
+pub use resilience::{
+    BreakerDefaults, ClientLimitSettings, DependencyConfig, ResilienceSettings, RetrySettings,
+    SheddingSettings,
+};
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,10 +20,8 @@ use rebate_engine::{PartTimeouts, Tier, TimeoutTiers};
 use rebate_telemetry::LogFormat;
 use serde::Deserialize;
 
-use crate::protection::ResilienceSettings;
-
 /// The defaults every instance starts from; a config file only names what it changes.
-pub const DEFAULT_CONFIG: &str = include_str!("../../../config/default.toml");
+pub const DEFAULT_CONFIG: &str = include_str!("../../../../config/default.toml");
 
 /// Prefix of environment overrides: `REBATE__HTTP__LISTEN` sets `http.listen`.
 pub const ENV_PREFIX: &str = "REBATE__";
@@ -49,7 +54,7 @@ fn reqwest_free_url_check(url: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
+pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         field,
         reason: reason.into(),
