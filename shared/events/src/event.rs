@@ -9,20 +9,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::rejection::Rejection;
 
-/// At most this many item ids travel in one event, so that one message stays small and one
-/// failing re-warm does not hold up thousands of items. Publishers split larger batches.
-pub const MAX_ITEMS_PER_EVENT: usize = 100;
-
-/// The highest data version an event may carry: 2^53 − 1, JavaScript's `Number.MAX_SAFE_INTEGER`.
-///
-/// Versions travel as JSON numbers, and every consumer of the body — a browser console, a
-/// `jq` pipeline, a dashboard written in JS — must read the same number we fence with; above
-/// 2^53 − 1 doubles round and two different versions compare equal. The bound also keeps every
-/// version inside the store's signed 64-bit `version` column (a fence at a version no row can
-/// reach would hide the item until the fence expires), and leaves room for any sane producer:
-/// counters, and Unix timestamps in milliseconds or microseconds (1.8 × 10^15 in 2027). Valid
-/// versions are therefore `1 ..= MAX_VERSION`.
-pub const MAX_VERSION: u64 = (1 << 53) - 1;
+pub use crate::limits::{MAX_ITEMS_PER_EVENT, MAX_VERSION};
 
 /// The identity of one event, used to drop duplicates (brokers deliver at least once).
 ///

@@ -22,6 +22,7 @@
 pub mod bus;
 pub mod dedupe;
 pub mod event;
+pub mod limits;
 pub mod rejection;
 pub mod wire;
 

@@ -3,8 +3,7 @@
 
 use rebate_domain::{ItemId, KeyError};
 
-use crate::event::{MAX_ITEMS_PER_EVENT, MAX_VERSION};
-use crate::wire::{MAX_BODY_BYTES, SCHEMA_VERSION};
+use crate::limits::{MAX_BODY_BYTES, MAX_ITEMS_PER_EVENT, MAX_VERSION, SCHEMA_VERSION};
 
 /// One precise reason an event is not acceptable, whether received or built locally.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -15,16 +15,11 @@ use rebate_domain::{ItemId, Platform, Timestamp};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use crate::event::{EventId, EventKind, InvalidationEvent, MAX_ITEMS_PER_EVENT};
+use crate::event::{EventId, EventKind, InvalidationEvent};
+use crate::limits::MAX_ITEMS_PER_EVENT;
 use crate::rejection::Rejection;
 
-/// The schema this crate writes and the only one it reads. A change that old consumers cannot
-/// read bumps it; consumers are upgraded first.
-pub const SCHEMA_VERSION: u64 = 1;
-
-/// Bodies above this are refused unparsed. A valid event is under 4 KiB; the margin is for
-/// whitespace, not for growth.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
+pub use crate::limits::{MAX_BODY_BYTES, SCHEMA_VERSION};
 
 /// The prefix of a signature value, naming the algorithm so that it can change later.
 pub const SIGNATURE_PREFIX: &str = "sha256=";
@@ -647,7 +642,7 @@ mod tests {
             prop::sample::select(EventKind::ALL.to_vec()),
             prop::sample::select(Platform::ALL.to_vec()),
             prop::collection::hash_set(any::<u64>(), 1..=MAX_ITEMS_PER_EVENT),
-            1..=crate::event::MAX_VERSION,
+            1..=crate::limits::MAX_VERSION,
             0i64..4_102_444_800,
         )
             .prop_map(|(event_id, kind, platform, item_ids, version, seconds)| {
