@@ -7,7 +7,8 @@
 //!
 //! # Layout
 //! - [`key`]: [`Platform`], [`ItemId`], [`ItemKey`]: what a client asks about.
-//! - [`money`]: [`Cents`], [`RateBps`] and [`estimate_rebate`], the rebate formula.
+//! - [`money`]: [`Cents`] and [`RateBps`].
+//! - [`rebate`]: [`estimate_rebate`] and [`best_coupon`], the rebate formula.
 //! - [`part`]: the four parts a quote is assembled from ([`Product`], [`RebateRate`],
 //!   [`Coupon`], [`Extras`]) and [`PartKind`].
 //! - [`time`]: [`Timestamp`], wall-clock milliseconds shared by every tier.
@@ -17,11 +18,13 @@ pub mod error;
 pub mod key;
 pub mod money;
 pub mod part;
+pub mod rebate;
 pub mod text;
 pub mod time;
 
 pub use error::ErrorCode;
 pub use key::{ItemId, ItemKey, KeyError, Platform};
-pub use money::{Cents, MoneyError, RateBps, best_coupon, estimate_rebate};
+pub use money::{Cents, MoneyError, RateBps};
 pub use part::{Coupon, Extras, PartKind, Product, ProductStatus, RebateRate};
+pub use rebate::{best_coupon, estimate_rebate};
 pub use time::{Timestamp, TimestampError};
