@@ -8,11 +8,38 @@
 //! existing 0644 file does not keep its mode). If any of that fails, the service does not start.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 
 use crate::config::Settings;
-use crate::http::admin::AdminToken;
+
+/// The admin token, compared in constant time.
+#[derive(Clone)]
+pub struct AdminToken(Arc<str>);
+
+impl AdminToken {
+    pub fn new(token: impl Into<Arc<str>>) -> Self {
+        Self(token.into())
+    }
+
+    /// Constant-time in the token's length: no early exit on the first differing byte.
+    pub(crate) fn matches(&self, offered: &str) -> bool {
+        let expected = self.0.as_bytes();
+        let offered = offered.as_bytes();
+        let mut difference = expected.len() ^ offered.len();
+        for (index, byte) in expected.iter().enumerate() {
+            difference |= usize::from(byte ^ offered.get(index).copied().unwrap_or(!byte));
+        }
+        difference == 0
+    }
+}
+
+impl std::fmt::Debug for AdminToken {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("AdminToken(***)")
+    }
+}
 
 /// Why the token file could not be written safely.
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,11 @@
 //!
 //! # Layout
 //! - [`config`]: [`Settings`], loaded from the embedded defaults, a file and the environment.
-//! - [`startup`]: [`Application`], [`AppState`].
+//! - [`startup`]: [`Application`]: wiring only (`startup/store.rs` opens the store and the L2
+//!   tier, `startup/engine.rs` builds the part caches and the engine).
+//! - [`state`]: [`AppState`], what every handler and middleware shares.
+//! - [`event_bus`]: [`EventBus`](event_bus::EventBus), in process or RabbitMQ, with one set of
+//!   counters.
 //! - [`admin_token`]: the admin listener's bearer token and its file.
 //! - [`background`]: Bloom filter builds and warm-up, under the same shutdown token.
 //! - [`invalidation`]: applies operators' change events to the caches (fences, re-warm).
@@ -30,6 +34,7 @@ pub mod admin_token;
 pub mod background;
 pub mod config;
 pub mod consistency;
+pub mod event_bus;
 pub mod http;
 pub mod invalidation;
 pub mod lifecycle;
@@ -39,6 +44,8 @@ pub mod protection;
 pub mod server;
 pub mod slow;
 pub mod startup;
+pub mod state;
 
 pub use config::Settings;
-pub use startup::{AppState, Application};
+pub use startup::Application;
+pub use state::AppState;

@@ -2,7 +2,7 @@
 //!
 //! Three kinds of numbers, each kept where it is cheapest:
 //! - **recorded per event** here: request latency by route, status and degradation
-//!   ([`track_requests`]), answers by outcome, and dependency calls by outcome ([`CallObserver`]);
+//!   (fed by `crate::http::middleware::track_requests`), answers by outcome, and dependency calls by outcome ([`CallObserver`]);
 //! - **read at scrape time** from the counters the caches, guards, shedder and event bus keep
 //!   anyway ([`StateCollector`]), so nothing is counted twice;
 //! - **derived at scrape time**: the business success ratio, for dashboards without PromQL.
@@ -14,9 +14,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
-use axum::response::Response;
+use axum::extract::MatchedPath;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
@@ -31,11 +29,10 @@ use rebate_cache::CacheStatsSnapshot;
 use rebate_engine::QueryEngine;
 use rebate_resilience::BreakerState;
 use rebate_sources::{CallObserver, CallOutcome};
-use tokio::time::Instant;
 
-use crate::http::items::Answered;
+use crate::consistency::ConsistencyObserver;
+use crate::event_bus::EventBus;
 use crate::protection::Protection;
-use crate::startup::EventBus;
 
 /// What `/metrics` answers with: the OpenMetrics text format that `prometheus-client` encodes
 /// (Prometheus scrapes it natively).
@@ -53,6 +50,20 @@ fn latency_histogram() -> Histogram {
 }
 
 type LatencyFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// What one request answered per item (the business success ratio is complete answers ÷ all
+/// answers). The item handlers attach it to their response; the request middleware hands it to
+/// [`Metrics::record_request`] and the slow-request log. Error responses carry none; they are
+/// counted as failed answers from their status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Answered {
+    /// Items answered with every part live.
+    pub complete: u32,
+    /// Items answered with at least one part stale or template.
+    pub degraded: u32,
+    /// Items answered with an error (batch lines only).
+    pub failed: u32,
+}
 
 /// The service's metrics registry and the handles the hot path records into.
 #[derive(Debug)]
@@ -284,29 +295,6 @@ impl EncodeMetric for AnswerFamily {
     }
 }
 
-/// API middleware: times the request and records its route, final status (429s, 503s and
-/// timeouts of the layers below included) and answers. Sits just inside the trace layer.
-pub async fn track_requests(
-    State(metrics): State<Arc<Metrics>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .cloned()
-        .map_or(Route::Other, Route::Matched);
-    let started = Instant::now();
-    let response = next.run(request).await;
-    metrics.record_request(
-        &route,
-        response.status().as_u16(),
-        response.extensions().get::<Answered>().copied(),
-        started.elapsed(),
-    );
-    response
-}
-
 /// One part cache's counters, read once per scrape.
 struct PartStats {
     part: &'static str,
@@ -338,7 +326,7 @@ pub struct StateCollector {
     engine: QueryEngine,
     protection: Arc<Protection>,
     events: EventBus,
-    consistency: Arc<crate::consistency::ConsistencyObserver>,
+    consistency: Arc<ConsistencyObserver>,
 }
 
 impl StateCollector {
@@ -346,7 +334,7 @@ impl StateCollector {
         engine: QueryEngine,
         protection: Arc<Protection>,
         events: EventBus,
-        consistency: Arc<crate::consistency::ConsistencyObserver>,
+        consistency: Arc<ConsistencyObserver>,
     ) -> Self {
         Self {
             consistency,
@@ -844,13 +832,6 @@ fn single_gauge<V: prometheus_client::encoding::EncodeGaugeValue>(
 
 #[cfg(test)]
 mod tests {
-    use axum::Router;
-    use axum::body::Body;
-    use axum::http::StatusCode;
-    use axum::response::IntoResponse;
-    use axum::routing::get;
-    use tower::ServiceExt;
-
     use super::*;
 
     fn sample<'a>(text: &'a str, series: &str) -> Option<&'a str> {
@@ -884,58 +865,6 @@ mod tests {
         );
         assert_eq!(sample(&text, "rebate_business_success_ratio"), Some("0.75"));
         assert!(text.ends_with("# EOF\n"), "{text}");
-    }
-
-    #[tokio::test]
-    async fn requests_are_labelled_by_route_template_never_the_raw_path() {
-        let metrics = Arc::new(Metrics::new());
-        let router = Router::new()
-            .route(
-                "/items/{id}",
-                get(
-                    |axum::extract::Path(id): axum::extract::Path<u32>| async move {
-                        if id == 404 {
-                            return StatusCode::NOT_FOUND.into_response();
-                        }
-                        let mut response = "ok".into_response();
-                        response.extensions_mut().insert(Answered {
-                            complete: 0,
-                            degraded: 1,
-                            failed: 0,
-                        });
-                        response
-                    },
-                ),
-            )
-            .fallback(|| async { StatusCode::NOT_FOUND })
-            .layer(axum::middleware::from_fn_with_state(
-                Arc::clone(&metrics),
-                track_requests,
-            ));
-        for path in ["/items/1", "/items/2", "/items/404", "/nowhere"] {
-            let request = Request::get(path).body(Body::empty()).unwrap();
-            router.clone().oneshot(request).await.unwrap();
-        }
-
-        let text = metrics.encode().unwrap();
-        let series = |route: &str, status: u16, degraded: bool| {
-            format!(
-                r#"rebate_http_request_duration_seconds_count{{route="{route}",status="{status}",degraded="{degraded}"}}"#
-            )
-        };
-        assert_eq!(sample(&text, &series("/items/{id}", 200, true)), Some("2"));
-        assert_eq!(sample(&text, &series("/items/{id}", 404, false)), Some("1"));
-        assert_eq!(sample(&text, &series("other", 404, false)), Some("1"));
-        assert!(!text.contains("/items/1"), "{text}");
-        // The error on the item route is a failed answer; the unknown path answered no item.
-        assert_eq!(
-            sample(&text, r#"rebate_answers_total{outcome="failed"}"#),
-            Some("1")
-        );
-        assert_eq!(
-            sample(&text, r#"rebate_answers_total{outcome="degraded"}"#),
-            Some("2")
-        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The supervisor: connect, declare, consume, and reconnect with backoff until shutdown.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use chrono::Utc;
 use futures::StreamExt;
@@ -13,70 +13,11 @@ use tokio_util::sync::CancellationToken;
 use crate::consumer::{ConsumeContext, consume};
 use crate::publisher::{AmqpPublisher, PublishError};
 use crate::settings::SettingsError;
-use crate::status::{BusStats, BusStatus, Counters};
+use crate::shared::Shared;
+use crate::status::{BusStats, BusStatus};
 use crate::status::{CatchUp, CatchUpOutcome};
 use crate::{AmqpSettings, DeliveryHandler, QueueRole, topology};
 use rebate_resilience::{Backoff, Jitter};
-
-/// State shared by the supervisor, the consumers and the publishers.
-pub(crate) struct Shared {
-    pub(crate) settings: AmqpSettings,
-    pub(crate) counters: Counters,
-    status: Mutex<BusStatus>,
-    /// The confirm-mode channel of the live connection; `None` while disconnected.
-    publish_channel: Mutex<Option<Channel>>,
-}
-
-impl Shared {
-    pub(crate) fn publish_channel(&self) -> Option<Channel> {
-        self.publish_channel
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn status(&self) -> BusStatus {
-        self.status
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn mark_connected(&self, channel: Channel, is_reconnect: bool) {
-        *self
-            .publish_channel
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(channel);
-        let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
-        status.connected = true;
-        status.since = Some(Utc::now());
-        if is_reconnect {
-            status.reconnects += 1;
-        }
-    }
-
-    fn record_catch_up(&self, catch_up: CatchUp) {
-        self.status
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .last_catch_up = Some(catch_up);
-    }
-
-    fn mark_disconnected(&self, error: Option<String>) {
-        *self
-            .publish_channel
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = None;
-        let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
-        if status.connected || status.since.is_none() {
-            status.since = Some(Utc::now());
-        }
-        status.connected = false;
-        if error.is_some() {
-            status.last_error = error;
-        }
-    }
-}
 
 /// A running connection to the broker: consumes the broadcast and the shared queue, publishes with
 /// confirms, and reconnects on its own. Dropping it (or cancelling the shutdown token) stops it.
@@ -107,18 +48,7 @@ impl AmqpBus {
         shutdown: CancellationToken,
     ) -> Result<Self, SettingsError> {
         settings.validate()?;
-        let shared = Arc::new(Shared {
-            settings,
-            counters: Counters::default(),
-            status: Mutex::new(BusStatus {
-                connected: false,
-                since: None,
-                reconnects: 0,
-                last_error: None,
-                last_catch_up: None,
-            }),
-            publish_channel: Mutex::new(None),
-        });
+        let shared = Arc::new(Shared::new(settings));
         let stop = shutdown.child_token();
         let supervisor = tokio::spawn(supervise(Arc::clone(&shared), handler, stop.clone()));
         Ok(Self {

@@ -10,8 +10,8 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Consumer};
 use rebate_domain::text::truncate_bytes;
 
-use crate::bus::Shared;
 use crate::publisher::{PublishError, persistent_json, publish_confirmed};
+use crate::shared::Shared;
 use crate::status::bump;
 use crate::{DeliveryError, DeliveryHandler, QueueRole, headers};
 

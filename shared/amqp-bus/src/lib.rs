@@ -36,6 +36,7 @@ mod handler;
 pub mod headers;
 mod publisher;
 mod settings;
+mod shared;
 mod status;
 mod topology;
 

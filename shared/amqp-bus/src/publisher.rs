@@ -7,8 +7,8 @@ use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel, Confirmation};
 
-use crate::bus::Shared;
 use crate::headers;
+use crate::shared::Shared;
 use crate::status::bump;
 
 /// Why a publish did not reach the broker; callers (admin endpoint, CLI) report it and may retry.

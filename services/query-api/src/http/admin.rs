@@ -24,35 +24,10 @@ use tokio::time::Instant;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use super::items::{BatchRequest, parse_key};
+use crate::admin_token::AdminToken;
+use crate::event_bus::EventBus;
 use crate::lifecycle::Phase;
-use crate::startup::{AppState, EventBus};
-
-/// The admin token, compared in constant time.
-#[derive(Clone)]
-pub struct AdminToken(Arc<str>);
-
-impl AdminToken {
-    pub fn new(token: impl Into<Arc<str>>) -> Self {
-        Self(token.into())
-    }
-
-    /// Constant-time in the token's length: no early exit on the first differing byte.
-    fn matches(&self, offered: &str) -> bool {
-        let expected = self.0.as_bytes();
-        let offered = offered.as_bytes();
-        let mut difference = expected.len() ^ offered.len();
-        for (index, byte) in expected.iter().enumerate() {
-            difference |= usize::from(byte ^ offered.get(index).copied().unwrap_or(!byte));
-        }
-        difference == 0
-    }
-}
-
-impl std::fmt::Debug for AdminToken {
-    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.write_str("AdminToken(***)")
-    }
-}
+use crate::state::AppState;
 
 pub fn router(state: AppState, token: AdminToken) -> Router {
     let protected = Router::new()

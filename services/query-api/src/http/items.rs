@@ -15,7 +15,8 @@ use tokio::time::Instant;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiJson, ApiPath};
-use crate::startup::AppState;
+use crate::metrics::Answered;
+use crate::state::AppState;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -24,19 +25,6 @@ pub fn router() -> Router<AppState> {
             get(item_rebate),
         )
         .route("/api/v1/items:batch", post(batch_rebate))
-}
-
-/// What a request answered, per item, for the business success rate (complete, non-degraded
-/// answers ÷ all answers): carried in the response's extensions for the metrics middleware.
-/// Error responses carry none; they are counted as failed answers from their status.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Answered {
-    /// Items answered with every part live.
-    pub complete: u32,
-    /// Items answered with at least one part stale or template.
-    pub degraded: u32,
-    /// Items answered with an error (batch lines only).
-    pub failed: u32,
 }
 
 /// A quote with the request's trace id, the success body of the single-item route.

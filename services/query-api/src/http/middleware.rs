@@ -1,12 +1,12 @@
-//! Request-scoped middleware: trace ids, spans and timelines, the slow-request log, and the hard
-//! request timeout.
+//! Request-scoped middleware: trace ids, spans and timelines, the slow-request log, request
+//! metrics, and the hard request timeout.
 
 use std::any::Any;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderName, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -18,8 +18,8 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::error::{ApiError, ErrorBody};
-use super::items::Answered;
 use super::protect::SHED_LEVEL_HEADER;
+use crate::metrics::{Answered, Metrics, Route};
 use crate::slow::{SlowLog, SlowReason, SlowRequest};
 
 /// Every response carries the request's trace id in this header.
@@ -248,6 +248,29 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
     response
 }
 
+/// API middleware: times the request and records its route, final status (429s, 503s and
+/// timeouts of the layers below included) and answers. Sits just inside the trace layer.
+pub async fn track_requests(
+    State(metrics): State<Arc<Metrics>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .cloned()
+        .map_or(Route::Other, Route::Matched);
+    let started = Instant::now();
+    let response = next.run(request).await;
+    metrics.record_request(
+        &route,
+        response.status().as_u16(),
+        response.extensions().get::<Answered>().copied(),
+        started.elapsed(),
+    );
+    response
+}
+
 /// The hard stop of one listener's requests.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestTimeout(pub Duration);
@@ -285,8 +308,19 @@ pub fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use axum::Router;
+    use axum::body::Body;
+    use axum::http::StatusCode;
+    use axum::routing::get;
     use rebate_resilience::ManualTicker;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    fn sample<'a>(text: &'a str, series: &str) -> Option<&'a str> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+    }
 
     #[test]
     fn log_lines_are_budgeted_and_the_next_line_counts_the_suppressed() {
@@ -306,5 +340,57 @@ mod tests {
     fn a_zero_budget_writes_no_line() {
         let lines = LineBudget::new(0, Arc::new(ManualTicker::new()));
         assert_eq!(lines.take(), None);
+    }
+
+    #[tokio::test]
+    async fn requests_are_labelled_by_route_template_never_the_raw_path() {
+        let metrics = Arc::new(Metrics::new());
+        let router = Router::new()
+            .route(
+                "/items/{id}",
+                get(
+                    |axum::extract::Path(id): axum::extract::Path<u32>| async move {
+                        if id == 404 {
+                            return StatusCode::NOT_FOUND.into_response();
+                        }
+                        let mut response = "ok".into_response();
+                        response.extensions_mut().insert(Answered {
+                            complete: 0,
+                            degraded: 1,
+                            failed: 0,
+                        });
+                        response
+                    },
+                ),
+            )
+            .fallback(|| async { StatusCode::NOT_FOUND })
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::clone(&metrics),
+                track_requests,
+            ));
+        for path in ["/items/1", "/items/2", "/items/404", "/nowhere"] {
+            let request = Request::get(path).body(Body::empty()).unwrap();
+            router.clone().oneshot(request).await.unwrap();
+        }
+
+        let text = metrics.encode().unwrap();
+        let series = |route: &str, status: u16, degraded: bool| {
+            format!(
+                r#"rebate_http_request_duration_seconds_count{{route="{route}",status="{status}",degraded="{degraded}"}}"#
+            )
+        };
+        assert_eq!(sample(&text, &series("/items/{id}", 200, true)), Some("2"));
+        assert_eq!(sample(&text, &series("/items/{id}", 404, false)), Some("1"));
+        assert_eq!(sample(&text, &series("other", 404, false)), Some("1"));
+        assert!(!text.contains("/items/1"), "{text}");
+        // The error on the item route is a failed answer; the unknown path answered no item.
+        assert_eq!(
+            sample(&text, r#"rebate_answers_total{outcome="failed"}"#),
+            Some("1")
+        );
+        assert_eq!(
+            sample(&text, r#"rebate_answers_total{outcome="degraded"}"#),
+            Some("2")
+        );
     }
 }

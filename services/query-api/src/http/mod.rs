@@ -23,7 +23,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 pub use error::{ApiError, ErrorBody};
 pub use middleware::TRACE_ID_HEADER;
 
-use crate::startup::AppState;
+use crate::state::AppState;
 
 pub fn router(state: AppState) -> Router {
     let limits = std::sync::Arc::clone(&state.limits);
@@ -56,18 +56,10 @@ pub fn router(state: AppState) -> Router {
         .layer(CatchPanicLayer::custom(middleware::panic_response))
         .layer(axum::middleware::from_fn_with_state(
             std::sync::Arc::clone(&state.metrics),
-            crate::metrics::track_requests,
+            middleware::track_requests,
         ))
         .layer(axum::middleware::from_fn_with_state(
-            std::sync::Arc::new(middleware::RequestObserver {
-                slow_log: std::sync::Arc::clone(&state.slow_log),
-                slow_after: state.slow_after,
-                instance: std::sync::Arc::clone(&state.instance),
-                lines: middleware::LineBudget::new(
-                    state.slow_log_lines_per_sec,
-                    std::sync::Arc::new(rebate_resilience::MonotonicTicker::new()),
-                ),
-            }),
+            std::sync::Arc::clone(&state.observer),
             middleware::observe_requests,
         ))
         .with_state(state)

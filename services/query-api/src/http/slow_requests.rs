@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::error::ApiError;
 use super::extract::ApiPath;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 const DEFAULT_LIMIT: usize = 50;
 

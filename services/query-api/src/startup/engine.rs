@@ -1,0 +1,187 @@
+//! The query engine and what it reads through: the four part caches (L1, L2 when Redis is on,
+//! each over its guarded source), the Bloom filter, and the engine's timeouts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use rebate_cache::{
+    Clock, ItemFilter, L2Settings, Loader, PartCache, PartCacheSettings, SharedTier,
+};
+use rebate_domain::PartKind;
+use rebate_engine::{EngineMode, EngineParts, EngineSettings, QueryEngine};
+use rebate_redis_tier::RedisTier;
+use rebate_sources::{
+    CouponClient, ExtrasClient, GuardedTier, LoadLimiter, ProductLoader, RateLoader, http_client,
+};
+use rebate_store::CatalogRepository;
+use serde::de::DeserializeOwned;
+
+use crate::config::{PartSettings, Settings};
+use crate::protection::Protection;
+
+/// What the engine's sources read from: the catalogue store, the L2 tier, and the coupon and
+/// extras APIs (the embedded simulator's, when it runs).
+pub(super) struct Sources<'a> {
+    pub store: &'a Arc<dyn CatalogRepository>,
+    pub tier: Option<&'a Arc<RedisTier>>,
+    pub load_limiter: &'a Arc<LoadLimiter>,
+    pub coupons_url: &'a str,
+    pub extras_url: &'a str,
+}
+
+/// Builds the engine: one cache per part over its guarded loader, every L2 command through the
+/// Redis breaker, the Bloom filter when enabled.
+pub(super) fn build(
+    settings: &Settings,
+    sources: Sources<'_>,
+    protection: &Protection,
+    clock: Arc<dyn Clock>,
+) -> anyhow::Result<QueryEngine> {
+    let timeouts = settings.part_timeouts();
+    let client = http_client(Duration::from_millis(settings.upstreams.connect_timeout_ms))?;
+    let coupons = CouponClient::new(
+        client.clone(),
+        sources.coupons_url,
+        Arc::clone(&protection.coupons),
+    )?;
+    let extras = ExtrasClient::new(client, sources.extras_url, Arc::clone(&protection.extras))?;
+
+    // Every L2 command goes through the Redis breaker: while it is open, misses go straight to
+    // the source instead of paying a command timeout each.
+    let shared_tier: Option<Arc<dyn SharedTier>> = sources.tier.map(|tier| {
+        Arc::new(GuardedTier::new(
+            Arc::clone(tier) as Arc<dyn SharedTier>,
+            Arc::clone(&protection.redis),
+        )) as Arc<dyn SharedTier>
+    });
+    let builder = PartBuilder {
+        settings,
+        tier: shared_tier,
+        clock: &clock,
+    };
+    let store = sources.store;
+    let limiter = sources.load_limiter;
+    let parts = EngineParts {
+        product: builder.build(
+            PartKind::Product,
+            &settings.parts.product,
+            timeouts.product,
+            Arc::new(ProductLoader::new(
+                Arc::clone(store),
+                Arc::clone(limiter),
+                Arc::clone(&protection.mysql),
+            )),
+        ),
+        rate: builder.build(
+            PartKind::Rate,
+            &settings.parts.rate,
+            timeouts.rate,
+            Arc::new(RateLoader::new(
+                Arc::clone(store),
+                Arc::clone(limiter),
+                Arc::clone(&protection.mysql),
+            )),
+        ),
+        coupons: builder.build(
+            PartKind::Coupons,
+            &settings.parts.coupons,
+            timeouts.coupons,
+            Arc::new(coupons),
+        ),
+        extras: builder.build(
+            PartKind::Extras,
+            &settings.parts.extras,
+            timeouts.extras,
+            Arc::new(extras),
+        ),
+    };
+    let filter = if settings.bloom.enabled {
+        let filter = ItemFilter::new(
+            settings.bloom.false_positive_rate,
+            settings.bloom.expected_items,
+        )
+        .context("bloom settings")?;
+        Some(Arc::new(filter))
+    } else {
+        None
+    };
+    if settings.engine.mode == EngineMode::Naive {
+        tracing::warn!(
+            "engine.mode = naive: no cache, parts fetched one after another (a load-test baseline)"
+        );
+    }
+    Ok(QueryEngine::with_settings(
+        parts,
+        engine_settings(settings),
+        clock,
+        filter,
+    ))
+}
+
+/// The engine's timeouts (and the shorter ones it uses while shedding), retry budget and
+/// rendered-quote cache, from the settings.
+fn engine_settings(settings: &Settings) -> EngineSettings {
+    let timeouts = settings.part_timeouts();
+    let shedding = &settings.resilience.shedding;
+    EngineSettings {
+        mode: settings.engine.mode,
+        timeouts,
+        short_timeouts: timeouts.scaled(
+            shedding.core_timeout_factor,
+            shedding.normal_timeout_factor,
+            shedding.edge_timeout_factor,
+        ),
+        retries_per_request: settings.resilience.retry.max_per_request,
+        rendered_capacity_bytes: settings.engine.rendered_max_bytes,
+        cache_only_loads: settings.engine.cache_only_loads,
+    }
+}
+
+/// How much longer than a part's timeout its load may run before the cache cuts it.
+const LOAD_TIMEOUT_GRACE: Duration = Duration::from_millis(100);
+
+/// Builds each part's cache the same way: L1 always, L2 when a tier is configured.
+struct PartBuilder<'a> {
+    settings: &'a Settings,
+    tier: Option<Arc<dyn SharedTier>>,
+    clock: &'a Arc<dyn Clock>,
+}
+
+impl PartBuilder<'_> {
+    fn build<T>(
+        &self,
+        part: PartKind,
+        settings: &PartSettings,
+        load_timeout: Duration,
+        loader: Arc<dyn Loader<T>>,
+    ) -> PartCache<T>
+    where
+        T: serde::Serialize + DeserializeOwned + Send + Sync + 'static,
+    {
+        let cache_settings = PartCacheSettings {
+            name: part.as_str(),
+            part,
+            max_entries: settings.l1_max_entries,
+            ttl: settings.ttl_policy(),
+            // The dependency guard times each attempt out at the part's timeout and records it;
+            // the cache's own cut comes a little later, as a backstop.
+            load_timeout: load_timeout + LOAD_TIMEOUT_GRACE,
+        };
+        let clock = Arc::clone(self.clock);
+        match &self.tier {
+            None => PartCache::new(cache_settings, loader, clock),
+            Some(tier) => {
+                let redis = &self.settings.redis;
+                let l2 = L2Settings {
+                    tier: Arc::clone(tier),
+                    ttl: settings.l2_ttl_policy(),
+                    lease_ttl: Duration::from_millis(redis.lease_ttl_ms),
+                    lease_wait: Duration::from_millis(redis.lease_wait_ms),
+                    lease_poll: Duration::from_millis(redis.lease_poll_ms),
+                };
+                PartCache::with_shared_tier(cache_settings, l2, loader, clock)
+            }
+        }
+    }
+}

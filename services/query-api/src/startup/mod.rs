@@ -1,0 +1,375 @@
+//! Building and running the service: wiring only, in steps named after what they build.
+//!
+//! - [`store`]: the catalogue store and the Redis L2 tier;
+//! - [`engine`]: the part caches over their guarded sources, and the query engine;
+//! - here: the simulator, the guards, background tasks, the event bus, the listeners and the
+//!   shared state, then serving and draining.
+
+mod engine;
+mod store;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use rebate_cache::{Clock, SystemClock};
+use rebate_engine::QueryEngine;
+use rebate_events::Subscription;
+use rebate_resilience::{MonotonicTicker, Ticker};
+use rebate_sources::LoadLimiter;
+use rebate_store::CatalogRepository;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use upstream_sim::RunningSimulator;
+
+pub use store::seed;
+
+use crate::admin_token::AdminToken;
+use crate::background;
+use crate::config::Settings;
+use crate::consistency::ConsistencyObserver;
+use crate::event_bus::EventBus;
+use crate::http::edge::EdgeLimits;
+use crate::http::middleware::{LineBudget, RequestObserver};
+use crate::invalidation::{InvalidationSettings, Invalidator};
+use crate::lifecycle::{Lifecycle, Phase};
+use crate::metrics::{Metrics, StateCollector};
+use crate::protection::{DependencyTimeouts, Protection};
+use crate::server::{ConnectionLimits, ConnectionStats};
+use crate::slow::SlowLog;
+use crate::state::{AppShared, AppState, HttpLimits};
+
+/// A built service bound to its listener, not yet serving.
+#[derive(Debug)]
+pub struct Application {
+    listener: TcpListener,
+    admin_listener: TcpListener,
+    admin_token: AdminToken,
+    state: AppState,
+    simulator: Option<RunningSimulator>,
+    shutdown: CancellationToken,
+    /// Bloom rebuilds, warm-up and invalidation follow-ups; stopped with the same token as the
+    /// server.
+    tasks: TaskTracker,
+    /// Keeps this instance's handler on the in-process bus for as long as it serves.
+    _events_subscription: Option<Subscription>,
+    drain: Duration,
+    api_limits: ConnectionLimits,
+    admin_limits: ConnectionLimits,
+}
+
+impl Application {
+    /// Builds the service on the system clock.
+    pub async fn build(settings: Settings) -> anyhow::Result<Self> {
+        Self::build_with_clock(settings, Arc::new(SystemClock)).await
+    }
+
+    /// Builds the service with an injected clock (tests move it instead of sleeping).
+    pub async fn build_with_clock(
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+    ) -> anyhow::Result<Self> {
+        Self::build_with_clocks(settings, clock, Arc::new(MonotonicTicker::new())).await
+    }
+
+    /// Builds the service with an injected wall clock (cache freshness) and monotonic ticker
+    /// (breakers, quotas, shedding, log-line budget), so tests move time instead of sleeping.
+    pub async fn build_with_clocks(
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+        ticker: Arc<dyn Ticker>,
+    ) -> anyhow::Result<Self> {
+        let shutdown = CancellationToken::new();
+        let store = store::open_store(&settings).await?;
+        let tier = store::connect_tier(&settings).await?;
+        let simulator = start_simulator(&settings, &shutdown).await?;
+        let (coupons_url, extras_url) = match &simulator {
+            Some(simulator) => (simulator.base_url(), simulator.base_url()),
+            None => (
+                settings.upstreams.coupons_url.clone(),
+                settings.upstreams.extras_url.clone(),
+            ),
+        };
+        // Built first so that every dependency guard reports its calls to it; the collector of
+        // state counters is added once that state exists.
+        let mut metrics = Metrics::new();
+        let protection = build_protection(&settings, Arc::clone(&ticker), &metrics);
+        let load_limiter = LoadLimiter::new(settings.store.max_concurrent_loads);
+        let engine = engine::build(
+            &settings,
+            engine::Sources {
+                store: &store,
+                tier: tier.as_ref(),
+                load_limiter: &load_limiter,
+                coupons_url: &coupons_url,
+                extras_url: &extras_url,
+            },
+            &protection,
+            clock,
+        )?;
+
+        let tasks = TaskTracker::new();
+        spawn_background(&settings, &engine, &store, &protection, &tasks, &shutdown)?;
+        let consistency = ConsistencyObserver::new(
+            settings.events.observer.settings(),
+            engine.clone(),
+            Arc::clone(&store),
+            tasks.clone(),
+            shutdown.clone(),
+        );
+        let invalidator = Invalidator::new(
+            engine.clone(),
+            Arc::clone(&protection),
+            Some(Arc::clone(&consistency)),
+            InvalidationSettings {
+                fence_for: Duration::from_secs(settings.events.fence_secs),
+                rewarm_deadline: settings.request_deadline(),
+            },
+            tasks.clone(),
+            shutdown.clone(),
+        );
+        let (events, events_subscription) =
+            EventBus::start(&settings.events, invalidator, shutdown.child_token())?;
+        metrics.collect_from(StateCollector::new(
+            engine.clone(),
+            Arc::clone(&protection),
+            events.clone(),
+            Arc::clone(&consistency),
+        ));
+
+        let listener = crate::server::bind(settings.http.listen, settings.http.listen_backlog)
+            .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
+        let admin_listener = TcpListener::bind(settings.admin.listen)
+            .await
+            .with_context(|| format!("binding admin.listen {}", settings.admin.listen))?;
+        let admin_token = crate::admin_token::load_or_create(&settings)?;
+        let slow_log = Arc::new(SlowLog::new(settings.observability.slow_log_size));
+        let state = AppState::new(AppShared {
+            consistency,
+            engine,
+            store,
+            tier,
+            load_limiter,
+            protection,
+            observer: Arc::new(request_observer(&settings, &slow_log, ticker)),
+            slow_log,
+            events,
+            limits: Arc::new(http_limits(&settings)),
+            metrics: Arc::new(metrics),
+            lifecycle: Arc::new(Lifecycle::default()),
+            connections: Arc::new(ConnectionStats::default()),
+        });
+        Ok(Self {
+            listener,
+            admin_listener,
+            admin_token,
+            state,
+            simulator,
+            shutdown,
+            tasks,
+            _events_subscription: events_subscription,
+            drain: settings.shutdown_drain(),
+            api_limits: settings.api_connection_limits(),
+            admin_limits: settings.admin_connection_limits(),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has a local address")
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_listener
+            .local_addr()
+            .expect("a bound listener has a local address")
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// The embedded upstream simulator, when `upstreams.simulate` is on.
+    pub fn simulator(&self) -> Option<&RunningSimulator> {
+        self.simulator.as_ref()
+    }
+
+    /// Cancelling this token stops the service (and its background tasks) gracefully.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Serves until the shutdown token is cancelled, then lets in-flight requests finish for at
+    /// most the configured drain time. The admin listener serves through the drain (readiness
+    /// answers `draining` there) and stops after it.
+    pub async fn run_until_stopped(self) -> anyhow::Result<()> {
+        let address = self.local_addr();
+        let admin_address = self.admin_addr();
+        let lifecycle = Arc::clone(&self.state.lifecycle);
+        let admin_router = crate::http::admin::router(self.state.clone(), self.admin_token);
+        let connections = Arc::clone(&self.state.connections);
+        let router = crate::http::router(self.state);
+        let shutdown = self.shutdown.clone();
+        let admin_shutdown = CancellationToken::new();
+        let admin = tokio::spawn(crate::server::serve(
+            self.admin_listener,
+            admin_router,
+            self.admin_limits,
+            Arc::new(ConnectionStats::default()),
+            admin_shutdown.clone(),
+            Duration::from_secs(1),
+        ));
+        tracing::info!(address = %admin_address, "admin listener ready");
+        let server = tokio::spawn(crate::server::serve(
+            self.listener,
+            router,
+            self.api_limits,
+            connections,
+            shutdown.clone(),
+            self.drain,
+        ));
+        lifecycle.enter(Phase::Serving);
+        tracing::info!(%address, "rebate query service listening");
+
+        shutdown.cancelled().await;
+        lifecycle.enter(Phase::Draining);
+        tracing::info!(
+            drain_ms = self.drain.as_millis() as u64,
+            "shutting down, draining requests"
+        );
+        server.await.context("server task failed")?;
+        admin_shutdown.cancel();
+        if tokio::time::timeout(Duration::from_secs(5), admin)
+            .await
+            .is_err()
+        {
+            tracing::warn!("admin listener did not stop within 5 s");
+        }
+        self.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(5), self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("background tasks did not stop within 5 s");
+        }
+        if let Some(simulator) = self.simulator {
+            simulator.stopped().await;
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// The embedded upstream simulator, when `upstreams.simulate` is on (the embedded profile).
+async fn start_simulator(
+    settings: &Settings,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<RunningSimulator>> {
+    if !settings.upstreams.simulate {
+        return Ok(None);
+    }
+    let simulator =
+        RunningSimulator::start(settings.upstreams.simulator_listen, shutdown.child_token())
+            .await
+            .context("starting the embedded upstream simulator")?;
+    tracing::info!(addr = %simulator.addr(), "embedded upstream simulator started");
+    Ok(Some(simulator))
+}
+
+/// Breakers, bulkheads, quotas, the shedder and the per-client limiter, every guard reporting its
+/// calls to `metrics`.
+fn build_protection(
+    settings: &Settings,
+    ticker: Arc<dyn Ticker>,
+    metrics: &Metrics,
+) -> Arc<Protection> {
+    let timeouts = settings.part_timeouts();
+    Arc::new(Protection::new(
+        &settings.resilience,
+        DependencyTimeouts {
+            mysql: timeouts.product.max(timeouts.rate),
+            coupons: timeouts.coupons,
+            extras: timeouts.extras,
+        },
+        ticker,
+        Some(metrics.call_observer()),
+    ))
+}
+
+/// Bloom rebuilds, the queue-delay probe and warm-up, stopped with `shutdown`.
+fn spawn_background(
+    settings: &Settings,
+    engine: &QueryEngine,
+    store: &Arc<dyn CatalogRepository>,
+    protection: &Arc<Protection>,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    if let Some(filter) = engine.item_filter() {
+        tasks.spawn(background::maintain_item_filter(
+            Arc::clone(filter),
+            Arc::clone(store),
+            Duration::from_secs(settings.bloom.rebuild_interval_secs),
+            shutdown.clone(),
+        ));
+    }
+    if protection.shedder.is_some() {
+        tasks.spawn(background::probe_queue_delay(
+            Arc::clone(protection),
+            shutdown.clone(),
+        ));
+    }
+    if settings.warmup.enabled {
+        tasks.spawn(background::warm_up(
+            engine.clone(),
+            Arc::clone(store),
+            Arc::clone(protection),
+            background::WarmupPlan {
+                items: settings.warmup_items()?,
+                hot_items_limit: settings.warmup.hot_items_limit,
+                rate_per_sec: settings.warmup.rate_per_sec,
+                interval: Duration::from_secs(settings.warmup.interval_secs),
+                deadline: settings.request_deadline(),
+            },
+            shutdown.clone(),
+        ));
+    }
+    Ok(())
+}
+
+/// What the API's trace layer records into the slow-request log, and its log-line budget.
+fn request_observer(
+    settings: &Settings,
+    slow_log: &Arc<SlowLog>,
+    ticker: Arc<dyn Ticker>,
+) -> RequestObserver {
+    let observability = &settings.observability;
+    RequestObserver {
+        slow_log: Arc::clone(slow_log),
+        slow_after: Duration::from_millis(observability.slow_request_ms),
+        instance: Arc::from(settings.instance_id()),
+        lines: LineBudget::new(observability.slow_log_lines_per_sec, ticker),
+    }
+}
+
+/// The request limits the handlers and the edge enforce.
+fn http_limits(settings: &Settings) -> HttpLimits {
+    let http = &settings.http;
+    HttpLimits {
+        request_deadline: settings.request_deadline(),
+        request_timeout: settings.request_timeout(),
+        body_limit_bytes: http.body_limit_bytes,
+        max_batch_items: http.max_batch_items,
+        edge: Arc::new(EdgeLimits {
+            max_header_bytes: http.max_header_bytes,
+            max_headers: http.max_headers,
+            max_uri_bytes: http.max_uri_bytes,
+            body_limit_bytes: http.body_limit_bytes,
+            body_read_timeout: Duration::from_millis(http.body_read_timeout_ms),
+        }),
+        admin_request_timeout: Duration::from_millis(settings.admin.request_timeout_ms),
+    }
+}

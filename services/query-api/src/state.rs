@@ -1,0 +1,77 @@
+//! What every handler and middleware shares, built once at start by [`crate::startup`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rebate_engine::QueryEngine;
+use rebate_redis_tier::RedisTier;
+use rebate_sources::LoadLimiter;
+use rebate_store::CatalogRepository;
+
+use crate::consistency::ConsistencyObserver;
+use crate::event_bus::EventBus;
+use crate::http::edge::EdgeLimits;
+use crate::http::middleware::RequestObserver;
+use crate::lifecycle::Lifecycle;
+use crate::metrics::Metrics;
+use crate::protection::Protection;
+use crate::server::ConnectionStats;
+use crate::slow::SlowLog;
+
+/// What every handler shares: one `Arc`, so the per-request clones axum makes of the state (one
+/// per `State` extractor) cost one reference count, not one per field. Derefs to [`AppShared`].
+#[derive(Debug, Clone)]
+pub struct AppState(Arc<AppShared>);
+
+impl AppState {
+    pub fn new(shared: AppShared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = AppShared;
+
+    fn deref(&self) -> &AppShared {
+        &self.0
+    }
+}
+
+/// The fields of [`AppState`].
+#[derive(Debug)]
+pub struct AppShared {
+    pub engine: QueryEngine,
+    pub store: Arc<dyn CatalogRepository>,
+    /// The shared L2 tier, when Redis is enabled.
+    pub tier: Option<Arc<RedisTier>>,
+    pub load_limiter: Arc<LoadLimiter>,
+    /// Breakers, bulkheads, quotas, the load shedder and the per-client limiter.
+    pub protection: Arc<Protection>,
+    /// The last slow, failed or degraded requests, by trace id (the admin API reads it).
+    pub slow_log: Arc<SlowLog>,
+    /// The API's trace layer: what it records into the slow log, and how many log lines.
+    pub observer: Arc<RequestObserver>,
+    /// Where operators' change events are published and received.
+    pub events: EventBus,
+    pub limits: Arc<HttpLimits>,
+    /// The Prometheus registry: the API middleware records into it, `/metrics` encodes it.
+    pub metrics: Arc<Metrics>,
+    /// Starting, serving or draining: readiness is false outside serving.
+    pub lifecycle: Arc<Lifecycle>,
+    /// The API listener's connection counts and refusals.
+    pub connections: Arc<ConnectionStats>,
+    /// Checks that applied events hold in L1 and L2 (`crate::consistency`).
+    pub consistency: Arc<ConsistencyObserver>,
+}
+
+/// The request limits handlers and middleware enforce, resolved once from the settings.
+#[derive(Debug, Clone)]
+pub struct HttpLimits {
+    pub request_deadline: Duration,
+    pub request_timeout: Duration,
+    pub body_limit_bytes: usize,
+    pub max_batch_items: usize,
+    /// The head and body bounds checked before a request is admitted.
+    pub edge: Arc<EdgeLimits>,
+    pub admin_request_timeout: Duration,
+}
