@@ -149,7 +149,7 @@ fn loaded<T>(row: Option<Versioned<T>>) -> Loaded<T> {
 /// A pool that cannot hand out a connection in time is a timeout (the store is overloaded or
 /// unreachable); everything else is an error.
 fn store_failure(error: StoreError) -> LoadFailure {
-    if matches!(error, StoreError::Database(sqlx::Error::PoolTimedOut)) {
+    if matches!(error, StoreError::PoolTimeout) {
         LoadFailure::timeout(error.to_string())
     } else {
         LoadFailure::error(error.to_string())

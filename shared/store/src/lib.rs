@@ -45,10 +45,18 @@ pub struct Versioned<T> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// No connection came free within the pool's acquire timeout: the database is overloaded or
+    /// unreachable. Callers count it as a timeout, not as a bad answer.
+    #[error("no database connection came free within the acquire timeout")]
+    PoolTimeout,
+    /// The store was closed, or the runtime is shutting down: nothing more will be served.
+    #[error("the store is closed")]
+    Closed,
+    /// Any other failure of the database or its driver (the driver's error is the source).
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(#[source] BoxError),
     #[error("migration failed: {0}")]
-    Migration(#[from] sqlx::migrate::MigrateError),
+    Migration(#[source] BoxError),
     /// A stored row breaks a domain invariant (unknown status, rate above 100 %, …). Reported,
     /// never papered over: serving a made-up value would be worse than failing the read.
     #[error("corrupt row for {key}: {reason}")]
@@ -65,6 +73,26 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The driver's error behind [`StoreError::Database`] and [`StoreError::Migration`], kept opaque
+/// so that callers depend on this crate's variants, not on the driver's.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        match error {
+            sqlx::Error::PoolTimedOut => Self::PoolTimeout,
+            sqlx::Error::PoolClosed => Self::Closed,
+            other => Self::Database(Box::new(other)),
+        }
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(error: sqlx::migrate::MigrateError) -> Self {
+        Self::Migration(Box::new(error))
+    }
 }
 
 /// Readiness: every migration this build knows is applied.

@@ -497,9 +497,7 @@ impl PrefetchedPage {
             Ok(page) => page,
             Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
             // Only the runtime shutting down cancels it: `Drop` is the one other abort.
-            Err(_cancelled) => Err(StoreError::Database(sqlx::Error::Io(
-                std::io::Error::other("key page fetch cancelled: the runtime is shutting down"),
-            ))),
+            Err(_cancelled) => Err(StoreError::Closed),
         }
     }
 }

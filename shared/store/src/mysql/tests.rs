@@ -455,7 +455,7 @@ async fn a_busy_pool_fails_with_pool_timed_out_after_the_acquire_timeout() {
     let elapsed = started.elapsed();
 
     assert!(
-        matches!(result, Err(StoreError::Database(sqlx::Error::PoolTimedOut))),
+        matches!(result, Err(StoreError::PoolTimeout)),
         "{result:?}"
     );
     assert!(

@@ -459,7 +459,7 @@ async fn a_closed_store_fails_instead_of_hanging() {
 
     assert!(matches!(
         store.ping().await,
-        Err(StoreError::Database(sqlx::Error::PoolClosed))
+        Err(StoreError::Closed)
     ));
 }
 
