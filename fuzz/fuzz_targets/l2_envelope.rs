@@ -48,7 +48,7 @@ where
             assert_eq!(fresh, now < envelope.fresh_until);
             assert_eq!(servable, now < envelope.stale_until);
         }
-        // What L1 does with an adopted L2 entry (part.rs `adopt_from_l2`, admin views).
+        // What L1 does with an adopted L2 entry (part/l1.rs `adopt_from_l2`, admin views).
         let capped = envelope
             .fresh_until
             .min(now.saturating_add_millis(u64::MAX));

@@ -1,0 +1,246 @@
+//! The L2 path of a load, for a cache built with a shared tier. L2 is read first; an entry older
+//! than the fence this instance holds counts as absent. On a miss the load takes the key's
+//! rebuild lease: the winner loads from the source and, off its callers' path, writes the value
+//! back (version-fenced: a newer version in L2 is kept) and releases the lease; a loser polls L2
+//! for the winner's value, then serves the stale copy it saw or loads itself. Any L2 error skips
+//! the tier. The fences that change events write to L2 are written here too.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rebate_domain::ItemKey;
+use rebate_telemetry::record_stage;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::inner::Inner;
+use super::load::{LoadFailure, LoadResult};
+use super::settings::L2Settings;
+use super::stats::bump;
+use crate::envelope::Envelope;
+use crate::shared::{FenceOutcome, TierEntry, TierError, TierKey};
+
+impl<T> Inner<T>
+where
+    T: Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    /// L2, then (holding the key's lease, or after waiting for its holder) the source.
+    pub(super) async fn load_through_l2(
+        self: &Arc<Self>,
+        l2: &L2Settings,
+        key: ItemKey,
+    ) -> LoadResult<T> {
+        let tier_key = TierKey {
+            item: key,
+            part: self.settings.part,
+        };
+        let mut stale = None;
+        // A copy older than this instance's fence is what the event replaced: L2 may still
+        // hold it while the shared handler has not fenced L2 yet (or could not), and serving it
+        // would undo the event here. It counts as absent.
+        let fence = self.fence_version(key);
+        let read = self
+            .read_l2(l2, tier_key)
+            .await
+            .map(|found| found.filter(|envelope| envelope.version >= fence));
+        let tier_up = match read {
+            Ok(Some(envelope)) if envelope.is_fresh(self.clock.now()) => {
+                bump(&self.stats.l2_hits);
+                return Ok(self.adopt_from_l2(key, envelope));
+            }
+            Ok(found) => {
+                bump(&self.stats.l2_misses);
+                stale = found.filter(|envelope| envelope.is_servable(self.clock.now()));
+                true
+            }
+            Err(()) => false,
+        };
+
+        let token: u64 = rand::random();
+        let mut leased = false;
+        if tier_up {
+            let started = tokio::time::Instant::now();
+            match l2.tier.try_lease(tier_key, token, l2.lease_ttl).await {
+                Ok(true) => {
+                    bump(&self.stats.leases_won);
+                    record_stage("lease", self.settings.name, "won", started, None);
+                    leased = true;
+                }
+                Ok(false) => {
+                    bump(&self.stats.leases_lost);
+                    let waited = self.wait_for_winner(l2, tier_key, fence).await;
+                    let outcome = if waited.is_some() {
+                        "lost; the winner's value arrived"
+                    } else {
+                        "lost; gave up waiting"
+                    };
+                    record_stage("lease", self.settings.name, outcome, started, None);
+                    if let Some(envelope) = waited {
+                        bump(&self.stats.lease_waits_served);
+                        return Ok(self.adopt_from_l2(key, envelope));
+                    }
+                    if let Some(envelope) = stale {
+                        self.adopt_from_l2(key, envelope);
+                        return Err(LoadFailure::timeout(
+                            "another instance is rebuilding this key; serving stale meanwhile",
+                        ));
+                    }
+                }
+                Err(error) => {
+                    bump(&self.stats.l2_errors);
+                    tracing::debug!(part = self.settings.name, %key, %error, "lease failed");
+                }
+            }
+        }
+
+        match self.load_from_source(key).await {
+            Ok(loaded) => {
+                let envelope = self.stamp(&l2.ttl, loaded);
+                if tier_up {
+                    self.write_l2_in_background(l2, tier_key, &envelope, leased.then_some(token));
+                }
+                Ok(self.adopt_from_l2(key, envelope))
+            }
+            Err(failure) => {
+                if leased {
+                    let tier = Arc::clone(&l2.tier);
+                    tokio::spawn(async move { tier.release_lease(tier_key, token).await });
+                }
+                if let Some(envelope) = stale {
+                    self.adopt_from_l2(key, envelope);
+                }
+                Err(failure)
+            }
+        }
+    }
+
+    /// The decoded L2 entry, `Ok(None)` when absent or undecodable, `Err` when the tier failed.
+    async fn read_l2(&self, l2: &L2Settings, tier_key: TierKey) -> Result<Option<Envelope<T>>, ()> {
+        let started = tokio::time::Instant::now();
+        let read = self.read_l2_untimed(l2, tier_key).await;
+        let outcome = match &read {
+            Ok(Some(envelope)) if envelope.is_fresh(self.clock.now()) => "hit",
+            Ok(Some(_)) => "stale",
+            Ok(None) => "miss",
+            Err(()) => "error",
+        };
+        record_stage("l2", self.settings.name, outcome, started, None);
+        read
+    }
+
+    async fn read_l2_untimed(
+        &self,
+        l2: &L2Settings,
+        tier_key: TierKey,
+    ) -> Result<Option<Envelope<T>>, ()> {
+        match l2.tier.get_many(&[tier_key]).await {
+            Ok(mut entries) => Ok(entries
+                .pop()
+                .flatten()
+                .and_then(|entry| match Envelope::decode(&entry.bytes) {
+                    Ok(envelope) => Some(envelope),
+                    Err(error) => {
+                        tracing::warn!(part = self.settings.name, key = %tier_key.item, %error, "undecodable L2 entry ignored");
+                        None
+                    }
+                })),
+            Err(error) => {
+                bump(&self.stats.l2_errors);
+                tracing::debug!(part = self.settings.name, key = %tier_key.item, %error, "L2 read failed; skipping the tier");
+                Err(())
+            }
+        }
+    }
+
+    /// Polls L2 for the lease winner's value for at most `lease_wait`.
+    async fn wait_for_winner(
+        &self,
+        l2: &L2Settings,
+        tier_key: TierKey,
+        fence: u64,
+    ) -> Option<Envelope<T>> {
+        let give_up = tokio::time::Instant::now() + l2.lease_wait;
+        while tokio::time::Instant::now() < give_up {
+            tokio::time::sleep(l2.lease_poll).await;
+            match self.read_l2(l2, tier_key).await {
+                Ok(Some(envelope))
+                    if envelope.is_fresh(self.clock.now()) && envelope.version >= fence =>
+                {
+                    return Some(envelope);
+                }
+                Ok(_) => {}
+                Err(()) => return None,
+            }
+        }
+        None
+    }
+
+    /// Writes the rebuilt value to L2 (version-fenced) and then releases the lease, off the
+    /// caller's path: callers already have the value, Redis latency is not theirs to pay.
+    fn write_l2_in_background(
+        self: &Arc<Self>,
+        l2: &L2Settings,
+        tier_key: TierKey,
+        envelope: &Envelope<T>,
+        lease_token: Option<u64>,
+    ) {
+        let bytes = match envelope.encode() {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::error!(part = self.settings.name, %error, "cannot encode an envelope");
+                return;
+            }
+        };
+        let entry = TierEntry {
+            version: envelope.version,
+            bytes,
+        };
+        let ttl = Duration::from_millis(envelope.stale_until.millis_since(self.clock.now()).max(1));
+        let tier = Arc::clone(&l2.tier);
+        let name = self.settings.name;
+        let refused = Arc::clone(self);
+        tokio::spawn(async move {
+            match tier.put_fenced(tier_key, &entry, ttl).await {
+                Ok(FenceOutcome::Written) => {}
+                Ok(FenceOutcome::Stale { current }) => {
+                    bump(&refused.stats.fenced_writes_refused);
+                    tracing::debug!(part = name, key = %tier_key.item, version = entry.version, current, "L2 holds a newer version; write refused");
+                }
+                Err(error) => {
+                    bump(&refused.stats.l2_errors);
+                    tracing::debug!(part = name, key = %tier_key.item, %error, "L2 write failed");
+                }
+            }
+            if let Some(token) = lease_token
+                && let Err(error) = tier.release_lease(tier_key, token).await
+            {
+                tracing::debug!(part = name, key = %tier_key.item, %error, "lease release failed; it expires on its own");
+            }
+        });
+    }
+
+    /// Writes `fence` to L2, where a server-side version check keeps it from racing rebuilds of
+    /// other instances. A refusal is success too: L2 then holds the fence's version or newer.
+    pub(super) async fn fence_l2(
+        &self,
+        l2: &L2Settings,
+        key: ItemKey,
+        fence: &Envelope<T>,
+        fence_for: Duration,
+    ) -> Result<(), TierError> {
+        let bytes = fence
+            .encode()
+            .map_err(|error| TierError::Backend(format!("cannot encode a fence: {error}")))?;
+        let tier_key = TierKey {
+            item: key,
+            part: self.settings.part,
+        };
+        let entry = TierEntry {
+            version: fence.version,
+            bytes,
+        };
+        match l2.tier.put_fence(tier_key, &entry, fence_for).await? {
+            FenceOutcome::Written | FenceOutcome::Stale { .. } => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! How one part's cache is built: its L1 ([`PartCacheSettings`]) and, in the production profile,
+//! the shared tier under it ([`L2Settings`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rebate_domain::PartKind;
+
+use crate::envelope::TtlPolicy;
+use crate::shared::SharedTier;
+
+/// Construction settings of one part's cache.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PartCacheSettings {
+    pub name: &'static str,
+    pub part: PartKind,
+    pub max_entries: u64,
+    /// L1 lifetimes. With an L2 tier, an L1 copy is never fresh longer than the L2 entry.
+    pub ttl: TtlPolicy,
+    /// Upper bound for one load, whatever the callers' budgets: loads run on after their callers
+    /// give up, and must not pile up behind a hung source.
+    pub load_timeout: Duration,
+}
+
+/// The shared tier under one part's L1, and how this part uses it.
+#[derive(Debug, Clone)]
+pub struct L2Settings {
+    pub tier: Arc<dyn SharedTier>,
+    /// L2 lifetimes (15 min + 0–300 s by default): longer than L1's, so instances refill from L2.
+    pub ttl: TtlPolicy,
+    /// How long a rebuild lease lives: longer than a load may take, short enough that a crashed
+    /// winner does not block the key for long.
+    pub lease_ttl: Duration,
+    /// How long a loser waits for the winner's value before serving stale or loading itself.
+    pub lease_wait: Duration,
+    /// How often a loser looks for the winner's value.
+    pub lease_poll: Duration,
+}

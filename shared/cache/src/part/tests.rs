@@ -1,0 +1,521 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rebate_domain::{ItemId, ItemKey, PartKind, Platform, Timestamp};
+
+use super::{
+    CacheOutcome, FailureKind, L2Settings, LoadFailure, Loaded, Loader, PartCache,
+    PartCacheSettings,
+};
+use crate::clock::{Clock, ManualClock};
+use crate::envelope::{Envelope, Jitter, TtlPolicy};
+use crate::memory::MemoryTier;
+use crate::shared::{SharedTier, TierEntry, TierKey};
+
+/// An in-process source whose answers, latency and call count the test controls.
+#[derive(Debug, Default)]
+struct FakeSource {
+    calls: AtomicU64,
+    failing: AtomicBool,
+    missing: AtomicBool,
+    delay_ms: AtomicU64,
+    version: AtomicU64,
+}
+
+#[async_trait]
+impl Loader<String> for FakeSource {
+    async fn load(&self, key: ItemKey) -> Result<Loaded<String>, LoadFailure> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        // The row is "read" when the load starts; the delay models the trip back.
+        let version = self.version.load(Ordering::SeqCst);
+        let delay = self.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(LoadFailure::error("source down"));
+        }
+        if self.missing.load(Ordering::SeqCst) {
+            return Ok(Loaded {
+                value: None,
+                version: 0,
+            });
+        }
+        Ok(Loaded {
+            value: Some(format!("{key}#{call}")),
+            version,
+        })
+    }
+}
+
+fn key() -> ItemKey {
+    ItemKey::new(Platform::Taobao, ItemId::from_u64(100_001))
+}
+
+/// The values concurrent callers received; every one must have been answered with a value.
+async fn answered_values(
+    callers: Vec<tokio::task::JoinHandle<CacheOutcome<String>>>,
+) -> Vec<String> {
+    let mut values = Vec::new();
+    for caller in callers {
+        match caller.await.unwrap() {
+            CacheOutcome::Loaded(envelope) | CacheOutcome::Hit(envelope) => {
+                values.push(envelope.value.clone().unwrap());
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    values
+}
+
+fn cache(source: &Arc<FakeSource>, clock: &ManualClock) -> PartCache<String> {
+    let loader: Arc<dyn Loader<String>> = source.clone();
+    PartCache::new(settings(), loader, Arc::new(clock.clone()))
+}
+
+fn settings() -> PartCacheSettings {
+    PartCacheSettings {
+        name: "test",
+        part: PartKind::Rate,
+        max_entries: 1_000,
+        ttl: TtlPolicy {
+            fresh: Duration::from_secs(60),
+            jitter: Jitter::Ratio(0.1),
+            stale: Duration::from_secs(600),
+            not_found: Duration::from_secs(30),
+        },
+        load_timeout: Duration::from_secs(2),
+    }
+}
+
+/// One "instance": its own L1 and its own view of the source, sharing `tier`.
+fn instance(
+    source: &Arc<FakeSource>,
+    tier: &Arc<MemoryTier>,
+    clock: &ManualClock,
+) -> PartCache<String> {
+    let loader: Arc<dyn Loader<String>> = source.clone();
+    let shared: Arc<dyn SharedTier> = tier.clone();
+    PartCache::with_shared_tier(
+        settings(),
+        L2Settings {
+            tier: shared,
+            ttl: TtlPolicy {
+                fresh: Duration::from_secs(900),
+                jitter: Jitter::UpTo(Duration::from_secs(300)),
+                stale: Duration::from_secs(1800),
+                not_found: Duration::from_secs(120),
+            },
+            lease_ttl: Duration::from_secs(3),
+            lease_wait: Duration::from_millis(300),
+            lease_poll: Duration::from_millis(10),
+        },
+        loader,
+        Arc::new(clock.clone()),
+    )
+}
+
+fn tier_key() -> TierKey {
+    TierKey {
+        item: key(),
+        part: PartKind::Rate,
+    }
+}
+
+/// Two instances, 100 concurrent callers each, one cold key: the lease lets exactly one
+/// instance ask the source; the other takes the winner's value from L2.
+#[tokio::test]
+async fn one_rebuild_per_key_across_instances() {
+    let source = Arc::new(FakeSource::default());
+    source.delay_ms.store(30, Ordering::SeqCst);
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let first = instance(&source, &tier, &clock);
+    let second = instance(&source, &tier, &clock);
+    let callers: Vec<_> = (0..200)
+        .map(|index| {
+            let cache = if index % 2 == 0 {
+                first.clone()
+            } else {
+                second.clone()
+            };
+            tokio::spawn(async move { cache.get(key(), BUDGET).await })
+        })
+        .collect();
+    let values = answered_values(callers).await;
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    assert!(values.iter().all(|value| value == &values[0]));
+    let (a, b) = (first.stats(), second.stats());
+    assert_eq!(a.leases_won + b.leases_won, 1);
+    assert_eq!(a.lease_waits_served + b.lease_waits_served, 1);
+    assert_eq!(tier.version_of(tier_key()), Some(0));
+}
+
+#[tokio::test]
+async fn a_cold_instance_fills_from_l2_without_the_source() {
+    let source = Arc::new(FakeSource::default());
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let warm = instance(&source, &tier, &clock);
+    warm.get(key(), BUDGET).await;
+    // Let the background L2 write land.
+    while tier.version_of(tier_key()).is_none() {
+        tokio::task::yield_now().await;
+    }
+    let cold = instance(&source, &tier, &clock);
+    assert!(matches!(
+        cold.get(key(), BUDGET).await,
+        CacheOutcome::Loaded(_)
+    ));
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(cold.stats().l2_hits, 1);
+    // The L1 copy is fresh for at most L1's TTL (66 s), though L2's lasts 15 min or more.
+    let copy = cold.peek(&key()).unwrap();
+    assert!(copy.fresh_until.millis_since(clock.now()) <= 66_000);
+}
+
+#[tokio::test]
+async fn an_unreachable_l2_is_skipped() {
+    let source = Arc::new(FakeSource::default());
+    let tier = Arc::new(MemoryTier::new());
+    tier.set_failing(true);
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = instance(&source, &tier, &clock);
+    assert!(matches!(
+        cache.get(key(), BUDGET).await,
+        CacheOutcome::Loaded(_)
+    ));
+    assert!(matches!(
+        cache.get(key(), BUDGET).await,
+        CacheOutcome::Hit(_)
+    ));
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    assert!(cache.stats().l2_errors >= 1);
+}
+
+#[tokio::test]
+async fn a_stale_l2_copy_stands_in_when_the_source_fails() {
+    let source = Arc::new(FakeSource::default());
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    instance(&source, &tier, &clock).get(key(), BUDGET).await;
+    while tier.version_of(tier_key()).is_none() {
+        tokio::task::yield_now().await;
+    }
+    source.failing.store(true, Ordering::SeqCst);
+    // Past L2's fresh window (≤ 20 min), inside its stale window (+30 min).
+    clock.advance(Duration::from_secs(1_300));
+    let fresh_instance = instance(&source, &tier, &clock);
+    match fresh_instance.get(key(), BUDGET).await {
+        CacheOutcome::Stale(envelope, failure) => {
+            assert_eq!(failure.kind, FailureKind::Error);
+            assert_eq!(envelope.fetched_at, Timestamp::from_millis(0));
+        }
+        other => panic!("expected stale, got {other:?}"),
+    }
+}
+
+/// A rebuild that read the row before a change and finishes after the change's event was
+/// processed: its early callers get what they asked for, nobody after the event sees it.
+#[tokio::test(start_paused = true)]
+async fn a_rebuild_racing_an_invalidation_never_serves_the_old_value_afterwards() {
+    let source = Arc::new(FakeSource::default());
+    source.version.store(1, Ordering::SeqCst);
+    source.delay_ms.store(100, Ordering::SeqCst);
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    // The old load starts: it has "read" version 1.
+    let early = {
+        let cache = cache.clone();
+        tokio::spawn(async move { cache.get(key(), Duration::from_secs(1)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The row changes to version 2 and the event is processed.
+    source.version.store(2, Ordering::SeqCst);
+    cache
+        .invalidate_to(key(), 2, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    // A caller after the event does not join the old load; it gets version 2.
+    match cache.get(key(), Duration::from_secs(1)).await {
+        CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 2),
+        other => panic!("expected a fresh load, got {other:?}"),
+    }
+    // The early caller got its version-1 answer, but L1 never took it.
+    match early.await.unwrap() {
+        CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 1),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(cache.peek(&key()).unwrap().version, 2);
+    for _ in 0..3 {
+        match cache.get(key(), Duration::from_secs(1)).await {
+            CacheOutcome::Hit(envelope) => assert_eq!(envelope.version, 2),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn an_old_or_duplicate_event_keeps_newer_data() {
+    let source = Arc::new(FakeSource::default());
+    source.version.store(5, Ordering::SeqCst);
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    cache.get(key(), BUDGET).await;
+    for version in [4, 5] {
+        cache
+            .invalidate_to(key(), version, Duration::from_secs(60), false)
+            .await
+            .unwrap();
+        assert!(matches!(
+            cache.get(key(), BUDGET).await,
+            CacheOutcome::Hit(_)
+        ));
+    }
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    // A newer event fences it: the next read reloads, and a fence is never served stale.
+    source.failing.store(true, Ordering::SeqCst);
+    cache
+        .invalidate_to(key(), 6, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    assert!(matches!(
+        cache.get(key(), BUDGET).await,
+        CacheOutcome::Failed(_)
+    ));
+    assert_eq!(cache.stats().invalidations, 3);
+}
+
+/// Through L2: the fence also stops another instance's rebuild that read the old row.
+#[tokio::test]
+async fn an_instance_that_fenced_its_l1_never_serves_the_older_l2_copy() {
+    let source = Arc::new(FakeSource::default());
+    source.version.store(1, Ordering::SeqCst);
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let reader = instance(&source, &tier, &clock);
+    let value_of = |outcome: CacheOutcome<String>| match outcome {
+        CacheOutcome::Loaded(envelope) | CacheOutcome::Hit(envelope) => {
+            (envelope.version, envelope.value.clone().unwrap())
+        }
+        other => panic!("unexpected {other:?}"),
+    };
+    assert_eq!(value_of(reader.get(key(), BUDGET).await).0, 1);
+    while tier.version_of(tier_key()) != Some(1) {
+        tokio::task::yield_now().await;
+    }
+    // The row moves to version 2 and this instance applies the event to its L1; the L2
+    // fence (another instance's shared delivery) has not landed yet.
+    source.version.store(2, Ordering::SeqCst);
+    reader
+        .invalidate_to(key(), 2, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    assert_eq!(tier.version_of(tier_key()), Some(1), "L2 still holds v1");
+    let (version, value) = value_of(reader.get(key(), BUDGET).await);
+    assert_eq!(version, 2, "{value}: the v1 copy in L2 must not come back");
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn an_l2_fence_refuses_an_older_rebuild_from_another_instance() {
+    let old_source = Arc::new(FakeSource::default());
+    old_source.version.store(1, Ordering::SeqCst);
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let operator_side = instance(&old_source, &tier, &clock);
+    operator_side
+        .invalidate_to(key(), 2, Duration::from_secs(60), true)
+        .await
+        .unwrap();
+    assert_eq!(tier.version_of(tier_key()), Some(2));
+    // Another instance whose source still returns version 1 (a lagging read).
+    let lagging = instance(&old_source, &tier, &clock);
+    assert!(matches!(
+        lagging.get(key(), BUDGET).await,
+        CacheOutcome::Loaded(_)
+    ));
+    let refused = || lagging.stats().fenced_writes_refused >= 1;
+    while !refused() {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(tier.version_of(tier_key()), Some(2));
+}
+
+#[tokio::test]
+async fn an_older_version_never_replaces_a_newer_one_in_l1() {
+    let source = Arc::new(FakeSource::default());
+    source.version.store(5, Ordering::SeqCst);
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = instance(&source, &tier, &clock);
+    cache.get(key(), BUDGET).await;
+    let older = Envelope {
+        value: Some("old".to_owned()),
+        version: 4,
+        fetched_at: clock.now(),
+        fresh_until: clock.now().saturating_add_millis(60_000),
+        stale_until: clock.now().saturating_add_millis(600_000),
+        tombstone: false,
+    };
+    let entry = TierEntry {
+        version: 4,
+        bytes: older.encode().unwrap(),
+    };
+    cache.absorb(key(), &entry);
+    let held = cache.peek(&key()).unwrap();
+    assert_eq!(held.version, 5);
+    assert_ne!(held.value.as_deref(), Some("old"));
+    assert_eq!(cache.stats().fenced_writes_refused, 1);
+}
+
+const BUDGET: Duration = Duration::from_millis(500);
+
+#[tokio::test]
+async fn fresh_entries_answer_without_the_source() {
+    let source = Arc::new(FakeSource::default());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    let CacheOutcome::Loaded(first) = cache.get(key(), BUDGET).await else {
+        panic!("first read must load");
+    };
+    let CacheOutcome::Hit(second) = cache.get(key(), BUDGET).await else {
+        panic!("second read must hit");
+    };
+    assert_eq!(first.value, second.value);
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    // Past the longest jittered fresh TTL (66 s) the entry is reloaded.
+    clock.advance(Duration::from_secs(67));
+    assert!(matches!(
+        cache.get(key(), BUDGET).await,
+        CacheOutcome::Loaded(_)
+    ));
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn concurrent_misses_share_one_load() {
+    let source = Arc::new(FakeSource::default());
+    source.delay_ms.store(20, Ordering::SeqCst);
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    let callers: Vec<_> = (0..200)
+        .map(|_| {
+            let cache = cache.clone();
+            tokio::spawn(async move { cache.get(key(), BUDGET).await })
+        })
+        .collect();
+    let values = answered_values(callers).await;
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    assert!(values.iter().all(|value| value == &values[0]));
+    let stats = cache.stats();
+    assert_eq!(stats.loads_started, 1);
+    assert_eq!(stats.hits + stats.loads_joined + 1, 200, "{stats:?}");
+}
+
+#[tokio::test]
+async fn failing_source_serves_stale_until_the_stale_window_ends() {
+    let source = Arc::new(FakeSource::default());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    assert!(matches!(
+        cache.get(key(), BUDGET).await,
+        CacheOutcome::Loaded(_)
+    ));
+    source.failing.store(true, Ordering::SeqCst);
+    clock.advance(Duration::from_secs(120));
+    match cache.get(key(), BUDGET).await {
+        CacheOutcome::Stale(envelope, failure) => {
+            assert_eq!(failure.kind, FailureKind::Error);
+            assert_eq!(envelope.fetched_at, Timestamp::from_millis(0));
+        }
+        other => panic!("expected stale, got {other:?}"),
+    }
+    // Fresh window ≤ 66 s plus a 600 s stale window: gone by 700 s.
+    clock.advance(Duration::from_secs(600));
+    assert!(matches!(
+        cache.get(key(), BUDGET).await,
+        CacheOutcome::Failed(_)
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_source_times_out_but_its_value_is_kept_for_the_next_caller() {
+    let source = Arc::new(FakeSource::default());
+    source.delay_ms.store(800, Ordering::SeqCst);
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    match cache.get(key(), Duration::from_millis(100)).await {
+        CacheOutcome::Failed(failure) => assert_eq!(failure.kind, FailureKind::Timeout),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(matches!(
+        cache.get(key(), Duration::from_millis(100)).await,
+        CacheOutcome::Hit(_)
+    ));
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hung_source_is_cut_off_by_the_load_timeout() {
+    let source = Arc::new(FakeSource::default());
+    source.delay_ms.store(3_600_000, Ordering::SeqCst);
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    let outcome = cache.get(key(), Duration::from_secs(10)).await;
+    match outcome {
+        CacheOutcome::Failed(failure) => assert_eq!(failure.kind, FailureKind::Timeout),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    // The load left `in_flight`: the next call starts a new one.
+    source.delay_ms.store(0, Ordering::SeqCst);
+    assert!(matches!(
+        cache.get(key(), BUDGET).await,
+        CacheOutcome::Loaded(_)
+    ));
+    assert_eq!(cache.stats().loads_started, 2);
+}
+
+#[tokio::test]
+async fn not_found_is_cached_briefly() {
+    let source = Arc::new(FakeSource::default());
+    source.missing.store(true, Ordering::SeqCst);
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    for _ in 0..5 {
+        match cache.get(key(), BUDGET).await {
+            CacheOutcome::Loaded(envelope) | CacheOutcome::Hit(envelope) => {
+                assert!(envelope.is_not_found());
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    // The marker lives at most 33 s (30 s ± 10 %); then the source is asked again.
+    clock.advance(Duration::from_secs(34));
+    source.missing.store(false, Ordering::SeqCst);
+    match cache.get(key(), BUDGET).await {
+        CacheOutcome::Loaded(envelope) => assert!(envelope.value.is_some()),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(cache.stats().not_found_cached, 1);
+}
+
+#[tokio::test]
+async fn invalidate_drops_the_copy() {
+    let source = Arc::new(FakeSource::default());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    cache.get(key(), BUDGET).await;
+    assert!(cache.peek(&key()).is_some());
+    cache.invalidate(&key());
+    assert!(cache.peek(&key()).is_none());
+    assert!(matches!(
+        cache.get(key(), BUDGET).await,
+        CacheOutcome::Loaded(_)
+    ));
+}
