@@ -14,12 +14,14 @@
 //!   same row validation (shared through the private `rows` module).
 //! - [`demo`]: the deterministic demo catalogue, independent of any database
 //!   ([`SqliteStore::seed_demo`] and [`MySqlStore::seed_demo`] load it).
-//! - [`testing`]: a throw-away MySQL database per test, for this and other crates' tests.
+//! - `testing` (feature `testing`, off in the service): a throw-away MySQL database per test, for
+//!   this and other crates' tests.
 
 pub mod demo;
 pub mod mysql;
 mod rows;
 pub mod sqlite;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 use std::fmt::Debug;

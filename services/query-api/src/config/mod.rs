@@ -61,6 +61,29 @@ pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigE
     }
 }
 
+/// `value` must lie in `range`; the error names the key and the bounds ("70000 is outside
+/// 1..=60000").
+pub(crate) fn ensure_in<T>(
+    field: &'static str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<(), ConfigError>
+where
+    T: PartialOrd + std::fmt::Display,
+{
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(invalid(
+        field,
+        format!("{value} is outside {}..={}", range.start(), range.end()),
+    ))
+}
+
+/// Why `upstreams.simulate = true` is refused by a build without the embedded simulator.
+pub(crate) const NO_SIMULATOR: &str = "this build has no embedded simulator (built without the \
+    `simulator` feature): set it to false and point upstreams.coupons_url and extras_url at the APIs";
+
 /// Environment variables that carry connection strings, by convention; they win over the files.
 pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
 pub const REDIS_URL_ENV: &str = "REDIS_URL";
@@ -275,12 +298,7 @@ impl Default for ObserverConfig {
 
 impl ObserverConfig {
     fn validate(&self) -> Result<(), ConfigError> {
-        if !(0.0..=1.0).contains(&self.sample_ratio) {
-            return Err(invalid(
-                "events.observer.sample_ratio",
-                format!("{} is outside 0..=1", self.sample_ratio),
-            ));
-        }
+        ensure_in("events.observer.sample_ratio", self.sample_ratio, 0.0..=1.0)?;
         let ascending = self.windows_ms.windows(2).all(|pair| pair[0] < pair[1]);
         if !(1..=8).contains(&self.windows_ms.len())
             || !ascending
@@ -297,12 +315,11 @@ impl ObserverConfig {
                 ),
             ));
         }
-        if !(1..=1_000_000).contains(&self.max_pending) {
-            return Err(invalid(
-                "events.observer.max_pending",
-                format!("{} is outside 1..=1000000", self.max_pending),
-            ));
-        }
+        ensure_in(
+            "events.observer.max_pending",
+            self.max_pending,
+            1..=1_000_000,
+        )?;
         Ok(())
     }
 
@@ -474,12 +491,11 @@ impl Settings {
     /// Explains the first thing that is wrong, naming the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let http = &self.http;
-        if !(50..=60_000).contains(&http.request_deadline_ms) {
-            return Err(invalid(
-                "http.request_deadline_ms",
-                format!("{} is outside 50..=60000", http.request_deadline_ms),
-            ));
-        }
+        ensure_in(
+            "http.request_deadline_ms",
+            http.request_deadline_ms,
+            50..=60_000,
+        )?;
         if http.request_timeout_ms < http.request_deadline_ms {
             return Err(invalid(
                 "http.request_timeout_ms",
@@ -489,12 +505,11 @@ impl Settings {
                 ),
             ));
         }
-        if !(1024..=16 * 1024 * 1024).contains(&http.body_limit_bytes) {
-            return Err(invalid(
-                "http.body_limit_bytes",
-                format!("{} is outside 1024..=16777216", http.body_limit_bytes),
-            ));
-        }
+        ensure_in(
+            "http.body_limit_bytes",
+            http.body_limit_bytes,
+            1024..=16 * 1024 * 1024,
+        )?;
         let rendered = self.engine.rendered_max_bytes;
         if rendered != 0 && !(65_536..=(64u64 << 30)).contains(&rendered) {
             return Err(invalid(
@@ -513,12 +528,7 @@ impl Settings {
                 ),
             ));
         }
-        if !(1..=200).contains(&http.max_batch_items) {
-            return Err(invalid(
-                "http.max_batch_items",
-                format!("{} is outside 1..=200", http.max_batch_items),
-            ));
-        }
+        ensure_in("http.max_batch_items", http.max_batch_items, 1..=200)?;
         if http.shutdown_drain_ms > 300_000 {
             return Err(invalid(
                 "http.shutdown_drain_ms",
@@ -539,32 +549,30 @@ impl Settings {
         if sqlite.path.as_os_str().is_empty() {
             return Err(invalid("store.sqlite.path", "must not be empty"));
         }
-        if !(1..=256).contains(&sqlite.max_connections) {
-            return Err(invalid(
-                "store.sqlite.max_connections",
-                format!("{} is outside 1..=256", sqlite.max_connections),
-            ));
+        ensure_in(
+            "store.sqlite.max_connections",
+            sqlite.max_connections,
+            1..=256,
+        )?;
+        ensure_in(
+            "store.sqlite.acquire_timeout_ms",
+            sqlite.acquire_timeout_ms,
+            1..=60_000,
+        )?;
+        if self.upstreams.simulate && !cfg!(feature = "simulator") {
+            return Err(invalid("upstreams.simulate", NO_SIMULATOR));
         }
-        if !(1..=60_000).contains(&sqlite.acquire_timeout_ms) {
-            return Err(invalid(
-                "store.sqlite.acquire_timeout_ms",
-                format!("{} is outside 1..=60000", sqlite.acquire_timeout_ms),
-            ));
-        }
-        if !(1..=60_000).contains(&self.upstreams.connect_timeout_ms) {
-            return Err(invalid(
-                "upstreams.connect_timeout_ms",
-                format!("{} is outside 1..=60000", self.upstreams.connect_timeout_ms),
-            ));
-        }
+        ensure_in(
+            "upstreams.connect_timeout_ms",
+            self.upstreams.connect_timeout_ms,
+            1..=60_000,
+        )?;
         for (field, value) in [
             ("timeouts.core_ms", self.timeouts.core_ms),
             ("timeouts.normal_ms", self.timeouts.normal_ms),
             ("timeouts.edge_ms", self.timeouts.edge_ms),
         ] {
-            if !(1..=60_000).contains(&value) {
-                return Err(invalid(field, format!("{value} is outside 1..=60000")));
-            }
+            ensure_in(field, value, 1..=60_000)?;
         }
         for (name, part) in self.parts.named() {
             part.validate(name)?;
@@ -599,29 +607,18 @@ impl Settings {
             ),
         ];
         for (field, value, range) in ranges {
-            if !range.contains(&value) {
-                return Err(invalid(
-                    field,
-                    format!("{value} is outside {}..={}", range.start(), range.end()),
-                ));
-            }
+            ensure_in(field, value, range)?;
         }
-        if !(1024..=65_536).contains(&http.max_header_bytes) {
-            return Err(invalid(
-                "http.max_header_bytes",
-                format!("{} is outside 1024..=65536", http.max_header_bytes),
-            ));
-        }
-        if !(8..=crate::server::HARD_MAX_HEADERS).contains(&http.max_headers) {
-            return Err(invalid(
-                "http.max_headers",
-                format!(
-                    "{} is outside 8..={}",
-                    http.max_headers,
-                    crate::server::HARD_MAX_HEADERS
-                ),
-            ));
-        }
+        ensure_in(
+            "http.max_header_bytes",
+            http.max_header_bytes,
+            1024..=65_536,
+        )?;
+        ensure_in(
+            "http.max_headers",
+            http.max_headers,
+            8..=crate::server::HARD_MAX_HEADERS,
+        )?;
         if !(256..=http.max_header_bytes).contains(&http.max_uri_bytes) {
             return Err(invalid(
                 "http.max_uri_bytes",
@@ -631,12 +628,7 @@ impl Settings {
                 ),
             ));
         }
-        if !(1..=1_000_000).contains(&http.max_connections) {
-            return Err(invalid(
-                "http.max_connections",
-                format!("{} is outside 1..=1000000", http.max_connections),
-            ));
-        }
+        ensure_in("http.max_connections", http.max_connections, 1..=1_000_000)?;
         if http.max_connections_per_peer > http.max_connections {
             return Err(invalid(
                 "http.max_connections_per_peer",
@@ -646,18 +638,12 @@ impl Settings {
                 ),
             ));
         }
-        if !(16..=65_535).contains(&http.listen_backlog) {
-            return Err(invalid(
-                "http.listen_backlog",
-                format!("{} is outside 16..=65535", http.listen_backlog),
-            ));
-        }
-        if !(1..=10_000).contains(&self.admin.max_connections) {
-            return Err(invalid(
-                "admin.max_connections",
-                format!("{} is outside 1..=10000", self.admin.max_connections),
-            ));
-        }
+        ensure_in("http.listen_backlog", http.listen_backlog, 16..=65_535)?;
+        ensure_in(
+            "admin.max_connections",
+            self.admin.max_connections,
+            1..=10_000,
+        )?;
         Ok(())
     }
 
@@ -684,12 +670,11 @@ impl Settings {
 
     fn validate_observability(&self) -> Result<(), ConfigError> {
         let observability = &self.observability;
-        if !(1..=600_000).contains(&observability.slow_request_ms) {
-            return Err(invalid(
-                "observability.slow_request_ms",
-                format!("{} is outside 1..=600000", observability.slow_request_ms),
-            ));
-        }
+        ensure_in(
+            "observability.slow_request_ms",
+            observability.slow_request_ms,
+            1..=600_000,
+        )?;
         if observability.slow_log_lines_per_sec > 10_000 {
             return Err(invalid(
                 "observability.slow_log_lines_per_sec",
@@ -699,12 +684,11 @@ impl Settings {
                 ),
             ));
         }
-        if !(1..=100_000).contains(&observability.slow_log_size) {
-            return Err(invalid(
-                "observability.slow_log_size",
-                format!("{} is outside 1..=100000", observability.slow_log_size),
-            ));
-        }
+        ensure_in(
+            "observability.slow_log_size",
+            observability.slow_log_size,
+            1..=100_000,
+        )?;
         let endpoint = observability.otlp_endpoint.trim();
         if !endpoint.is_empty() {
             let url = reqwest_free_url_check(endpoint);
@@ -712,24 +696,21 @@ impl Settings {
                 return Err(invalid("observability.otlp_endpoint", reason));
             }
         }
-        if !(0.0..=1.0).contains(&observability.otlp_sample_ratio) {
-            return Err(invalid(
-                "observability.otlp_sample_ratio",
-                format!("{} is outside [0, 1]", observability.otlp_sample_ratio),
-            ));
-        }
-        if !(64..=1_000_000).contains(&observability.otlp_queue_size) {
-            return Err(invalid(
-                "observability.otlp_queue_size",
-                format!("{} is outside 64..=1000000", observability.otlp_queue_size),
-            ));
-        }
-        if !(1..=60_000).contains(&observability.otlp_timeout_ms) {
-            return Err(invalid(
-                "observability.otlp_timeout_ms",
-                format!("{} is outside 1..=60000", observability.otlp_timeout_ms),
-            ));
-        }
+        ensure_in(
+            "observability.otlp_sample_ratio",
+            observability.otlp_sample_ratio,
+            0.0..=1.0,
+        )?;
+        ensure_in(
+            "observability.otlp_queue_size",
+            observability.otlp_queue_size,
+            64..=1_000_000,
+        )?;
+        ensure_in(
+            "observability.otlp_timeout_ms",
+            observability.otlp_timeout_ms,
+            1..=60_000,
+        )?;
         if observability.service_name.trim().is_empty() {
             return Err(invalid("observability.service_name", "must not be empty"));
         }
@@ -770,12 +751,11 @@ impl Settings {
     }
 
     fn validate_store_and_tiers(&self) -> Result<(), ConfigError> {
-        if !(1..=4096).contains(&self.store.max_concurrent_loads) {
-            return Err(invalid(
-                "store.max_concurrent_loads",
-                format!("{} is outside 1..=4096", self.store.max_concurrent_loads),
-            ));
-        }
+        ensure_in(
+            "store.max_concurrent_loads",
+            self.store.max_concurrent_loads,
+            1..=4096,
+        )?;
         let mysql = &self.store.mysql;
         if self.store.backend == StoreBackend::Mysql && mysql.url.is_empty() {
             return Err(invalid(
@@ -807,9 +787,7 @@ impl Settings {
             ("redis.lease_ttl_ms", self.redis.lease_ttl_ms),
             ("redis.lease_poll_ms", self.redis.lease_poll_ms),
         ] {
-            if !(1..=60_000).contains(&value) {
-                return Err(invalid(field, format!("{value} is outside 1..=60000")));
-            }
+            ensure_in(field, value, 1..=60_000)?;
         }
         let redis = &self.redis;
         if redis.enabled && redis.url.is_empty() && redis.cluster_nodes.is_empty() {
@@ -833,18 +811,16 @@ impl Settings {
             ));
         }
         let bloom = &self.bloom;
-        if !(0.000_001..=0.1).contains(&bloom.false_positive_rate) {
-            return Err(invalid(
-                "bloom.false_positive_rate",
-                format!("{} is outside 0.000001..=0.1", bloom.false_positive_rate),
-            ));
-        }
-        if !(1..=1_000_000_000).contains(&bloom.expected_items) {
-            return Err(invalid(
-                "bloom.expected_items",
-                format!("{} is outside 1..=1000000000", bloom.expected_items),
-            ));
-        }
+        ensure_in(
+            "bloom.false_positive_rate",
+            bloom.false_positive_rate,
+            0.000_001..=0.1,
+        )?;
+        ensure_in(
+            "bloom.expected_items",
+            bloom.expected_items,
+            1..=1_000_000_000,
+        )?;
         if bloom.rebuild_interval_secs < 10 {
             return Err(invalid(
                 "bloom.rebuild_interval_secs",
@@ -852,21 +828,11 @@ impl Settings {
             ));
         }
         let warmup = &self.warmup;
-        if !(1..=100_000).contains(&warmup.rate_per_sec) {
-            return Err(invalid(
-                "warmup.rate_per_sec",
-                format!("{} is outside 1..=100000", warmup.rate_per_sec),
-            ));
-        }
+        ensure_in("warmup.rate_per_sec", warmup.rate_per_sec, 1..=100_000)?;
         if warmup.interval_secs < 10 {
             return Err(invalid("warmup.interval_secs", "must be at least 10"));
         }
-        if !(1..=86_400).contains(&self.events.fence_secs) {
-            return Err(invalid(
-                "events.fence_secs",
-                format!("{} is outside 1..=86400", self.events.fence_secs),
-            ));
-        }
+        ensure_in("events.fence_secs", self.events.fence_secs, 1..=86_400)?;
         let events = &self.events;
         if events.require_signature && events.signing_key.expose().len() < 16 {
             return Err(invalid(

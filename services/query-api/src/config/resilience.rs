@@ -7,7 +7,7 @@ use std::time::Duration;
 use rebate_resilience::{BreakerConfig, RateConfig, RetryConfig, ShedConfig};
 use serde::Deserialize;
 
-use super::{ConfigError, invalid};
+use super::{ConfigError, ensure_in, invalid};
 
 /// `[resilience]`: breaker defaults, one section per dependency, retries, shedding and the
 /// per-client limit.
@@ -267,18 +267,16 @@ impl ResilienceSettings {
         self.client_rate()
             .validate()
             .map_err(|reason| invalid("resilience.client_limit", reason))?;
-        if !(1..=10_000_000).contains(&client.max_clients) {
-            return Err(invalid(
-                "resilience.client_limit.max_clients",
-                format!("{} is outside 1..=10000000", client.max_clients),
-            ));
-        }
-        if !(1..=86_400).contains(&client.idle_secs) {
-            return Err(invalid(
-                "resilience.client_limit.idle_secs",
-                format!("{} is outside 1..=86400", client.idle_secs),
-            ));
-        }
+        ensure_in(
+            "resilience.client_limit.max_clients",
+            client.max_clients,
+            1..=10_000_000,
+        )?;
+        ensure_in(
+            "resilience.client_limit.idle_secs",
+            client.idle_secs,
+            1..=86_400,
+        )?;
         if client.trusted_proxy_hops > 10 {
             return Err(invalid(
                 "resilience.client_limit.trusted_proxy_hops",

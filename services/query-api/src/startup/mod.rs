@@ -2,10 +2,12 @@
 //!
 //! - [`store`]: the catalogue store and the Redis L2 tier;
 //! - [`engine`]: the part caches over their guarded sources, and the query engine;
-//! - here: the simulator, the guards, background tasks, the event bus, the listeners and the
+//! - [`simulator`]: the embedded upstream simulator (feature `simulator`);
+//! - here: the guards, background tasks, the event bus, the listeners and the
 //!   shared state, then serving and draining.
 
 mod engine;
+mod simulator;
 mod store;
 
 use std::net::SocketAddr;
@@ -22,8 +24,8 @@ use rebate_store::CatalogRepository;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use upstream_sim::RunningSimulator;
 
+pub use simulator::RunningSimulator;
 pub use store::seed;
 
 use crate::admin_token::AdminToken;
@@ -84,7 +86,7 @@ impl Application {
         let shutdown = CancellationToken::new();
         let store = store::open_store(&settings).await?;
         let tier = store::connect_tier(&settings).await?;
-        let simulator = start_simulator(&settings, &shutdown).await?;
+        let simulator = simulator::start(&settings, &shutdown).await?;
         let (coupons_url, extras_url) = match &simulator {
             Some(simulator) => (simulator.base_url(), simulator.base_url()),
             None => (
@@ -261,22 +263,6 @@ impl Application {
         tracing::info!("stopped");
         Ok(())
     }
-}
-
-/// The embedded upstream simulator, when `upstreams.simulate` is on (the embedded profile).
-async fn start_simulator(
-    settings: &Settings,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<Option<RunningSimulator>> {
-    if !settings.upstreams.simulate {
-        return Ok(None);
-    }
-    let simulator =
-        RunningSimulator::start(settings.upstreams.simulator_listen, shutdown.child_token())
-            .await
-            .context("starting the embedded upstream simulator")?;
-    tracing::info!(addr = %simulator.addr(), "embedded upstream simulator started");
-    Ok(Some(simulator))
 }
 
 /// Breakers, bulkheads, quotas, the shedder and the per-client limiter, every guard reporting its

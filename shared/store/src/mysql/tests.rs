@@ -454,10 +454,7 @@ async fn a_busy_pool_fails_with_pool_timed_out_after_the_acquire_timeout() {
     let result = store.product(key("jd", "100001")).await;
     let elapsed = started.elapsed();
 
-    assert!(
-        matches!(result, Err(StoreError::PoolTimeout)),
-        "{result:?}"
-    );
+    assert!(matches!(result, Err(StoreError::PoolTimeout)), "{result:?}");
     assert!(
         elapsed >= Duration::from_millis(190) && elapsed < Duration::from_millis(1_000),
         "{elapsed:?}"

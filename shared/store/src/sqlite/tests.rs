@@ -457,10 +457,7 @@ async fn a_closed_store_fails_instead_of_hanging() {
 
     store.close().await;
 
-    assert!(matches!(
-        store.ping().await,
-        Err(StoreError::Closed)
-    ));
+    assert!(matches!(store.ping().await, Err(StoreError::Closed)));
 }
 
 #[tokio::test]
