@@ -18,13 +18,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rebate_cache::{Envelope, PartCache, TierKey};
+use rebate_cache::{EntryMeta, L2Entry, PartView};
 use rebate_domain::{ItemKey, PartKind, Timestamp};
 use rebate_engine::QueryEngine;
 use rebate_events::InvalidationEvent;
 use rebate_store::CatalogRepository;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -165,12 +164,10 @@ impl ConsistencyObserver {
         event_version: u64,
         window: Duration,
     ) -> Outcome {
-        let parts = self.engine.parts();
-        let tiers = match part {
-            PartKind::Product => served_versions(&parts.product, key, self.engine.now()).await,
-            PartKind::Rate => served_versions(&parts.rate, key, self.engine.now()).await,
-            PartKind::Coupons | PartKind::Extras => return Outcome::Unknown,
-        };
+        if !matches!(part, PartKind::Product | PartKind::Rate) {
+            return Outcome::Unknown;
+        }
+        let tiers = served_versions(self.engine.parts().view(part), key, self.engine.now()).await;
         let Ok((l1, l2)) = tiers else {
             return Outcome::Unknown;
         };
@@ -241,33 +238,17 @@ impl ConsistencyObserver {
 
 /// The versions L1 and L2 would serve fresh for `key` (None: that tier would not serve it: absent,
 /// past fresh, or a fence). `Err` when L2 could not be read.
-async fn served_versions<T>(
-    cache: &PartCache<T>,
+async fn served_versions(
+    cache: &dyn PartView,
     key: ItemKey,
     now: Timestamp,
-) -> Result<(Option<u64>, Option<u64>), ()>
-where
-    T: Serialize + DeserializeOwned + Send + Sync + 'static,
-{
-    let servable = |envelope: &Envelope<T>| {
-        (!envelope.tombstone && envelope.is_fresh(now)).then_some(envelope.version)
-    };
-    let l1 = cache.peek(&key).and_then(|envelope| servable(&envelope));
-    let l2 = match cache.shared_tier() {
-        None => None,
-        Some(tier) => {
-            let tier_key = TierKey {
-                item: key,
-                part: cache.part(),
-            };
-            let entries = tier.get_many(&[tier_key]).await.map_err(|_| ())?;
-            entries
-                .into_iter()
-                .next()
-                .flatten()
-                .and_then(|entry| Envelope::<T>::decode(&entry.bytes).ok())
-                .and_then(|envelope| servable(&envelope))
-        }
+) -> Result<(Option<u64>, Option<u64>), ()> {
+    let servable =
+        |entry: EntryMeta| (!entry.tombstone && entry.is_fresh(now)).then_some(entry.version);
+    let l1 = cache.l1_entry(&key).and_then(servable);
+    let l2 = match cache.l2_entry(key).await.map_err(|_| ())? {
+        L2Entry::Present(entry) => servable(entry),
+        L2Entry::Absent | L2Entry::Undecodable => None,
     };
     Ok((l1, l2))
 }

@@ -25,7 +25,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
-use rebate_cache::CacheStatsSnapshot;
+use rebate_cache::{CacheStatsSnapshot, PartView};
+use rebate_domain::PartKind;
 use rebate_engine::QueryEngine;
 use rebate_resilience::BreakerState;
 use rebate_sources::{CallObserver, CallOutcome};
@@ -303,12 +304,9 @@ struct PartStats {
 }
 
 impl PartStats {
-    fn of<T>(part: &'static str, cache: &rebate_cache::PartCache<T>) -> Self
-    where
-        T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
-    {
+    fn of(part: PartKind, cache: &dyn PartView) -> Self {
         Self {
-            part,
+            part: part.as_str(),
             has_l2: cache.shared_tier().is_some(),
             stats: cache.stats(),
         }
@@ -345,13 +343,13 @@ impl StateCollector {
     }
 
     fn encode_caches(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
-        let parts = self.engine.parts();
-        let caches = [
-            PartStats::of("product", &parts.product),
-            PartStats::of("rate", &parts.rate),
-            PartStats::of("coupons", &parts.coupons),
-            PartStats::of("extras", &parts.extras),
-        ];
+        let caches: Vec<PartStats> = self
+            .engine
+            .parts()
+            .views()
+            .iter()
+            .map(|(part, cache)| PartStats::of(part, *cache))
+            .collect();
         // L2 series only for parts that have an L2 tier: zeros for a tier that does not exist
         // would read as a tier that never hits.
         let with_l2 = || caches.iter().filter(|cache| cache.has_l2);

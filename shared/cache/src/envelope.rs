@@ -31,6 +31,26 @@ pub struct Envelope<T> {
     pub tombstone: bool,
 }
 
+/// An envelope's bookkeeping without its value: what inspection and consistency checks read, for
+/// a part of any type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EntryMeta {
+    pub version: u64,
+    pub fetched_at: Timestamp,
+    pub fresh_until: Timestamp,
+    pub stale_until: Timestamp,
+    pub tombstone: bool,
+    /// False for a not-found marker.
+    pub found: bool,
+}
+
+impl EntryMeta {
+    /// The same rule as [`Envelope::is_fresh`]: a fence is never fresh.
+    pub fn is_fresh(&self, now: Timestamp) -> bool {
+        !self.tombstone && now < self.fresh_until
+    }
+}
+
 /// Envelope timestamps travel as integers: exact to the millisecond and cheap to parse.
 mod epoch_millis {
     use rebate_domain::Timestamp;
@@ -86,6 +106,18 @@ impl<T> Envelope<T> {
 
     pub fn is_fresh(&self, now: Timestamp) -> bool {
         !self.tombstone && now < self.fresh_until
+    }
+
+    /// The bookkeeping without the value.
+    pub fn meta(&self) -> EntryMeta {
+        EntryMeta {
+            version: self.version,
+            fetched_at: self.fetched_at,
+            fresh_until: self.fresh_until,
+            stale_until: self.stale_until,
+            tombstone: self.tombstone,
+            found: self.value.is_some(),
+        }
     }
 
     /// Still inside the stale window: may answer when the source cannot.

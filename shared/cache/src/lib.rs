@@ -18,7 +18,8 @@
 //! - [`clock`]: [`Clock`], [`SystemClock`], [`ManualClock`].
 //! - [`context`]: [`LoadContext`], the starting request's deadline and retry allowance.
 //! - [`envelope`]: [`Envelope`] and [`TtlPolicy`] (jitter).
-//! - [`part`]: [`PartCache`], [`Loader`], [`CacheOutcome`], [`LoadFailure`].
+//! - [`part`]: [`PartCache`], [`Loader`], [`CacheOutcome`], [`LoadFailure`]; [`PartView`], a
+//!   part cache with its value type erased.
 //! - [`shared`]: [`SharedTier`], the contract of the L2 tier (version-fenced writes, leases).
 //! - [`memory`]: [`MemoryTier`], an in-process L2 for unit tests and benchmarks.
 
@@ -33,11 +34,11 @@ pub mod shared;
 pub use bloom::{BuildReport, FilterError, FilterStats, ItemFilter};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use context::LoadContext;
-pub use envelope::{Envelope, Jitter, PolicyError, TtlPolicy};
+pub use envelope::{EntryMeta, Envelope, Jitter, PolicyError, TtlPolicy};
 pub use memory::MemoryTier;
 pub use part::{
-    CacheOutcome, CacheStats, CacheStatsSnapshot, FailureKind, L2Settings, LoadFailure, Loaded,
-    Loader, PartCache, PartCacheSettings,
+    CacheOutcome, CacheStats, CacheStatsSnapshot, FailureKind, L2Entry, L2Settings, LoadFailure,
+    Loaded, Loader, PartCache, PartCacheSettings, PartView,
 };
 
 pub use shared::{FenceOutcome, SharedTier, TierEntry, TierError, TierKey};

@@ -25,6 +25,6 @@ pub mod time;
 pub use error::ErrorCode;
 pub use key::{ItemId, ItemKey, KeyError, Platform};
 pub use money::{Cents, MoneyError, RateBps};
-pub use part::{Coupon, Extras, PartKind, Product, ProductStatus, RebateRate};
+pub use part::{Coupon, Extras, PartKind, PerPart, Product, ProductStatus, RebateRate};
 pub use rebate::{best_coupon, estimate_rebate};
 pub use time::{Timestamp, TimestampError};

@@ -34,6 +34,57 @@ impl PartKind {
     }
 }
 
+/// One value per part, indexed by [`PartKind`]: the four-way lists (timeouts, settings, caches,
+/// statistics) are written once, so adding a part is adding a field here and its kind. Serialises
+/// as an object keyed by the parts' names, in [`PartKind::ALL`] order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PerPart<T> {
+    pub product: T,
+    pub rate: T,
+    pub coupons: T,
+    pub extras: T,
+}
+
+impl<T> PerPart<T> {
+    /// Builds every part's value from one function, so none can be forgotten.
+    pub fn from_fn(mut make: impl FnMut(PartKind) -> T) -> Self {
+        Self {
+            product: make(PartKind::Product),
+            rate: make(PartKind::Rate),
+            coupons: make(PartKind::Coupons),
+            extras: make(PartKind::Extras),
+        }
+    }
+
+    pub fn get(&self, part: PartKind) -> &T {
+        match part {
+            PartKind::Product => &self.product,
+            PartKind::Rate => &self.rate,
+            PartKind::Coupons => &self.coupons,
+            PartKind::Extras => &self.extras,
+        }
+    }
+
+    /// Each part with its value, in [`PartKind::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (PartKind, &T)> {
+        PartKind::ALL.into_iter().map(|part| (part, self.get(part)))
+    }
+
+    /// A new set with `change` applied to each part's value.
+    pub fn map<U>(&self, mut change: impl FnMut(PartKind, &T) -> U) -> PerPart<U> {
+        PerPart::from_fn(|part| change(part, self.get(part)))
+    }
+}
+
+impl<T> std::ops::Index<PartKind> for PerPart<T> {
+    type Output = T;
+
+    fn index(&self, part: PartKind) -> &T {
+        self.get(part)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ProductStatus {
@@ -74,4 +125,35 @@ pub struct Extras {
     pub sales_30d: u64,
     #[serde(default)]
     pub popular_searches: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_part_is_indexed_and_listed_by_kind_in_order() {
+        let names = PerPart::from_fn(PartKind::as_str);
+        for part in PartKind::ALL {
+            assert_eq!(names[part], part.as_str());
+        }
+        let listed: Vec<_> = names.iter().map(|(part, name)| (part, *name)).collect();
+        assert_eq!(listed[0], (PartKind::Product, "product"));
+        assert_eq!(listed[3], (PartKind::Extras, "extras"));
+        let lengths = names.map(|_, name| name.len());
+        assert_eq!(lengths.coupons, 7);
+        assert_eq!(
+            serde_json::to_string(&lengths).unwrap(),
+            r#"{"product":7,"rate":4,"coupons":7,"extras":6}"#
+        );
+    }
+
+    #[test]
+    fn per_part_refuses_an_unknown_part_name() {
+        let error = serde_json::from_str::<PerPart<u8>>(
+            r#"{"product":1,"rate":2,"coupons":3,"extras":4,"shipping":5}"#,
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("shipping"), "{error}");
+    }
 }

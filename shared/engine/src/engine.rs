@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use rebate_cache::{
-    CacheOutcome, Clock, FailureKind, ItemFilter, LoadContext, LoadFailure, PartCache, TierError,
-    TierKey,
+    CacheOutcome, Clock, FailureKind, ItemFilter, LoadContext, LoadFailure, PartCache, PartView,
+    TierError, TierKey,
 };
-use rebate_domain::{Coupon, Extras, ItemKey, PartKind, Product, RebateRate, Timestamp};
+use rebate_domain::{Coupon, Extras, ItemKey, PartKind, PerPart, Product, RebateRate, Timestamp};
 use rebate_resilience::ShedLevel;
 use rebate_telemetry::record_stage;
 use serde::Serialize;
@@ -20,7 +20,9 @@ use tokio::time::Instant;
 use crate::error::{DegradeReason, QueryError};
 use crate::quote::{PartResult, Quote, assemble};
 use crate::rendered::{QuoteAnswer, RenderTicket, RenderedQuotes, RenderedStats};
-use crate::tier::{Tier, TimeoutTiers};
+use crate::tier::PartTimeouts;
+#[cfg(test)]
+use crate::tier::TimeoutTiers;
 
 /// The four part caches the engine reads through, with each part's timeout.
 #[derive(Debug, Clone)]
@@ -29,6 +31,23 @@ pub struct EngineParts {
     pub rate: PartCache<RebateRate>,
     pub coupons: PartCache<Vec<Coupon>>,
     pub extras: PartCache<Extras>,
+}
+
+impl EngineParts {
+    /// The four caches with their value types erased: what treats the parts alike (prefetch,
+    /// invalidation, statistics, inspection) goes through this, the typed fan-out does not.
+    pub fn views(&self) -> PerPart<&dyn PartView> {
+        PerPart {
+            product: &self.product,
+            rate: &self.rate,
+            coupons: &self.coupons,
+            extras: &self.extras,
+        }
+    }
+
+    pub fn view(&self, part: PartKind) -> &dyn PartView {
+        *self.views().get(part)
+    }
 }
 
 /// Answers quotes. Cheap to clone; share one per process.
@@ -115,51 +134,6 @@ impl EngineSettings {
             retries_per_request: 2,
             rendered_capacity_bytes: Self::DEFAULT_RENDERED_CAPACITY_BYTES,
             cache_only_loads: Self::DEFAULT_CACHE_ONLY_LOADS,
-        }
-    }
-}
-
-/// Each part's timeout, resolved from its tier (or its own override) at start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PartTimeouts {
-    pub product: Duration,
-    pub rate: Duration,
-    pub coupons: Duration,
-    pub extras: Duration,
-}
-
-impl PartTimeouts {
-    /// The conventional tiers: product and rate are core, coupons normal, extras edge.
-    pub fn from_tiers(tiers: &TimeoutTiers) -> Self {
-        Self {
-            product: tiers.timeout(Tier::Core),
-            rate: tiers.timeout(Tier::Core),
-            coupons: tiers.timeout(Tier::Normal),
-            extras: tiers.timeout(Tier::Edge),
-        }
-    }
-
-    pub fn get(&self, part: PartKind) -> Duration {
-        match part {
-            PartKind::Product => self.product,
-            PartKind::Rate => self.rate,
-            PartKind::Coupons => self.coupons,
-            PartKind::Extras => self.extras,
-        }
-    }
-
-    /// Every timeout multiplied by its tier's factor (shed level 2), never below 1 ms.
-    pub fn scaled(&self, core: f64, normal: f64, edge: f64) -> Self {
-        let scale = |timeout: Duration, factor: f64| {
-            timeout
-                .mul_f64(factor.clamp(0.0, 1.0))
-                .max(Duration::from_millis(1))
-        };
-        Self {
-            product: scale(self.product, core),
-            rate: scale(self.rate, core),
-            coupons: scale(self.coupons, normal),
-            extras: scale(self.extras, edge),
         }
     }
 }
@@ -444,11 +418,9 @@ impl QueryEngine {
     /// Drops this instance's L1 and kept renderings whole (see [`PartCache::forget_all`]): what
     /// an instance does when it cannot know which invalidation events it missed.
     pub fn forget_l1(&self) {
-        let parts = &self.inner.parts;
-        parts.product.forget_all();
-        parts.rate.forget_all();
-        parts.coupons.forget_all();
-        parts.extras.forget_all();
+        for (_, part) in self.inner.parts.views().iter() {
+            part.forget_all();
+        }
         if let Some(rendered) = &self.inner.rendered {
             rendered.invalidate_all();
         }
@@ -472,32 +444,10 @@ impl QueryEngine {
             .rendered
             .as_ref()
             .map(|rendered| rendered.invalidating(key));
-        let fenced = match part {
-            PartKind::Product => {
-                parts
-                    .product
-                    .invalidate_to(key, version, fence_for, through_l2)
-                    .await
-            }
-            PartKind::Rate => {
-                parts
-                    .rate
-                    .invalidate_to(key, version, fence_for, through_l2)
-                    .await
-            }
-            PartKind::Coupons => {
-                parts
-                    .coupons
-                    .invalidate_to(key, version, fence_for, through_l2)
-                    .await
-            }
-            PartKind::Extras => {
-                parts
-                    .extras
-                    .invalidate_to(key, version, fence_for, through_l2)
-                    .await
-            }
-        };
+        let fenced = parts
+            .view(part)
+            .invalidate_to(key, version, fence_for, through_l2)
+            .await;
         // Dropped after the fences (even if L2 failed): a rendering begun after this reads the
         // fenced part.
         drop(rendering);
@@ -669,18 +619,14 @@ impl QueryEngine {
         let Some(tier) = parts.product.shared_tier() else {
             return;
         };
+        let views = parts.views();
         let wanted: Vec<TierKey> = keys
             .iter()
             .flat_map(|key| {
-                [
-                    (parts.product.needs_load(key), PartKind::Product),
-                    (parts.rate.needs_load(key), PartKind::Rate),
-                    (parts.coupons.needs_load(key), PartKind::Coupons),
-                    (parts.extras.needs_load(key), PartKind::Extras),
-                ]
-                .into_iter()
-                .filter(|(needed, _)| *needed)
-                .map(|(_, part)| TierKey { item: *key, part })
+                views
+                    .iter()
+                    .filter(|(_, view)| view.needs_load(key))
+                    .map(|(part, _)| TierKey { item: *key, part })
             })
             .collect();
         if wanted.is_empty() {
@@ -695,12 +641,7 @@ impl QueryEngine {
         };
         for (tier_key, entry) in wanted.iter().zip(entries) {
             let Some(entry) = entry else { continue };
-            match tier_key.part {
-                PartKind::Product => parts.product.absorb(tier_key.item, &entry),
-                PartKind::Rate => parts.rate.absorb(tier_key.item, &entry),
-                PartKind::Coupons => parts.coupons.absorb(tier_key.item, &entry),
-                PartKind::Extras => parts.extras.absorb(tier_key.item, &entry),
-            };
+            views[tier_key.part].absorb(tier_key.item, &entry);
         }
     }
 
@@ -722,7 +663,7 @@ impl QueryEngine {
         } else {
             &settings.timeouts
         };
-        let timeout = timeouts.get(part);
+        let timeout = timeouts[part];
         let started = Instant::now();
         let budget = timeout.min(deadline.saturating_duration_since(started));
         // A load this call starts keeps the part's timeout at this level, the request's deadline
@@ -974,7 +915,7 @@ mod tests {
         };
         QueryEngine::new(
             parts,
-            PartTimeouts::from_tiers(&TimeoutTiers::default()),
+            TimeoutTiers::default().part_timeouts(),
             Arc::new(clock.clone()),
         )
     }

@@ -27,12 +27,10 @@ pub mod quote;
 pub mod rendered;
 pub mod tier;
 
-pub use engine::{
-    CacheOnlyLoads, EngineMode, EngineParts, EngineSettings, PartTimeouts, QueryEngine,
-};
+pub use engine::{CacheOnlyLoads, EngineMode, EngineParts, EngineSettings, QueryEngine};
 pub use error::{DegradeReason, QueryError};
 pub use quote::{DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble};
 pub use rendered::{QuoteAnswer, RenderedQuote, RenderedQuotes, RenderedStats};
-pub use tier::{Tier, TimeoutTiers};
+pub use tier::{PartTimeouts, Tier, TimeoutTiers, scale_timeouts};
 
 pub use rebate_resilience::ShedLevel;

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use rebate_domain::{PartKind, PerPart};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -15,12 +16,26 @@ pub enum Tier {
     Edge,
 }
 
+/// Each part's timeout, resolved from its tier (or its own override) at start.
+pub type PartTimeouts = PerPart<Duration>;
+
 /// The default timeout of each tier. A part may override its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimeoutTiers {
     pub core: Duration,
     pub normal: Duration,
     pub edge: Duration,
+}
+
+impl Tier {
+    /// The conventional tier of each part: product and rate core, coupons normal, extras edge.
+    pub const fn conventional(part: PartKind) -> Self {
+        match part {
+            PartKind::Product | PartKind::Rate => Tier::Core,
+            PartKind::Coupons => Tier::Normal,
+            PartKind::Extras => Tier::Edge,
+        }
+    }
 }
 
 impl TimeoutTiers {
@@ -31,6 +46,26 @@ impl TimeoutTiers {
             Tier::Edge => self.edge,
         }
     }
+
+    /// Each part at its conventional tier's timeout.
+    pub fn part_timeouts(&self) -> PartTimeouts {
+        PerPart::from_fn(|part| self.timeout(Tier::conventional(part)))
+    }
+}
+
+/// Every timeout multiplied by its part's conventional tier's factor (shed level 2), never below
+/// 1 ms.
+pub fn scale_timeouts(timeouts: &PartTimeouts, core: f64, normal: f64, edge: f64) -> PartTimeouts {
+    timeouts.map(|part, timeout| {
+        let factor = match Tier::conventional(part) {
+            Tier::Core => core,
+            Tier::Normal => normal,
+            Tier::Edge => edge,
+        };
+        timeout
+            .mul_f64(factor.clamp(0.0, 1.0))
+            .max(Duration::from_millis(1))
+    })
 }
 
 impl Default for TimeoutTiers {

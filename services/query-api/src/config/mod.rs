@@ -15,7 +15,7 @@ use std::time::Duration;
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use rebate_cache::{Jitter, TtlPolicy};
-use rebate_domain::ItemKey;
+use rebate_domain::{ItemKey, PerPart};
 use rebate_engine::{PartTimeouts, Tier, TimeoutTiers};
 use rebate_telemetry::LogFormat;
 use serde::Deserialize;
@@ -374,14 +374,16 @@ pub struct TimeoutSettings {
     pub edge_ms: u64,
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PartsSettings {
-    pub product: PartSettings,
-    pub rate: PartSettings,
-    pub coupons: PartSettings,
-    pub extras: PartSettings,
-}
+/// `[parts.product]`, `[parts.rate]`, `[parts.coupons]`, `[parts.extras]`.
+pub type PartsSettings = PerPart<PartSettings>;
+
+/// Each part's section, as errors name it.
+const PART_SECTIONS: PerPart<&str> = PerPart {
+    product: "parts.product",
+    rate: "parts.rate",
+    coupons: "parts.coupons",
+    extras: "parts.extras",
+};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -574,8 +576,8 @@ impl Settings {
         ] {
             ensure_in(field, value, 1..=60_000)?;
         }
-        for (name, part) in self.parts.named() {
-            part.validate(name)?;
+        for (kind, part) in self.parts.iter() {
+            part.validate(PART_SECTIONS[kind])?;
         }
         self.resilience.validate()?;
         self.validate_observability()?;
@@ -894,23 +896,7 @@ impl Settings {
                 .map(Duration::from_millis)
                 .unwrap_or_else(|| tiers.timeout(part.tier))
         };
-        PartTimeouts {
-            product: resolve(&self.parts.product),
-            rate: resolve(&self.parts.rate),
-            coupons: resolve(&self.parts.coupons),
-            extras: resolve(&self.parts.extras),
-        }
-    }
-}
-
-impl PartsSettings {
-    fn named(&self) -> [(&'static str, &PartSettings); 4] {
-        [
-            ("parts.product", &self.product),
-            ("parts.rate", &self.rate),
-            ("parts.coupons", &self.coupons),
-            ("parts.extras", &self.extras),
-        ]
+        self.parts.map(|_, part| resolve(part))
     }
 }
 

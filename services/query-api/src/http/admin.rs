@@ -12,8 +12,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
-use rebate_cache::{Envelope, PartCache, TierKey};
-use rebate_domain::{ItemId, ItemKey, PartKind, Timestamp};
+use rebate_cache::{L2Entry, PartView};
+use rebate_domain::{ItemId, ItemKey, Timestamp};
 use rebate_events::{EventId, EventKind, InvalidationEvent, Rejection};
 use rebate_resilience::ShedLevel;
 use rebate_telemetry::TraceId;
@@ -199,16 +199,10 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
 /// on RabbitMQ, the connection's state and last error.
 async fn status(State(state): State<AppState>) -> Json<Value> {
     let readiness = Readiness::probe(&state).await;
-    let parts = state.engine.parts();
     Json(json!({
         "shed_level": state.protection.level(),
         "protection": state.protection.status(),
-        "caches": {
-            "product": parts.product.stats(),
-            "rate": parts.rate.stats(),
-            "coupons": parts.coupons.stats(),
-            "extras": parts.extras.stats(),
-        },
+        "caches": state.engine.parts().views().map(|_, part| part.stats()),
         "rendered_quotes": state.engine.rendered_stats(),
         "cache_only_loads": state.engine.cache_only_loads(),
         "bloom": state.engine.item_filter().map(|filter| filter.stats()),
@@ -354,52 +348,18 @@ fn invalid_event(rejection: Rejection) -> ApiError {
     ApiError::InvalidBody(rejection.to_string())
 }
 
-#[derive(Serialize)]
-struct TierView {
-    version: u64,
-    fetched_at: Timestamp,
-    fresh_until: Timestamp,
-    stale_until: Timestamp,
-    tombstone: bool,
-    found: bool,
-}
-
-fn view<T>(envelope: &Envelope<T>) -> TierView {
-    TierView {
-        version: envelope.version,
-        fetched_at: envelope.fetched_at,
-        fresh_until: envelope.fresh_until,
-        stale_until: envelope.stale_until,
-        tombstone: envelope.tombstone,
-        found: envelope.value.is_some(),
-    }
-}
-
-async fn part_view<T>(cache: &PartCache<T>, key: ItemKey) -> Value
-where
-    T: Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
-{
-    let l1 = cache.peek(&key).map(|envelope| view(&envelope));
-    let l2 = match cache.shared_tier() {
+/// What L1 and L2 hold for one part of one item.
+async fn part_view(part: &dyn PartView, key: ItemKey) -> Value {
+    let l2 = match part.shared_tier() {
         None => json!(null),
-        Some(tier) => {
-            let tier_key = TierKey {
-                item: key,
-                part: cache.part(),
-            };
-            match tier.get_many(&[tier_key]).await {
-                Ok(entries) => match entries.into_iter().next().flatten() {
-                    Some(entry) => match Envelope::<T>::decode(&entry.bytes) {
-                        Ok(envelope) => json!(view(&envelope)),
-                        Err(_) => json!({"error": "undecodable entry"}),
-                    },
-                    None => json!("absent"),
-                },
-                Err(error) => json!({"error": error.to_string()}),
-            }
-        }
+        Some(_) => match part.l2_entry(key).await {
+            Ok(L2Entry::Present(entry)) => json!(entry),
+            Ok(L2Entry::Absent) => json!("absent"),
+            Ok(L2Entry::Undecodable) => json!({"error": "undecodable entry"}),
+            Err(error) => json!({"error": error.to_string()}),
+        },
     };
-    json!({"l1": l1, "l2": l2})
+    json!({"l1": part.l1_entry(&key), "l2": l2})
 }
 
 /// What L1, L2 and the store hold for one item.
@@ -409,7 +369,10 @@ async fn inspect_item(
     ApiPath((platform, item_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
     let key = parse_key(&platform, &item_id)?;
-    let parts = state.engine.parts();
+    let mut views = serde_json::Map::new();
+    for (kind, part) in state.engine.parts().views().iter() {
+        views.insert(kind.as_str().to_owned(), part_view(*part, key).await);
+    }
     let product_row = state.store.product(key).await;
     let rate_row = state.store.rate(key).await;
     let store = json!({
@@ -425,12 +388,7 @@ async fn inspect_item(
     let body = json!({
         "platform": key.platform,
         "item_id": key.item_id,
-        "parts": {
-            PartKind::Product.as_str(): part_view(&parts.product, key).await,
-            PartKind::Rate.as_str(): part_view(&parts.rate, key).await,
-            PartKind::Coupons.as_str(): part_view(&parts.coupons, key).await,
-            PartKind::Extras.as_str(): part_view(&parts.extras, key).await,
-        },
+        "parts": views,
         "store": store,
         "trace_id": trace_id,
     });

@@ -9,7 +9,7 @@ use rebate_cache::{
     Clock, ItemFilter, L2Settings, Loader, PartCache, PartCacheSettings, SharedTier,
 };
 use rebate_domain::PartKind;
-use rebate_engine::{EngineMode, EngineParts, EngineSettings, QueryEngine};
+use rebate_engine::{EngineMode, EngineParts, EngineSettings, QueryEngine, scale_timeouts};
 use rebate_redis_tier::RedisTier;
 use rebate_sources::{
     CouponClient, ExtrasClient, GuardedTier, LoadLimiter, ProductLoader, RateLoader, http_client,
@@ -127,7 +127,8 @@ fn engine_settings(settings: &Settings) -> EngineSettings {
     EngineSettings {
         mode: settings.engine.mode,
         timeouts,
-        short_timeouts: timeouts.scaled(
+        short_timeouts: scale_timeouts(
+            &timeouts,
             shedding.core_timeout_factor,
             shedding.normal_timeout_factor,
             shedding.edge_timeout_factor,

@@ -28,6 +28,7 @@ mod lease;
 mod load;
 mod settings;
 mod stats;
+mod view;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -53,6 +54,7 @@ use crate::shared::{SharedTier, TierEntry, TierError};
 pub use self::load::{CacheOutcome, FailureKind, LoadFailure, Loaded, Loader};
 pub use self::settings::{L2Settings, PartCacheSettings};
 pub use self::stats::{CacheStats, CacheStatsSnapshot};
+pub use self::view::{L2Entry, PartView};
 
 /// One part's cache: a bounded moka L1, the loads in flight, and optionally the shared L2.
 pub struct PartCache<T> {
