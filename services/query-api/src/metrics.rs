@@ -28,8 +28,8 @@ use prometheus_client::registry::{Registry, Unit};
 use rebate_cache::{CacheStatsSnapshot, PartView};
 use rebate_domain::PartKind;
 use rebate_engine::QueryEngine;
+use rebate_guard::{CallObserver, CallOutcome};
 use rebate_resilience::BreakerState;
-use rebate_sources::{CallObserver, CallOutcome};
 
 use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
@@ -538,7 +538,7 @@ impl StateCollector {
             .protection
             .dependencies()
             .map(|dependency| dependency.snapshot());
-        let by_dependency = |read: fn(&rebate_sources::DependencySnapshot) -> u64| {
+        let by_dependency = |read: fn(&rebate_guard::DependencySnapshot) -> u64| {
             snapshots
                 .iter()
                 .map(move |snapshot| ([("dependency", snapshot.name)], read(snapshot)))

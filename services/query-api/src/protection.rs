@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rebate_guard::{CallObserver, DependencyGuard, DependencySettings, DependencySnapshot};
 use rebate_resilience::{KeyedLimiter, LoadShedder, ShedLevel, ShedSnapshot, Ticker};
-use rebate_sources::{CallObserver, Dependency, DependencySettings, DependencySnapshot};
 use serde::Serialize;
 
 use crate::config::ResilienceSettings;
@@ -14,10 +14,10 @@ use crate::config::ResilienceSettings;
 /// Every guard of the running service.
 #[derive(Debug)]
 pub struct Protection {
-    pub mysql: Arc<Dependency>,
-    pub redis: Arc<Dependency>,
-    pub coupons: Arc<Dependency>,
-    pub extras: Arc<Dependency>,
+    pub mysql: Arc<DependencyGuard>,
+    pub redis: Arc<DependencyGuard>,
+    pub coupons: Arc<DependencyGuard>,
+    pub extras: Arc<DependencyGuard>,
     /// `None` when shedding is disabled.
     pub shedder: Option<LoadShedder>,
     pub clients: Option<ClientLimiter>,
@@ -45,7 +45,7 @@ impl Protection {
     ) -> Self {
         let guard = |name: &'static str, timeout: Option<Duration>| {
             let config = settings.dependency(name);
-            let dependency = Dependency::new(
+            let dependency = DependencyGuard::new(
                 name,
                 DependencySettings {
                     breaker: settings.breaker_config(config),
@@ -99,7 +99,7 @@ impl Protection {
         rand::random_range(min..=max)
     }
 
-    pub fn dependencies(&self) -> [&Arc<Dependency>; 4] {
+    pub fn dependencies(&self) -> [&Arc<DependencyGuard>; 4] {
         [&self.mysql, &self.redis, &self.coupons, &self.extras]
     }
 

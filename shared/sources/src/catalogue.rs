@@ -1,4 +1,4 @@
-//! Product and rate loaders backed by the catalogue store: behind the store's [`Dependency`]
+//! Product and rate loaders backed by the catalogue store: behind the store's [`DependencyGuard`]
 //! guard (breaker, bulkhead) and one shared bound on concurrent store loads.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use rebate_cache::{LoadFailure, Loaded, Loader};
 use rebate_domain::{ItemKey, Product, RebateRate};
 use rebate_store::{CatalogRepository, StoreError, Versioned};
 
-use crate::guard::Dependency;
+use rebate_guard::DependencyGuard;
 
 /// At most `limit` store loads at once, across product and rate: when many keys miss together
 /// (cold start, mass expiry, Redis down) the store sees a bounded queue, not a stampede.
@@ -61,14 +61,14 @@ impl Drop for InFlight<'_> {
 pub struct ProductLoader {
     repository: Arc<dyn CatalogRepository>,
     limiter: Arc<LoadLimiter>,
-    guard: Arc<Dependency>,
+    guard: Arc<DependencyGuard>,
 }
 
 impl ProductLoader {
     pub fn new(
         repository: Arc<dyn CatalogRepository>,
         limiter: Arc<LoadLimiter>,
-        guard: Arc<Dependency>,
+        guard: Arc<DependencyGuard>,
     ) -> Self {
         Self {
             repository,
@@ -99,14 +99,14 @@ impl Loader<Product> for ProductLoader {
 pub struct RateLoader {
     repository: Arc<dyn CatalogRepository>,
     limiter: Arc<LoadLimiter>,
-    guard: Arc<Dependency>,
+    guard: Arc<DependencyGuard>,
 }
 
 impl RateLoader {
     pub fn new(
         repository: Arc<dyn CatalogRepository>,
         limiter: Arc<LoadLimiter>,
-        guard: Arc<Dependency>,
+        guard: Arc<DependencyGuard>,
     ) -> Self {
         Self {
             repository,

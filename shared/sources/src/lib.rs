@@ -3,24 +3,20 @@
 //! Contract: every type here implements [`rebate_cache::Loader`] for one part and maps its
 //! source's answers onto it: a value with its data version, `None` when the source says the item
 //! does not exist, or a [`LoadFailure`] (timeout or error) that the cache may answer with a stale
-//! copy. Sources never cache; every call goes through its dependency's [`Dependency`] guard
-//! (breaker, bulkhead, quota, timeout, budgeted retries of idempotent reads). Nothing here knows about HTTP *serving* or the quote's shape.
+//! copy. Sources never cache; every call goes through its dependency's
+//! [`DependencyGuard`](rebate_guard::DependencyGuard) (`rebate-guard`: breaker, bulkhead, quota,
+//! timeout, budgeted retries of idempotent reads). Nothing here knows about HTTP *serving* or the
+//! quote's shape.
 //!
 //! # Layout
 //! - [`catalogue`]: [`ProductLoader`], [`RateLoader`] over a [`CatalogRepository`], sharing a
 //!   [`LoadLimiter`].
-//! - [`guard`]: [`Dependency`], [`GuardedTier`].
 //! - [`upstream`]: [`CouponClient`], [`ExtrasClient`] over the external HTTP/JSON APIs.
 
 pub mod catalogue;
-pub mod guard;
 pub mod upstream;
 
 pub use catalogue::{LoadLimiter, ProductLoader, RateLoader};
-pub use guard::{
-    AttemptFailure, CallObserver, CallOutcome, Dependency, DependencySettings, DependencySnapshot,
-    GuardedTier,
-};
 pub use upstream::{CouponClient, ExtrasClient, UpstreamError, http_client};
 
 pub use rebate_cache::LoadFailure;

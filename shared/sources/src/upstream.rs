@@ -7,7 +7,7 @@
 //! A 404 means the API knows nothing of the item: no coupons, no extras. Any other non-2xx
 //! answer, a transport error or an undecodable body is a failure: 5xx answers and transport
 //! errors are transient (retried within budget), a 429 is the provider's quota (never retried),
-//! the rest are permanent. Every call goes through the API's [`Dependency`] guard.
+//! the rest are permanent. Every call goes through the API's [`DependencyGuard`] guard.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +19,7 @@ use serde::Deserialize;
 
 use rebate_telemetry::Timeline;
 
-use crate::guard::{AttemptFailure, Dependency};
+use rebate_guard::{AttemptFailure, DependencyGuard};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -63,7 +63,7 @@ struct Endpoint {
     client: reqwest::Client,
     /// Base url with the path prefix, without a trailing slash.
     base: String,
-    guard: Arc<Dependency>,
+    guard: Arc<DependencyGuard>,
 }
 
 impl Endpoint {
@@ -72,7 +72,7 @@ impl Endpoint {
         client: reqwest::Client,
         base_url: &str,
         path: &str,
-        guard: Arc<Dependency>,
+        guard: Arc<DependencyGuard>,
     ) -> Result<Self, UpstreamError> {
         let url = parse_base_url(base_url)?;
         let base = format!("{}/{path}", url.as_str().trim_end_matches('/'));
@@ -162,7 +162,7 @@ impl CouponClient {
     pub fn new(
         client: reqwest::Client,
         base_url: &str,
-        guard: Arc<Dependency>,
+        guard: Arc<DependencyGuard>,
     ) -> Result<Self, UpstreamError> {
         Ok(Self {
             endpoint: Endpoint::new("coupon", client, base_url, "v1/coupons", guard)?,
@@ -197,7 +197,7 @@ impl ExtrasClient {
     pub fn new(
         client: reqwest::Client,
         base_url: &str,
-        guard: Arc<Dependency>,
+        guard: Arc<DependencyGuard>,
     ) -> Result<Self, UpstreamError> {
         Ok(Self {
             endpoint: Endpoint::new("extras", client, base_url, "v1/extras", guard)?,
@@ -227,9 +227,9 @@ mod tests {
     #[test]
     fn base_urls_are_validated() {
         let client = http_client(Duration::from_secs(1)).unwrap();
-        let guard = Arc::new(Dependency::new(
+        let guard = Arc::new(DependencyGuard::new(
             "coupons",
-            crate::DependencySettings {
+            rebate_guard::DependencySettings {
                 breaker: rebate_resilience::BreakerConfig::default(),
                 max_concurrent: 8,
                 quota: None,

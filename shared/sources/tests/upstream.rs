@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use rebate_cache::{FailureKind, LoadContext, Loader};
 use rebate_domain::ItemKey;
+use rebate_guard::{DependencyGuard, DependencySettings};
 use rebate_resilience::{BreakerConfig, MonotonicTicker, RetryConfig};
-use rebate_sources::{CouponClient, Dependency, DependencySettings, ExtrasClient, http_client};
+use rebate_sources::{CouponClient, ExtrasClient, http_client};
 use tokio_util::sync::CancellationToken;
 use upstream_sim::{Endpoint, Fault, RunningSimulator};
 
@@ -20,8 +21,8 @@ async fn simulator() -> (RunningSimulator, CancellationToken) {
 }
 
 /// A guard that never trips, with retries as given: these tests are about the clients.
-fn guard(retry: Option<RetryConfig>) -> Arc<Dependency> {
-    Arc::new(Dependency::new(
+fn guard(retry: Option<RetryConfig>) -> Arc<DependencyGuard> {
+    Arc::new(DependencyGuard::new(
         "coupons",
         DependencySettings {
             breaker: BreakerConfig {

@@ -10,9 +10,10 @@ use rebate_cache::{
 };
 use rebate_domain::PartKind;
 use rebate_engine::{EngineMode, EngineParts, EngineSettings, QueryEngine, scale_timeouts};
+use rebate_guard::GuardedTier;
 use rebate_redis_tier::RedisTier;
 use rebate_sources::{
-    CouponClient, ExtrasClient, GuardedTier, LoadLimiter, ProductLoader, RateLoader, http_client,
+    CouponClient, ExtrasClient, LoadLimiter, ProductLoader, RateLoader, http_client,
 };
 use rebate_store::CatalogRepository;
 use serde::de::DeserializeOwned;

@@ -1,4 +1,4 @@
-//! Every call to a dependency goes through its [`Dependency`] guard: circuit breaker, bulkhead,
+//! Every call to a dependency goes through its [`DependencyGuard`] guard: circuit breaker, bulkhead,
 //! outbound quota, per-attempt timeout and (for idempotent upstream reads) budgeted retries.
 //!
 //! Refusals are instant and typed ([`FailureKind::BreakerOpen`], [`FailureKind::BulkheadFull`],
@@ -11,10 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use rebate_cache::{
-    FailureKind, FenceOutcome, LoadContext, LoadFailure, SharedTier, TierEntry, TierError, TierKey,
-};
+use rebate_cache::{FailureKind, LoadContext, LoadFailure};
 use rebate_resilience::{
     Backoff, BreakerConfig, BreakerSnapshot, Bulkhead, BulkheadSnapshot, CircuitBreaker,
     RateConfig, RetryBudget, RetryConfig, Ticker, TokenBucket,
@@ -102,7 +99,7 @@ impl From<LoadFailure> for AttemptFailure {
 }
 
 /// One dependency's guard. Share it (`Arc`) between every caller of that dependency.
-pub struct Dependency {
+pub struct DependencyGuard {
     name: &'static str,
     breaker: CircuitBreaker,
     bulkhead: Bulkhead,
@@ -135,10 +132,10 @@ struct Counters {
     rejected_quota: AtomicU64,
 }
 
-impl fmt::Debug for Dependency {
+impl fmt::Debug for DependencyGuard {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter
-            .debug_struct("Dependency")
+            .debug_struct("DependencyGuard")
             .field("name", &self.name)
             .field("breaker", &self.breaker.state())
             .field("in_flight", &self.bulkhead.in_flight())
@@ -146,7 +143,7 @@ impl fmt::Debug for Dependency {
     }
 }
 
-impl Dependency {
+impl DependencyGuard {
     pub fn new(name: &'static str, settings: DependencySettings, ticker: Arc<dyn Ticker>) -> Self {
         Self {
             name,
@@ -488,81 +485,4 @@ pub struct RetrySnapshot {
     pub first_attempts: u64,
     pub retries: u64,
     pub refused: u64,
-}
-
-/// The shared L2 tier behind the Redis dependency's guard: while its breaker is open, cache
-/// reads and leases skip L2 at once (straight to the source) instead of paying a command timeout
-/// per miss. Writes — version-fenced values and invalidation tombstones — and lease releases go to
-/// the tier directly: they are off the request path, and an invalidation fence must reach Redis
-/// whenever Redis answers, whatever the breaker last saw.
-#[derive(Debug)]
-pub struct GuardedTier {
-    tier: Arc<dyn SharedTier>,
-    guard: Arc<Dependency>,
-}
-
-impl GuardedTier {
-    pub fn new(tier: Arc<dyn SharedTier>, guard: Arc<Dependency>) -> Self {
-        Self { tier, guard }
-    }
-
-    async fn guarded<T, Fut>(&self, call: impl FnMut() -> Fut) -> Result<T, TierError>
-    where
-        Fut: Future<Output = Result<T, TierError>>,
-    {
-        let mut call = call;
-        self.guard
-            .call(|| {
-                let future = call();
-                async move {
-                    future.await.map_err(|error| {
-                        AttemptFailure::permanent(match &error {
-                            TierError::Timeout(_) => LoadFailure::timeout(error.to_string()),
-                            TierError::Backend(_) => LoadFailure::error(error.to_string()),
-                        })
-                    })
-                }
-            })
-            .await
-            // The tier treats every error alike (skip L2); the detail keeps what happened.
-            .map_err(|failure| TierError::Backend(failure.detail.to_string()))
-    }
-}
-
-#[async_trait]
-impl SharedTier for GuardedTier {
-    async fn get_many(&self, keys: &[TierKey]) -> Result<Vec<Option<TierEntry>>, TierError> {
-        self.guarded(|| self.tier.get_many(keys)).await
-    }
-
-    async fn put_fenced(
-        &self,
-        key: TierKey,
-        entry: &TierEntry,
-        ttl: Duration,
-    ) -> Result<FenceOutcome, TierError> {
-        self.tier.put_fenced(key, entry, ttl).await
-    }
-
-    async fn put_fence(
-        &self,
-        key: TierKey,
-        entry: &TierEntry,
-        ttl: Duration,
-    ) -> Result<FenceOutcome, TierError> {
-        self.tier.put_fence(key, entry, ttl).await
-    }
-
-    async fn try_lease(&self, key: TierKey, token: u64, ttl: Duration) -> Result<bool, TierError> {
-        self.guarded(|| self.tier.try_lease(key, token, ttl)).await
-    }
-
-    async fn release_lease(&self, key: TierKey, token: u64) -> Result<(), TierError> {
-        self.tier.release_lease(key, token).await
-    }
-
-    /// Readiness asks the tier itself, whatever the breaker thinks.
-    async fn ping(&self) -> Result<(), TierError> {
-        self.tier.ping().await
-    }
 }

@@ -1,0 +1,24 @@
+//! The guard every dependency call goes through: the protection step of the request path.
+//!
+//! Contract: a [`DependencyGuard`] admits a call only through its circuit breaker, bulkhead and
+//! outbound quota, cuts each attempt at the dependency's timeout, and retries idempotent reads
+//! within a shared [`RetryBudget`](rebate_resilience::RetryBudget). Its own refusals are instant
+//! and typed (breaker open, bulkhead full, quota), so a part degrades with the reason in the
+//! answer instead of waiting, and they are never recorded as the dependency's failures. Every
+//! attempt and refusal is reported to an optional [`CallObserver`] (the metrics).
+//!
+//! # Layout
+//! - [`dependency`]: [`DependencyGuard`], its settings, snapshot and [`CallObserver`].
+//! - [`tier`]: [`GuardedTier`], the shared L2 tier behind the Redis guard.
+//!
+//! The guards themselves (breaker, bulkhead, token bucket, retry budget, backoff) are
+//! `rebate-resilience`'s, clock-injected and free of I/O; this crate puts them in front of a call.
+
+pub mod dependency;
+pub mod tier;
+
+pub use dependency::{
+    AttemptFailure, CallObserver, CallOutcome, DependencyGuard, DependencySettings,
+    DependencySnapshot,
+};
+pub use tier::GuardedTier;
