@@ -145,7 +145,7 @@ fn bench_cache(criterion: &mut Criterion) {
             .iter(|| async { engine.quote(key, deadline()).await.unwrap() })
     });
     // What the HTTP handler does on the hot path: the kept rendering, the trace id appended.
-    let answer = || engine.answer_at(key, deadline(), ShedLevel::Normal);
+    let answer = || engine.answer(key, deadline(), ShedLevel::Normal);
     runtime.block_on(answer()).unwrap();
     let member = br#""trace_id":"4bf92f3577b34da6a3ce929d0e0e4736""#;
     criterion.bench_function("rendered_quote_with_trace_id", |bench| {

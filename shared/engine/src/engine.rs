@@ -5,11 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::future::join_all;
-use rebate_cache::{
-    CacheOutcome, Clock, FailureKind, ItemFilter, LoadContext, LoadFailure, PartCache, PartView,
-    TierError, TierKey,
-};
-use rebate_domain::{Coupon, Extras, ItemKey, PartKind, PerPart, Product, RebateRate, Timestamp};
+use rebate_cache::{CacheOutcome, Clock, ItemFilter, LoadContext, PartCache, TierError, TierKey};
+use rebate_domain::{ItemKey, PartKind, Timestamp};
 use rebate_resilience::ShedLevel;
 use rebate_telemetry::record_stage;
 use serde::Serialize;
@@ -18,37 +15,13 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::error::{DegradeReason, QueryError};
+use crate::naive;
+use crate::parts::EngineParts;
 use crate::quote::{PartResult, Quote, assemble};
 use crate::rendered::{QuoteAnswer, RenderTicket, RenderedQuotes, RenderedStats};
 use crate::tier::PartTimeouts;
 #[cfg(test)]
 use crate::tier::TimeoutTiers;
-
-/// The four part caches the engine reads through, with each part's timeout.
-#[derive(Debug, Clone)]
-pub struct EngineParts {
-    pub product: PartCache<Product>,
-    pub rate: PartCache<RebateRate>,
-    pub coupons: PartCache<Vec<Coupon>>,
-    pub extras: PartCache<Extras>,
-}
-
-impl EngineParts {
-    /// The four caches with their value types erased: what treats the parts alike (prefetch,
-    /// invalidation, statistics, inspection) goes through this, the typed fan-out does not.
-    pub fn views(&self) -> PerPart<&dyn PartView> {
-        PerPart {
-            product: &self.product,
-            rate: &self.rate,
-            coupons: &self.coupons,
-            extras: &self.extras,
-        }
-    }
-
-    pub fn view(&self, part: PartKind) -> &dyn PartView {
-        *self.views().get(part)
-    }
-}
 
 /// Answers quotes. Cheap to clone; share one per process.
 #[derive(Debug, Clone)]
@@ -109,7 +82,7 @@ pub struct EngineSettings {
     /// Retries one request may spend across all its parts (the dependencies decide whether a
     /// failure is worth one).
     pub retries_per_request: u32,
-    /// Bytes of complete quotes kept as JSON for [`QueryEngine::answer_at`]; 0 turns that off.
+    /// Bytes of complete quotes kept as JSON for [`QueryEngine::answer`]; 0 turns that off.
     pub rendered_capacity_bytes: u64,
     /// At shed level 3, keys L1 lacks a part of may still load, this many at a time (at level
     /// 2's timeouts), so that a cold instance under load warms instead of refusing every miss
@@ -141,16 +114,6 @@ impl EngineSettings {
 impl QueryEngine {
     pub fn new(parts: EngineParts, timeouts: PartTimeouts, clock: Arc<dyn Clock>) -> Self {
         Self::with_settings(parts, EngineSettings::new(timeouts), clock, None)
-    }
-
-    /// An engine that answers "not found" for keys the filter rejects, before any cache tier.
-    pub fn with_item_filter(
-        parts: EngineParts,
-        timeouts: PartTimeouts,
-        clock: Arc<dyn Clock>,
-        filter: Arc<ItemFilter>,
-    ) -> Self {
-        Self::with_settings(parts, EngineSettings::new(timeouts), clock, Some(filter))
     }
 
     /// The engine with every knob: shed-level timeouts, retries and the optional Bloom gate.
@@ -211,39 +174,25 @@ impl QueryEngine {
         self.inner.clock.now()
     }
 
-    pub fn timeouts(&self) -> PartTimeouts {
-        self.inner.settings.timeouts
-    }
-
     pub fn settings(&self) -> EngineSettings {
         self.inner.settings
     }
 
     /// The quote for one item, answered by `deadline` at the latest (plus scheduling noise).
     pub async fn quote(&self, key: ItemKey, deadline: Instant) -> Result<Quote, QueryError> {
-        self.quote_at(key, deadline, ShedLevel::Normal).await
-    }
-
-    /// The quote for one item served at a load-shedding level: from level 1 extras come from
-    /// L1 or not at all; from level 2 every part waits its shortened timeout; level 3 answers
-    /// from the cache tiers only, and a product nobody has cached is
-    /// [`QueryError::Unavailable`] with reason `shed`.
-    pub async fn quote_at(
-        &self,
-        key: ItemKey,
-        deadline: Instant,
-        level: ShedLevel,
-    ) -> Result<Quote, QueryError> {
-        self.assemble_at(key, deadline, level)
+        self.assemble_one(key, deadline, ShedLevel::Normal)
             .await
             .map(|(quote, _)| quote)
     }
 
-    /// [`QueryEngine::quote_at`], answered from the quote's rendering when a complete quote for
-    /// `key` was assembled earlier and none of its inputs has changed since (see
-    /// [`RenderedQuotes`]): one lookup instead of four, and no serialisation. A complete quote
-    /// assembled now is rendered and kept for the next request.
-    pub async fn answer_at(
+    /// The answer for one item at a load-shedding level: from level 1 extras come from L1 or not
+    /// at all; from level 2 every part waits its shortened timeout; level 3 answers from the cache
+    /// tiers only, and a product nobody has cached is [`QueryError::Unavailable`] with reason
+    /// `shed`. Answered from the quote's rendering when a complete quote for `key` was assembled
+    /// earlier and none of its inputs has changed since (see [`RenderedQuotes`]): one lookup
+    /// instead of four, and no serialisation. A complete quote assembled now is rendered and kept
+    /// for the next request.
+    pub async fn answer(
         &self,
         key: ItemKey,
         deadline: Instant,
@@ -251,15 +200,15 @@ impl QueryEngine {
     ) -> Result<QuoteAnswer, QueryError> {
         let Some(rendered) = &self.inner.rendered else {
             return self
-                .quote_at(key, deadline, level)
+                .assemble_one(key, deadline, level)
                 .await
-                .map(|quote| QuoteAnswer::Assembled(Box::new(quote)));
+                .map(|(quote, _)| QuoteAnswer::Assembled(Box::new(quote)));
         };
         if let Some(hit) = rendered.get(&key, self.inner.clock.now()) {
             return Ok(QuoteAnswer::Rendered(hit));
         }
         let ticket = rendered.begin();
-        let (quote, fresh_until) = self.assemble_at(key, deadline, level).await?;
+        let (quote, fresh_until) = self.assemble_one(key, deadline, level).await?;
         Ok(self.keep(rendered, key, quote, fresh_until, ticket))
     }
 
@@ -298,7 +247,7 @@ impl QueryEngine {
         skip(self),
         fields(%key, level = level.as_str())
     )]
-    async fn assemble_at(
+    async fn assemble_one(
         &self,
         key: ItemKey,
         deadline: Instant,
@@ -308,7 +257,9 @@ impl QueryEngine {
             return Err(QueryError::NotFound { delisted: false });
         }
         if self.inner.settings.mode == EngineMode::Naive {
-            return self.quote_naive(key).await.map(|quote| (quote, None));
+            return naive::quote(&self.inner.parts, key, self.inner.clock.as_ref())
+                .await
+                .map(|quote| (quote, None));
         }
         if level == ShedLevel::CacheOnly {
             let started = Instant::now();
@@ -461,27 +412,17 @@ impl QueryEngine {
         keys: &[ItemKey],
         deadline: Instant,
     ) -> Vec<Result<Quote, QueryError>> {
-        self.quote_many_at(keys, deadline, ShedLevel::Normal).await
-    }
-
-    /// [`QueryEngine::quote_many`] at a load-shedding level (see [`QueryEngine::quote_at`]).
-    pub async fn quote_many_at(
-        &self,
-        keys: &[ItemKey],
-        deadline: Instant,
-        level: ShedLevel,
-    ) -> Vec<Result<Quote, QueryError>> {
-        self.assemble_many_at(keys, deadline, level)
+        self.assemble_many(keys, deadline, ShedLevel::Normal)
             .await
             .into_iter()
             .map(|answer| answer.map(|(quote, _)| quote))
             .collect()
     }
 
-    /// [`QueryEngine::quote_many_at`], each key answered from its rendering when one is valid
-    /// (see [`QueryEngine::answer_at`]); the rest are assembled together, and the complete ones
-    /// kept.
-    pub async fn answer_many_at(
+    /// [`QueryEngine::answer`] for several items under one deadline, in order: each key answered
+    /// from its rendering when one is valid, the rest assembled together (one L2 round trip for
+    /// what L1 lacks), and the complete ones kept.
+    pub async fn answer_many(
         &self,
         keys: &[ItemKey],
         deadline: Instant,
@@ -489,10 +430,10 @@ impl QueryEngine {
     ) -> Vec<Result<QuoteAnswer, QueryError>> {
         let Some(rendered) = &self.inner.rendered else {
             return self
-                .quote_many_at(keys, deadline, level)
+                .assemble_many(keys, deadline, level)
                 .await
                 .into_iter()
-                .map(|answer| answer.map(|quote| QuoteAnswer::Assembled(Box::new(quote))))
+                .map(|answer| answer.map(|(quote, _)| QuoteAnswer::Assembled(Box::new(quote))))
                 .collect();
         };
         let now = self.inner.clock.now();
@@ -513,7 +454,7 @@ impl QueryEngine {
         if !missing.is_empty() {
             let ticket = rendered.begin();
             let mut assembled = self
-                .assemble_many_at(&missing, deadline, level)
+                .assemble_many(&missing, deadline, level)
                 .await
                 .into_iter()
                 .zip(missing);
@@ -532,7 +473,7 @@ impl QueryEngine {
             .collect()
     }
 
-    async fn assemble_many_at(
+    async fn assemble_many(
         &self,
         keys: &[ItemKey],
         deadline: Instant,
@@ -564,7 +505,9 @@ impl QueryEngine {
             let mut quotes = Vec::with_capacity(keys.len());
             for (key, admitted) in keys.iter().zip(admitted) {
                 quotes.push(if admitted {
-                    self.quote_naive(*key).await.map(|quote| (quote, None))
+                    naive::quote(&self.inner.parts, *key, self.inner.clock.as_ref())
+                        .await
+                        .map(|quote| (quote, None))
                 } else {
                     Err(QueryError::NotFound { delisted: false })
                 });
@@ -581,17 +524,6 @@ impl QueryEngine {
             }
         }))
         .await
-    }
-
-    /// [`EngineMode::Naive`]: each part straight from its source, one after another.
-    async fn quote_naive(&self, key: ItemKey) -> Result<Quote, QueryError> {
-        let parts = &self.inner.parts;
-        let now = self.inner.clock.now();
-        let product = naive_part(parts.product.load_uncached(key).await, now);
-        let rate = naive_part(parts.rate.load_uncached(key).await, now);
-        let coupons = naive_part(parts.coupons.load_uncached(key).await, now);
-        let extras = naive_part(parts.extras.load_uncached(key).await, now);
-        assemble(product, rate, coupons, extras, self.inner.clock.now())
     }
 
     /// Shed level 3: whatever L1 holds (after any L2 prefetch), fresh or stale; no loads.
@@ -694,7 +626,7 @@ impl QueryEngine {
             }
             CacheOutcome::Stale(envelope, failure) => {
                 tracing::debug!(part = part.as_str(), %failure, "serving stale");
-                let reason = reason_of(&failure);
+                let reason = DegradeReason::from(failure.kind);
                 record_stage(
                     "part",
                     part.as_str(),
@@ -710,7 +642,7 @@ impl QueryEngine {
             }
             CacheOutcome::Failed(failure) => {
                 tracing::debug!(part = part.as_str(), %failure, "part failed");
-                let reason = reason_of(&failure);
+                let reason = DegradeReason::from(failure.kind);
                 record_stage(
                     "part",
                     part.as_str(),
@@ -738,21 +670,6 @@ fn earliest(fresh_until: [Option<Timestamp>; 4]) -> Option<Timestamp> {
         .try_fold(Timestamp::from_millis(i64::MAX), |earliest, part| {
             part.map(|part| earliest.min(part))
         })
-}
-
-fn naive_part<T>(
-    loaded: Result<rebate_cache::Loaded<T>, LoadFailure>,
-    now: Timestamp,
-) -> PartResult<T> {
-    match loaded {
-        Ok(loaded) => PartResult::Live {
-            value: loaded.value,
-            as_of: now,
-        },
-        Err(failure) => PartResult::Failed {
-            reason: reason_of(&failure),
-        },
-    }
 }
 
 /// A part from L1 alone, without any load: fresh is live (with its fresh end), stale is served
@@ -784,23 +701,16 @@ fn cached<T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static>(
     (result, None)
 }
 
-fn reason_of(failure: &LoadFailure) -> DegradeReason {
-    match failure.kind {
-        FailureKind::Timeout => DegradeReason::Timeout,
-        FailureKind::Error => DegradeReason::Error,
-        FailureKind::BreakerOpen => DegradeReason::BreakerOpen,
-        FailureKind::BulkheadFull => DegradeReason::BulkheadFull,
-        FailureKind::Quota => DegradeReason::Quota,
-        FailureKind::Shed => DegradeReason::Shed,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use async_trait::async_trait;
-    use rebate_cache::{Jitter, Loaded, Loader, ManualClock, PartCacheSettings, TtlPolicy};
-    use rebate_domain::{Cents, ItemId, Platform, ProductStatus, RateBps};
+    use rebate_cache::{
+        Jitter, LoadFailure, Loaded, Loader, ManualClock, PartCacheSettings, TtlPolicy,
+    };
+    use rebate_domain::{
+        Cents, Coupon, Extras, ItemId, Platform, Product, ProductStatus, RateBps, RebateRate,
+    };
 
     #[derive(Debug)]
     struct Fixed<T> {
@@ -926,7 +836,7 @@ mod tests {
 
     async fn answer(engine: &QueryEngine) -> QuoteAnswer {
         engine
-            .answer_at(key(), deadline(), ShedLevel::Normal)
+            .answer(key(), deadline(), ShedLevel::Normal)
             .await
             .unwrap()
     }
@@ -1078,11 +988,11 @@ mod tests {
         let known = futures::stream::iter([Ok::<_, std::convert::Infallible>(key())]);
         filter.rebuild(known).await.unwrap();
         let plain = engine(Duration::from_millis(5), false);
-        let gated = QueryEngine::with_item_filter(
+        let gated = QueryEngine::with_settings(
             plain.parts().clone(),
-            plain.timeouts(),
+            plain.settings(),
             Arc::new(clock),
-            filter,
+            Some(filter),
         );
         let deadline = Instant::now() + Duration::from_secs(2);
         let unknown = ItemKey::new(Platform::Jd, ItemId::from_u64(999_999_999));
@@ -1119,9 +1029,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn strict_cache_only_refuses_a_key_l1_lacks() {
         let engine = warming_engine(0, Duration::from_millis(5));
-        let answer = engine
-            .answer_at(key(), deadline(), ShedLevel::CacheOnly)
-            .await;
+        let answer = engine.answer(key(), deadline(), ShedLevel::CacheOnly).await;
         assert!(matches!(
             answer,
             Err(QueryError::Unavailable {
@@ -1137,7 +1045,7 @@ mod tests {
     async fn cache_only_warms_a_missing_key_under_a_permit_and_serves_it_from_l1_after() {
         let engine = warming_engine(1, Duration::from_millis(5));
         let first = engine
-            .answer_at(key(), deadline(), ShedLevel::CacheOnly)
+            .answer(key(), deadline(), ShedLevel::CacheOnly)
             .await
             .expect("the key loads under the free permit");
         // Loaded at level 2: extras are off, so the quote is degraded and not rendered.
@@ -1146,7 +1054,7 @@ mod tests {
         assert_eq!(engine.parts().extras.stats().source_loads, 0);
         // The next request finds every part a level-2 load fetches: no load, no permit.
         engine
-            .answer_at(key(), deadline(), ShedLevel::CacheOnly)
+            .answer(key(), deadline(), ShedLevel::CacheOnly)
             .await
             .expect("answered from L1");
         assert_eq!(engine.parts().product.stats().source_loads, 1);
@@ -1163,9 +1071,9 @@ mod tests {
         let single = futures::future::join_all(
             keys[..3]
                 .iter()
-                .map(|key| engine.answer_at(*key, deadline(), ShedLevel::CacheOnly)),
+                .map(|key| engine.answer(*key, deadline(), ShedLevel::CacheOnly)),
         );
-        let batch = engine.answer_many_at(&keys[3..], deadline(), ShedLevel::CacheOnly);
+        let batch = engine.answer_many(&keys[3..], deadline(), ShedLevel::CacheOnly);
         let (single, batch) = tokio::join!(single, batch);
         let answered = single.iter().filter(|answer| answer.is_ok()).count()
             + batch.iter().filter(|answer| answer.is_ok()).count();

@@ -1,6 +1,7 @@
 //! Why an answer is degraded or missing: the reasons a part is not live, and the two ways a
 //! query has no quote at all.
 
+use rebate_cache::FailureKind;
 use serde::Serialize;
 
 /// Why a part is not live.
@@ -44,4 +45,17 @@ pub enum QueryError {
     NotFound { delisted: bool },
     #[error("product source unavailable ({reason:?}) and nothing stale is cached")]
     Unavailable { reason: DegradeReason },
+}
+
+impl From<FailureKind> for DegradeReason {
+    fn from(kind: FailureKind) -> Self {
+        match kind {
+            FailureKind::Timeout => DegradeReason::Timeout,
+            FailureKind::Error => DegradeReason::Error,
+            FailureKind::BreakerOpen => DegradeReason::BreakerOpen,
+            FailureKind::BulkheadFull => DegradeReason::BulkheadFull,
+            FailureKind::Quota => DegradeReason::Quota,
+            FailureKind::Shed => DegradeReason::Shed,
+        }
+    }
 }

@@ -8,7 +8,7 @@
 //! delisted → [`QueryError::NotFound`], failing with nothing stale → [`QueryError::Unavailable`].
 //! The engine never fails because of an optional part, and it knows nothing of HTTP.
 //!
-//! Under load shedding ([`QueryEngine::quote_at`] with a [`ShedLevel`]) it gives up the optional
+//! Under load shedding ([`QueryEngine::answer`] with a [`ShedLevel`]) it gives up the optional
 //! first: level 1 serves extras from L1 only, level 2 shortens every part's timeout, level 3
 //! answers from the cache tiers alone (a product nobody cached → `Unavailable { reason: Shed }`).
 //!
@@ -19,16 +19,19 @@
 //! - [`quote`]: [`Quote`] and its views, and [`assemble`].
 //! - [`engine`]: [`QueryEngine`], the fan-out.
 //! - [`rendered`]: [`RenderedQuotes`], complete quotes kept as JSON until an input changes, so a
-//!   hot item costs one lookup ([`QueryEngine::answer_at`]).
+//!   hot item costs one lookup ([`QueryEngine::answer`]).
 
 pub mod engine;
 pub mod error;
+mod naive;
+pub mod parts;
 pub mod quote;
 pub mod rendered;
 pub mod tier;
 
-pub use engine::{CacheOnlyLoads, EngineMode, EngineParts, EngineSettings, QueryEngine};
+pub use engine::{CacheOnlyLoads, EngineMode, EngineSettings, QueryEngine};
 pub use error::{DegradeReason, QueryError};
+pub use parts::EngineParts;
 pub use quote::{DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble};
 pub use rendered::{QuoteAnswer, RenderedQuote, RenderedQuotes, RenderedStats};
 pub use tier::{PartTimeouts, Tier, TimeoutTiers, scale_timeouts};

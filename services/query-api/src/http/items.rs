@@ -45,7 +45,7 @@ async fn item_rebate(
     let deadline = Instant::now() + state.limits.request_deadline;
     let answer = state
         .engine
-        .answer_at(key, deadline, level)
+        .answer(key, deadline, level)
         .await
         .map_err(|error| query_error(&state, error))?;
     let body = match &answer {
@@ -208,7 +208,7 @@ async fn batch_rebate(
     let deadline = Instant::now() + state.limits.request_deadline;
     let mut quotes = state
         .engine
-        .answer_many_at(&valid, deadline, level)
+        .answer_many(&valid, deadline, level)
         .await
         .into_iter();
     let answers = parsed.into_iter().map(|key| {
