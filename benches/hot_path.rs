@@ -14,7 +14,7 @@ use rebate_domain::{
     Cents, Coupon, Extras, ItemId, ItemKey, Platform, Product, ProductStatus, RateBps, RebateRate,
     Timestamp, estimate_rebate,
 };
-use rebate_engine::{EngineParts, QueryEngine, QuoteAnswer, ShedLevel, TimeoutTiers};
+use rebate_engine::{ClassTimeouts, EngineParts, QueryEngine, QuoteAnswer, ShedLevel};
 
 #[derive(Debug)]
 struct Constant<T>(T);
@@ -134,7 +134,7 @@ fn bench_cache(criterion: &mut Criterion) {
                 popular_searches: vec!["耳机".into(), "降噪耳机".into()],
             }),
         },
-        TimeoutTiers::default().part_timeouts(),
+        ClassTimeouts::default().part_timeouts(),
         Arc::new(SystemClock),
     );
     let deadline = || tokio::time::Instant::now() + Duration::from_secs(1);

@@ -668,7 +668,7 @@ mod tests {
 
     #[test]
     fn budgets_are_read_from_the_service_defaults() {
-        let text = "[parts.product]\ntier = \"core\"\nl1_max_entries = 200000\n\n[parts.extras]\nl1_max_entries = 100_000\n[engine]\nmode = \"aggregated\"\nrendered_max_bytes = 33554432\n";
+        let text = "[parts.product]\ntimeout_class = \"core\"\nl1_max_entries = 200000\n\n[parts.extras]\nl1_max_entries = 100_000\n[engine]\nmode = \"aggregated\"\nrendered_max_bytes = 33554432\n";
         let budgets = budgets_from_toml(text);
         assert_eq!(
             budgets.l1_max_entries,

@@ -19,9 +19,9 @@ use crate::naive;
 use crate::parts::EngineParts;
 use crate::quote::{PartResult, Quote, assemble};
 use crate::rendered::{QuoteAnswer, RenderTicket, RenderedQuotes, RenderedStats};
-use crate::tier::PartTimeouts;
 #[cfg(test)]
-use crate::tier::TimeoutTiers;
+use crate::timeout_class::ClassTimeouts;
+use crate::timeout_class::PartTimeouts;
 
 /// Answers quotes. Cheap to clone; share one per process.
 #[derive(Debug, Clone)]
@@ -825,7 +825,7 @@ mod tests {
         };
         QueryEngine::new(
             parts,
-            TimeoutTiers::default().part_timeouts(),
+            ClassTimeouts::default().part_timeouts(),
             Arc::new(clock.clone()),
         )
     }

@@ -13,7 +13,8 @@
 //! answers from the cache tiers alone (a product nobody cached → `Unavailable { reason: Shed }`).
 //!
 //! # Layout
-//! - [`tier`]: [`Tier`], [`TimeoutTiers`]: how long each part may take.
+//! - [`timeout_class`]: [`TimeoutClass`], [`ClassTimeouts`], [`PartTimeouts`]: how long each
+//!   part may take.
 //! - [`error`]: [`DegradeReason`] (why a part is not live) and [`QueryError`] (why there is no
 //!   quote).
 //! - [`quote`]: [`Quote`] and its views, and [`assemble`].
@@ -27,13 +28,13 @@ mod naive;
 pub mod parts;
 pub mod quote;
 pub mod rendered;
-pub mod tier;
+pub mod timeout_class;
 
 pub use engine::{CacheOnlyLoads, EngineMode, EngineSettings, QueryEngine};
 pub use error::{DegradeReason, QueryError};
 pub use parts::EngineParts;
 pub use quote::{DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble};
 pub use rendered::{QuoteAnswer, RenderedQuote, RenderedQuotes, RenderedStats};
-pub use tier::{PartTimeouts, Tier, TimeoutTiers, scale_timeouts};
+pub use timeout_class::{ClassTimeouts, PartTimeouts, TimeoutClass, scale_timeouts};
 
 pub use rebate_resilience::ShedLevel;

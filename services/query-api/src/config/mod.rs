@@ -16,7 +16,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use rebate_cache::{Jitter, TtlPolicy};
 use rebate_domain::{ItemKey, PerPart};
-use rebate_engine::{PartTimeouts, Tier, TimeoutTiers};
+use rebate_engine::{ClassTimeouts, PartTimeouts, TimeoutClass};
 use rebate_telemetry::LogFormat;
 use serde::Deserialize;
 
@@ -388,7 +388,8 @@ const PART_SECTIONS: PerPart<&str> = PerPart {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PartSettings {
-    pub tier: Tier,
+    /// `core`, `normal` or `edge`: which of `[timeouts]` applies (formerly `tier`).
+    pub timeout_class: TimeoutClass,
     /// Overrides the tier's timeout for this part only.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
@@ -880,8 +881,8 @@ impl Settings {
         Duration::from_millis(self.http.shutdown_drain_ms)
     }
 
-    pub fn timeout_tiers(&self) -> TimeoutTiers {
-        TimeoutTiers {
+    pub fn class_timeouts(&self) -> ClassTimeouts {
+        ClassTimeouts {
             core: Duration::from_millis(self.timeouts.core_ms),
             normal: Duration::from_millis(self.timeouts.normal_ms),
             edge: Duration::from_millis(self.timeouts.edge_ms),
@@ -890,11 +891,11 @@ impl Settings {
 
     /// Each part's timeout: its own override, else its tier's.
     pub fn part_timeouts(&self) -> PartTimeouts {
-        let tiers = self.timeout_tiers();
+        let classes = self.class_timeouts();
         let resolve = |part: &PartSettings| {
             part.timeout_ms
                 .map(Duration::from_millis)
-                .unwrap_or_else(|| tiers.timeout(part.tier))
+                .unwrap_or_else(|| classes.timeout(part.timeout_class))
         };
         self.parts.map(|_, part| resolve(part))
     }
@@ -988,6 +989,19 @@ mod tests {
     }
 
     #[test]
+    fn a_part_s_timeout_class_picks_its_timeout_and_the_former_key_is_refused_by_name() {
+        let settings = load_file("[parts.coupons]\ntimeout_class = \"edge\"\n").unwrap();
+        assert_eq!(settings.parts.coupons.timeout_class, TimeoutClass::Edge);
+        assert_eq!(settings.part_timeouts().coupons, Duration::from_millis(250));
+        let error = load_file("[parts.coupons]\ntier = \"edge\"\n").unwrap_err();
+        let message = format!("{error:#}");
+        assert!(
+            message.contains("tier") && message.contains("timeout_class"),
+            "{message}"
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_refused_with_their_name() {
         let error = load_file("[http]\nlisten_port = 1\n")
             .unwrap_err()
@@ -1015,7 +1029,7 @@ mod tests {
             error.contains("http.listen_backlog") && error.contains("16..=65535"),
             "{error}"
         );
-        let error = load_file("[parts.rate]\ntier = \"fast\"\n")
+        let error = load_file("[parts.rate]\ntimeout_class = \"fast\"\n")
             .unwrap_err()
             .to_string();
         assert!(error.contains("fast"), "{error}");
