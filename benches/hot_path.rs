@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use criterion::{Criterion, criterion_group, criterion_main};
 use rebate_cache::{
-    CacheOutcome, Envelope, Jitter, LoadFailure, Loaded, Loader, PartCache, PartCacheSettings,
+    CacheOutcome, Envelope, Jitter, LoadFailure, Loaded, Loader, PartCache, PartCacheConfig,
     SystemClock, TtlPolicy,
 };
 use rebate_domain::{
@@ -40,7 +40,7 @@ where
         + 'static,
 {
     PartCache::new(
-        PartCacheSettings {
+        PartCacheConfig {
             name: "bench",
             part: rebate_domain::PartKind::Product,
             max_entries: 10_000,

@@ -64,7 +64,7 @@ fn whole_request(criterion: &mut Criterion) {
         rebate_telemetry::init(
             rebate_telemetry::LogFormat::Json,
             "info",
-            Some(&rebate_telemetry::OtlpSettings {
+            Some(&rebate_telemetry::OtlpConfig {
                 endpoint: "http://127.0.0.1:9".to_owned(),
                 service_name: "bench".to_owned(),
                 instance: "bench".to_owned(),

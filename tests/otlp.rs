@@ -13,7 +13,7 @@ use axum::routing::post;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
 use prost::Message;
-use rebate_telemetry::{LogFormat, OtlpSettings};
+use rebate_telemetry::{LogFormat, OtlpConfig};
 use rebate_tests::spawn_app_with;
 use upstream_sim::Endpoint;
 
@@ -87,7 +87,7 @@ async fn slow_requests_are_exported_under_the_clients_trace_id_and_fast_ones_are
         rebate_telemetry::init(
             LogFormat::Text,
             "warn",
-            Some(&OtlpSettings {
+            Some(&OtlpConfig {
                 endpoint: collector,
                 service_name: "rebate-query-test".to_owned(),
                 instance: "otlp-test".to_owned(),

@@ -4,7 +4,7 @@
 
 use rebate_domain::{ItemKey, RateBps, RebateRate, Timestamp};
 use rebate_events::{EventId, EventKind, EventPublisher, InvalidationEvent};
-use rebate_store::{CatalogRepository, SqliteSettings, SqliteStore, Versioned};
+use rebate_store::{CatalogRepository, SqliteConfig, SqliteStore, Versioned};
 use rebate_tests::{TestApp, event_for, spawn_app};
 use serde_json::Value;
 
@@ -14,7 +14,7 @@ async fn rate_of(app: &TestApp, platform: &str, item: &str) -> Value {
 }
 
 async fn catalogue(app: &TestApp) -> SqliteStore {
-    SqliteStore::open(&SqliteSettings {
+    SqliteStore::open(&SqliteConfig {
         path: app.database_path.clone(),
         max_connections: 1,
         acquire_timeout: std::time::Duration::from_secs(5),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use rebate_cache::{Envelope, SharedTier, TierEntry, TierKey};
 use rebate_domain::{ItemKey, PartKind, Product, Timestamp};
-use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierSettings};
+use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig};
 use rebate_store::CatalogRepository;
 use rebate_tests::{ProductionEnv, TestApp, event_for, unique_suffix, wait_until, wait_until_true};
 use serde_json::{Value, json};
@@ -201,7 +201,7 @@ async fn a_batch_reads_l2_in_one_round_trip() {
 }
 
 async fn connect_tier(env: &ProductionEnv) -> RedisTier {
-    let mut settings = RedisTierSettings::new(RedisTarget::Single(env.redis_url.clone()));
+    let mut settings = RedisTierConfig::new(RedisTarget::Single(env.redis_url.clone()));
     settings.prefix = env.prefix.clone();
     settings.command_timeout = Duration::from_secs(2);
     RedisTier::connect(settings).await.unwrap()

@@ -141,7 +141,7 @@ impl ProductionEnv {
         )
         .await
         .expect("a fresh MySQL database");
-        let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
+        let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlConfig::new(
             database_url.clone(),
         ))
         .await
@@ -180,7 +180,7 @@ impl ProductionEnv {
 
     /// A connection of the test's own to the environment's database (close it when done).
     pub async fn store(&self) -> rebate_store::MySqlStore {
-        rebate_store::MySqlStore::connect(&rebate_store::MySqlSettings::new(
+        rebate_store::MySqlStore::connect(&rebate_store::MySqlConfig::new(
             self.database_url.clone(),
         ))
         .await

@@ -29,7 +29,7 @@ use tokio_util::task::TaskTracker;
 
 /// How the observer samples and when it looks.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ObserverSettings {
+pub struct ObserverConfig {
     pub enabled: bool,
     /// Share of applied events checked (0–1).
     pub sample_ratio: f64,
@@ -78,7 +78,7 @@ struct WindowCounts {
 /// One per instance; [`ConsistencyObserver::observe`] is called for every event applied to L1.
 #[derive(Debug)]
 pub struct ConsistencyObserver {
-    settings: ObserverSettings,
+    settings: ObserverConfig,
     engine: QueryEngine,
     store: Arc<dyn CatalogRepository>,
     counts: Vec<WindowCounts>,
@@ -90,7 +90,7 @@ pub struct ConsistencyObserver {
 
 impl ConsistencyObserver {
     pub fn new(
-        settings: ObserverSettings,
+        settings: ObserverConfig,
         engine: QueryEngine,
         store: Arc<dyn CatalogRepository>,
         tasks: TaskTracker,

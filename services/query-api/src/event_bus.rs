@@ -8,7 +8,7 @@ use anyhow::Context;
 use rebate_amqp_bus::AmqpBus;
 use rebate_amqp_bus::events::{AmqpEventPublisher, DecodingHandler};
 use rebate_events::{
-    BusSettings, EventPublisher, InProcessBus, SigningKey, Subscription, ValidationPolicy,
+    BusConfig, EventPublisher, InProcessBus, SigningKey, Subscription, ValidationPolicy,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -60,9 +60,9 @@ impl EventBus {
         match events.backend {
             EventBackend::InProcess => {
                 let bus = InProcessBus::start(
-                    BusSettings {
+                    BusConfig {
                         policy,
-                        ..BusSettings::default()
+                        ..BusConfig::default()
                     },
                     shutdown,
                 );

@@ -45,7 +45,7 @@ pub const L2_FENCE_UNAPPLIED: &str = "l2_fence_unapplied";
 
 /// How an instance applies events.
 #[derive(Debug, Clone)]
-pub struct InvalidationSettings {
+pub struct InvalidationConfig {
     /// How long a fence stands: longer than any rebuild that started before the change can take.
     pub fence_for: Duration,
     /// Deadline of each re-warm quote.
@@ -60,7 +60,7 @@ pub struct Invalidator {
     protection: Arc<Protection>,
     /// Checks, after its windows, that each applied event holds (None: not observed).
     consistency: Option<Arc<ConsistencyObserver>>,
-    settings: InvalidationSettings,
+    settings: InvalidationConfig,
     applied: Deduplicator,
     /// Re-warms run here, stopped with the service.
     tasks: TaskTracker,
@@ -72,7 +72,7 @@ impl Invalidator {
         engine: QueryEngine,
         protection: Arc<Protection>,
         consistency: Option<Arc<ConsistencyObserver>>,
-        settings: InvalidationSettings,
+        settings: InvalidationConfig,
         tasks: TaskTracker,
         shutdown: CancellationToken,
     ) -> Arc<Self> {
@@ -184,8 +184,8 @@ impl EventHandler for Invalidator {
 #[cfg(test)]
 mod tests {
     use rebate_cache::{
-        Jitter, L2Settings, LoadFailure, Loaded, Loader, ManualClock, MemoryTier, PartCache,
-        PartCacheSettings, SharedTier, TierKey, TtlPolicy,
+        Jitter, L2Config, LoadFailure, Loaded, Loader, ManualClock, MemoryTier, PartCache,
+        PartCacheConfig, SharedTier, TierKey, TtlPolicy,
     };
     use rebate_domain::{ItemId, ItemKey, PartKind, Platform};
     use rebate_engine::{EngineParts, PartTimeouts};
@@ -220,14 +220,14 @@ mod tests {
             not_found: Duration::from_secs(60),
         };
         PartCache::with_shared_tier(
-            PartCacheSettings {
+            PartCacheConfig {
                 name: kind.as_str(),
                 part: kind,
                 max_entries: 100,
                 ttl,
                 load_timeout: Duration::from_secs(1),
             },
-            L2Settings {
+            L2Config {
                 tier: Arc::clone(tier) as Arc<dyn SharedTier>,
                 ttl,
                 lease_ttl: Duration::from_secs(1),
@@ -269,7 +269,7 @@ mod tests {
             engine,
             protection,
             None,
-            InvalidationSettings {
+            InvalidationConfig {
                 fence_for: Duration::from_secs(60),
                 rewarm_deadline: Duration::from_secs(1),
             },

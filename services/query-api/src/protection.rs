@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rebate_guard::{CallObserver, DependencyGuard, DependencySettings, DependencySnapshot};
+use rebate_guard::{CallObserver, DependencyConfig, DependencyGuard, DependencySnapshot};
 use rebate_resilience::{KeyedLimiter, LoadShedder, ShedLevel, ShedSnapshot, Ticker};
 use serde::Serialize;
 
@@ -47,7 +47,7 @@ impl Protection {
             let config = settings.dependency(name);
             let dependency = DependencyGuard::new(
                 name,
-                DependencySettings {
+                DependencyConfig {
                     breaker: settings.breaker_config(config),
                     max_concurrent: config.max_concurrent,
                     quota: ResilienceSettings::quota(config),

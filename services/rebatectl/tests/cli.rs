@@ -3,7 +3,7 @@
 //! fail with a precise message.
 
 use rebate_domain::{ItemKey, RateBps, RebateRate, Timestamp};
-use rebate_store::{CatalogRepository, SqliteSettings, SqliteStore, Versioned};
+use rebate_store::{CatalogRepository, SqliteConfig, SqliteStore, Versioned};
 use rebate_tests::{TestApp, spawn_app};
 use serde_json::Value;
 
@@ -40,7 +40,7 @@ async fn invalidate_changes_what_the_next_query_returns() {
     let app = spawn_app().await;
     let key = ItemKey::parse("jd", "100077").unwrap();
     let before = rate_of(&app, "100077").await;
-    let store = SqliteStore::open(&SqliteSettings {
+    let store = SqliteStore::open(&SqliteConfig {
         path: app.database_path.clone(),
         max_connections: 1,
         acquire_timeout: std::time::Duration::from_secs(5),

@@ -37,8 +37,8 @@ pub use context::LoadContext;
 pub use envelope::{EntryMeta, Envelope, Jitter, PolicyError, TtlPolicy};
 pub use memory::MemoryTier;
 pub use part::{
-    CacheOutcome, CacheStats, CacheStatsSnapshot, FailureKind, L2Entry, L2Settings, LoadFailure,
-    Loaded, Loader, PartCache, PartCacheSettings, PartView,
+    CacheOutcome, CacheStats, CacheStatsSnapshot, FailureKind, L2Config, L2Entry, LoadFailure,
+    Loaded, Loader, PartCache, PartCacheConfig, PartView,
 };
 
 pub use shared::{FenceOutcome, SharedTier, TierEntry, TierError, TierKey};

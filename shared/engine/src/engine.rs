@@ -32,7 +32,7 @@ pub struct QueryEngine {
 #[derive(Debug)]
 struct Inner {
     parts: EngineParts,
-    settings: EngineSettings,
+    settings: EngineConfig,
     clock: Arc<dyn Clock>,
     /// The Bloom gate; `None` lets every key through (tests, tiny catalogues).
     filter: Option<Arc<ItemFilter>>,
@@ -74,7 +74,7 @@ pub enum EngineMode {
 
 /// How the engine answers under normal load and under load shedding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineSettings {
+pub struct EngineConfig {
     pub mode: EngineMode,
     pub timeouts: PartTimeouts,
     /// The shortened timeouts of shed level 2 and above.
@@ -90,7 +90,7 @@ pub struct EngineSettings {
     pub cache_only_loads: usize,
 }
 
-impl EngineSettings {
+impl EngineConfig {
     /// Kept renderings (32 MiB) are the default for a service; tests that only want quotes can
     /// set `rendered_capacity_bytes` to 0.
     pub const DEFAULT_RENDERED_CAPACITY_BYTES: u64 = 32 << 20;
@@ -113,13 +113,13 @@ impl EngineSettings {
 
 impl QueryEngine {
     pub fn new(parts: EngineParts, timeouts: PartTimeouts, clock: Arc<dyn Clock>) -> Self {
-        Self::with_settings(parts, EngineSettings::new(timeouts), clock, None)
+        Self::with_settings(parts, EngineConfig::new(timeouts), clock, None)
     }
 
     /// The engine with every knob: shed-level timeouts, retries and the optional Bloom gate.
     pub fn with_settings(
         parts: EngineParts,
-        settings: EngineSettings,
+        settings: EngineConfig,
         clock: Arc<dyn Clock>,
         filter: Option<Arc<ItemFilter>>,
     ) -> Self {
@@ -174,7 +174,7 @@ impl QueryEngine {
         self.inner.clock.now()
     }
 
-    pub fn settings(&self) -> EngineSettings {
+    pub fn settings(&self) -> EngineConfig {
         self.inner.settings
     }
 
@@ -706,7 +706,7 @@ mod tests {
     use super::*;
     use async_trait::async_trait;
     use rebate_cache::{
-        Jitter, LoadFailure, Loaded, Loader, ManualClock, PartCacheSettings, TtlPolicy,
+        Jitter, LoadFailure, Loaded, Loader, ManualClock, PartCacheConfig, TtlPolicy,
     };
     use rebate_domain::{
         Cents, Coupon, Extras, ItemId, Platform, Product, ProductStatus, RateBps, RebateRate,
@@ -739,7 +739,7 @@ mod tests {
         clock: &ManualClock,
     ) -> PartCache<T> {
         PartCache::new(
-            PartCacheSettings {
+            PartCacheConfig {
                 name,
                 part: PartKind::Product,
                 max_entries: 100,
@@ -1019,7 +1019,7 @@ mod tests {
     fn warming_engine(loads: usize, coupon_delay: Duration) -> QueryEngine {
         let clock = ManualClock::starting_now();
         let base = engine_with(coupon_delay, false, Vec::new(), &clock);
-        let settings = EngineSettings {
+        let settings = EngineConfig {
             cache_only_loads: loads,
             ..base.settings()
         };

@@ -30,7 +30,7 @@ pub mod quote;
 pub mod rendered;
 pub mod timeout_class;
 
-pub use engine::{CacheOnlyLoads, EngineMode, EngineSettings, QueryEngine};
+pub use engine::{CacheOnlyLoads, EngineConfig, EngineMode, QueryEngine};
 pub use error::{DegradeReason, QueryError};
 pub use parts::EngineParts;
 pub use quote::{DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble};

@@ -145,7 +145,7 @@ pub struct BusStats {
 
 /// Settings of the in-process bus.
 #[derive(Debug, Clone)]
-pub struct BusSettings {
+pub struct BusConfig {
     /// Events waiting for the dispatcher; beyond it `publish` fails with
     /// [`PublishError::Backpressure`].
     pub queue_capacity: usize,
@@ -160,7 +160,7 @@ pub struct BusSettings {
     pub policy: ValidationPolicy,
 }
 
-impl Default for BusSettings {
+impl Default for BusConfig {
     fn default() -> Self {
         Self {
             queue_capacity: 1_024,
@@ -214,7 +214,7 @@ struct Envelope {
 type Subscribers = Vec<(u64, Arc<dyn EventHandler>)>;
 
 struct Shared {
-    settings: BusSettings,
+    settings: BusConfig,
     subscribers: Mutex<Subscribers>,
     next_subscription_id: AtomicU64,
     dead_letters: Mutex<VecDeque<DeadLetter>>,
@@ -242,7 +242,7 @@ struct Counters {
 impl InProcessBus {
     /// Creates the bus and spawns its dispatcher, which runs until `shutdown` is cancelled.
     /// Must be called inside a tokio runtime.
-    pub fn start(settings: BusSettings, shutdown: CancellationToken) -> Self {
+    pub fn start(settings: BusConfig, shutdown: CancellationToken) -> Self {
         let (sender, receiver) = mpsc::channel(settings.queue_capacity.max(1));
         let shared = Arc::new(Shared {
             settings,

@@ -27,7 +27,7 @@ pub mod rejection;
 pub mod wire;
 
 pub use bus::{
-    BusSettings, BusStats, DeadLetter, EventHandler, EventPublisher, HandlerError, InProcessBus,
+    BusConfig, BusStats, DeadLetter, EventHandler, EventPublisher, HandlerError, InProcessBus,
     PublishError, Subscription,
 };
 pub use dedupe::{Deduplicator, VersionGate};

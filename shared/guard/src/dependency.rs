@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 /// How one dependency is protected.
 #[derive(Debug, Clone)]
-pub struct DependencySettings {
+pub struct DependencyConfig {
     pub breaker: BreakerConfig,
     /// Concurrent calls allowed; the next one fails at once.
     pub max_concurrent: u32,
@@ -144,7 +144,7 @@ impl fmt::Debug for DependencyGuard {
 }
 
 impl DependencyGuard {
-    pub fn new(name: &'static str, settings: DependencySettings, ticker: Arc<dyn Ticker>) -> Self {
+    pub fn new(name: &'static str, settings: DependencyConfig, ticker: Arc<dyn Ticker>) -> Self {
         Self {
             name,
             breaker: CircuitBreaker::new(name, settings.breaker, Arc::clone(&ticker)),

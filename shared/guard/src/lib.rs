@@ -18,7 +18,7 @@ pub mod dependency;
 pub mod tier;
 
 pub use dependency::{
-    AttemptFailure, CallObserver, CallOutcome, DependencyGuard, DependencySettings,
+    AttemptFailure, CallObserver, CallOutcome, DependencyConfig, DependencyGuard,
     DependencySnapshot,
 };
 pub use tier::GuardedTier;

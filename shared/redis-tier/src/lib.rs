@@ -13,7 +13,7 @@
 //! or envelopes: it stores the opaque bytes it is given.
 //!
 //! # Layout
-//! - [`settings`]: [`RedisTierSettings`] and [`RedisTarget`], with a `Debug` that masks passwords.
+//! - [`settings`]: [`RedisTierConfig`] and [`RedisTarget`], with a `Debug` that masks passwords.
 //! - `tier`: [`RedisTier`], its connection handling and the batch split by cluster node.
 //! - `codec`: the stored form `{version}:{bytes}`.
 //! - `scripts`: the fenced `SET` and the lease compare-and-delete.
@@ -31,6 +31,6 @@ mod slots;
 pub mod stats;
 mod tier;
 
-pub use settings::{RedisTarget, RedisTierSettings};
+pub use settings::{RedisTarget, RedisTierConfig};
 pub use stats::RedisTierStats;
 pub use tier::RedisTier;

@@ -29,7 +29,7 @@ impl fmt::Debug for RedisTarget {
 
 /// How to reach Redis and how long each step may take.
 #[derive(Clone, PartialEq, Eq)]
-pub struct RedisTierSettings {
+pub struct RedisTierConfig {
     pub url_or_nodes: RedisTarget,
     /// Namespaces every key (`{prefix}:v1:…`) so that environments and tests can share a server.
     pub prefix: String,
@@ -40,7 +40,7 @@ pub struct RedisTierSettings {
     pub connect_timeout: Duration,
 }
 
-impl RedisTierSettings {
+impl RedisTierConfig {
     pub const DEFAULT_PREFIX: &'static str = "rebate";
     pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_millis(100);
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -95,10 +95,10 @@ impl RedisTierSettings {
     }
 }
 
-impl fmt::Debug for RedisTierSettings {
+impl fmt::Debug for RedisTierConfig {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter
-            .debug_struct("RedisTierSettings")
+            .debug_struct("RedisTierConfig")
             .field("url_or_nodes", &self.url_or_nodes)
             .field("prefix", &self.prefix)
             .field("command_timeout", &self.command_timeout)
@@ -213,10 +213,10 @@ mod tests {
 
     #[test]
     fn debug_never_shows_the_password() {
-        let single = RedisTierSettings::new(RedisTarget::Single(
+        let single = RedisTierConfig::new(RedisTarget::Single(
             "redis://:hunter2@cache:6379".to_owned(),
         ));
-        let cluster = RedisTierSettings::new(RedisTarget::Cluster(vec![
+        let cluster = RedisTierConfig::new(RedisTarget::Cluster(vec![
             "redis://u:hunter2@a:1".to_owned(),
             "redis://u:hunter2@b:2".to_owned(),
         ]));
@@ -229,7 +229,7 @@ mod tests {
 
     #[test]
     fn validation_explains() {
-        let good = RedisTierSettings::new(RedisTarget::Single("redis://127.0.0.1".to_owned()));
+        let good = RedisTierConfig::new(RedisTarget::Single("redis://127.0.0.1".to_owned()));
         assert_eq!(good.validate(), Ok(()));
         let mut tagged = good.clone();
         tagged.prefix = "{rebate}".to_owned();
@@ -240,7 +240,7 @@ mod tests {
         let mut instant = good.clone();
         instant.command_timeout = Duration::ZERO;
         assert!(instant.validate().unwrap_err().contains("command_timeout"));
-        let no_nodes = RedisTierSettings::new(RedisTarget::Cluster(Vec::new()));
+        let no_nodes = RedisTierConfig::new(RedisTarget::Cluster(Vec::new()));
         assert!(no_nodes.validate().unwrap_err().contains("seed node"));
     }
 }

@@ -20,7 +20,7 @@ use redis::{
 
 use crate::codec;
 use crate::scripts::Scripts;
-use crate::settings::{RedisTarget, RedisTierSettings, redact_url, url_passwords};
+use crate::settings::{RedisTarget, RedisTierConfig, redact_url, url_passwords};
 use crate::slots::{SlotMap, key_slot};
 use crate::stats::{Counters, RedisTierStats};
 
@@ -144,7 +144,7 @@ impl RedisTier {
     /// Fails with [`TierError::Backend`] (a message naming the target, never its password) when
     /// the settings are invalid or Redis cannot be reached: the caller decides whether to run
     /// without the shared tier. Once connected, lost connections are re-established on their own.
-    pub async fn connect(settings: RedisTierSettings) -> Result<Self, TierError> {
+    pub async fn connect(settings: RedisTierConfig) -> Result<Self, TierError> {
         settings.validate().map_err(|reason| {
             TierError::Backend(format!("invalid redis tier settings: {reason}"))
         })?;
@@ -583,7 +583,7 @@ impl fmt::Debug for RedisTier {
     }
 }
 
-async fn connect_single(url: &str, settings: &RedisTierSettings) -> Result<Backend, RedisError> {
+async fn connect_single(url: &str, settings: &RedisTierConfig) -> Result<Backend, RedisError> {
     let client = Client::open(url)?;
     // Probe with a plain connection first: the manager retries a failed first connection with
     // backoff, which would turn "connection refused" into an unexplained timeout.
@@ -606,7 +606,7 @@ async fn connect_single(url: &str, settings: &RedisTierSettings) -> Result<Backe
 
 async fn connect_cluster(
     nodes: &[String],
-    settings: &RedisTierSettings,
+    settings: &RedisTierConfig,
 ) -> Result<Backend, RedisError> {
     let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
         .connection_timeout(settings.connect_timeout)

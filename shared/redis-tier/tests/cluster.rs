@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use common::{ServerProcess, key, redis_binaries_missing};
 use rebate_cache::{FenceOutcome, SharedTier, TierEntry, TierKey};
 use rebate_domain::PartKind;
-use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierSettings};
+use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig};
 use redis::aio::MultiplexedConnection;
 use redis::cluster_routing::{Route, SlotAddr};
 
@@ -170,8 +170,7 @@ async fn a_cluster_serves_batches_per_node_fences_writes_and_leases() {
     let cluster = LocalCluster::start(deadline).await;
 
     // One seed node is enough: the tier discovers the others.
-    let mut settings =
-        RedisTierSettings::new(RedisTarget::Cluster(vec![cluster.urls()[0].clone()]));
+    let mut settings = RedisTierConfig::new(RedisTarget::Cluster(vec![cluster.urls()[0].clone()]));
     settings.prefix = format!("test-{}", std::process::id());
     settings.command_timeout = Duration::from_millis(500);
     settings.connect_timeout = Duration::from_secs(2);

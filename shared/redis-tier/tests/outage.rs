@@ -8,15 +8,15 @@ use std::time::{Duration, Instant};
 use common::{Namespace, SHARED_URL, ServerProcess, key, raw_connection, redis_binaries_missing};
 use rebate_cache::{SharedTier, TierEntry, TierError};
 use rebate_domain::PartKind;
-use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierSettings};
+use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(100);
 /// Scheduling noise allowed on top of a timeout on a busy two-core machine.
 const SLACK: Duration = Duration::from_millis(400);
 
-fn settings(target: RedisTarget) -> RedisTierSettings {
-    let mut settings = RedisTierSettings::new(target);
+fn settings(target: RedisTarget) -> RedisTierConfig {
+    let mut settings = RedisTierConfig::new(target);
     settings.prefix = "test-outage".to_owned();
     settings.connect_timeout = CONNECT_TIMEOUT;
     settings.command_timeout = COMMAND_TIMEOUT;

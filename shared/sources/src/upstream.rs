@@ -229,7 +229,7 @@ mod tests {
         let client = http_client(Duration::from_secs(1)).unwrap();
         let guard = Arc::new(DependencyGuard::new(
             "coupons",
-            rebate_guard::DependencySettings {
+            rebate_guard::DependencyConfig {
                 breaker: rebate_resilience::BreakerConfig::default(),
                 max_concurrent: 8,
                 quota: None,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rebate_cache::{FailureKind, LoadContext, Loader};
 use rebate_domain::ItemKey;
-use rebate_guard::{DependencyGuard, DependencySettings};
+use rebate_guard::{DependencyConfig, DependencyGuard};
 use rebate_resilience::{BreakerConfig, MonotonicTicker, RetryConfig};
 use rebate_sources::{CouponClient, ExtrasClient, http_client};
 use tokio_util::sync::CancellationToken;
@@ -24,7 +24,7 @@ async fn simulator() -> (RunningSimulator, CancellationToken) {
 fn guard(retry: Option<RetryConfig>) -> Arc<DependencyGuard> {
     Arc::new(DependencyGuard::new(
         "coupons",
-        DependencySettings {
+        DependencyConfig {
             breaker: BreakerConfig {
                 min_calls: 1_000_000,
                 ..BreakerConfig::default()

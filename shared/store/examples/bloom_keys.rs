@@ -20,7 +20,7 @@ use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use rebate_domain::{ItemKey, Platform};
 use rebate_store::testing::{fresh_mysql_database, test_mysql_url};
-use rebate_store::{CatalogRepository, MySqlSettings, MySqlStore, StoreError};
+use rebate_store::{CatalogRepository, MySqlConfig, MySqlStore, StoreError};
 
 const KEYS: u64 = 1_000_000;
 /// Rows per INSERT: about 0.5 MB of SQL, well under the default `max_allowed_packet`.
@@ -34,10 +34,10 @@ async fn main() -> Result<(), StoreError> {
     let (url, database) = fresh_mysql_database(&test_mysql_url(), "bloom_keys").await?;
     // Production defaults (2 s statement timeout included), so the stream is measured as the
     // service would run it.
-    let store = MySqlStore::connect(&MySqlSettings::new(url.clone())).await?;
-    let unbounded = MySqlStore::connect(&MySqlSettings {
+    let store = MySqlStore::connect(&MySqlConfig::new(url.clone())).await?;
+    let unbounded = MySqlStore::connect(&MySqlConfig {
         statement_timeout: Duration::ZERO,
-        ..MySqlSettings::new(url)
+        ..MySqlConfig::new(url)
     })
     .await?;
 

@@ -32,8 +32,8 @@ use futures::stream::BoxStream;
 use rebate_domain::{ItemKey, Product, RebateRate, Timestamp};
 
 pub use demo::SeedReport;
-pub use mysql::{MySqlSettings, MySqlStore};
-pub use sqlite::{SqliteSettings, SqliteStore};
+pub use mysql::{MySqlConfig, MySqlStore};
+pub use sqlite::{SqliteConfig, SqliteStore};
 
 /// A value read from the store with the data version it was written at.
 ///

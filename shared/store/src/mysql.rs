@@ -18,13 +18,13 @@
 //! - **Statements** are prepared once per connection and cached by sqlx, so a point select is one
 //!   `COM_STMT_EXECUTE` round trip.
 //! - **Statement timeout**: every pooled connection gets a per-session limit in `after_connect`,
-//!   once per connection, not per query (see [`MySqlSettings::statement_timeout`]).
+//!   once per connection, not per query (see [`MySqlConfig::statement_timeout`]).
 //! - **Key scans** ([`CatalogRepository::keys`]) are paged, so no statement outlives the timeout.
 //! - **Migrations** run on a connection of their own before the pool opens, so a long schema
 //!   change is not cut short by the statement timeout meant for reads.
 //!
 //! The connection URL (usually from `DATABASE_URL`) carries credentials: it is never logged, and
-//! [`MySqlSettings`]' `Debug` shows it without them.
+//! [`MySqlConfig`]' `Debug` shows it without them.
 
 use std::fmt;
 use std::str::FromStr;
@@ -92,7 +92,7 @@ const SELECT_HOT_KEYS: &str =
 
 /// Where the catalogue lives and how the pool behaves. Filled in by the service's config.
 #[derive(Clone)]
-pub struct MySqlSettings {
+pub struct MySqlConfig {
     /// `mysql://user:password@host:3306/database`, conventionally from `DATABASE_URL`. Holds a
     /// secret: never logged, and redacted by `Debug`.
     pub url: String,
@@ -113,7 +113,7 @@ pub struct MySqlSettings {
     pub idle_timeout: Option<Duration>,
 }
 
-impl MySqlSettings {
+impl MySqlConfig {
     /// The acquire timeout of issue #3: a read that cannot get a connection in half a second is
     /// better served stale than late.
     pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -131,10 +131,10 @@ impl MySqlSettings {
     }
 }
 
-impl fmt::Debug for MySqlSettings {
+impl fmt::Debug for MySqlConfig {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter
-            .debug_struct("MySqlSettings")
+            .debug_struct("MySqlConfig")
             .field("url", &redacted_url(&self.url))
             .field("max_connections", &self.max_connections)
             .field("min_connections", &self.min_connections)
@@ -172,7 +172,7 @@ pub struct MySqlStore {
 impl MySqlStore {
     /// Brings the schema up to date, then opens the pool (at least one connection, so a wrong
     /// URL or password fails here rather than on the first query).
-    pub async fn connect(settings: &MySqlSettings) -> Result<Self, StoreError> {
+    pub async fn connect(settings: &MySqlConfig) -> Result<Self, StoreError> {
         let options = MySqlConnectOptions::from_str(&settings.url)?;
         let mut migration_connection = options.connect().await?;
         MIGRATOR.run(&mut migration_connection).await?;

@@ -54,7 +54,7 @@ const ON_KEY_CONFLICT_KEEP: &str = " ON CONFLICT (platform, item_id) DO NOTHING"
 
 /// Where the catalogue lives and how many connections read it. Filled in by the service's config.
 #[derive(Debug, Clone)]
-pub struct SqliteSettings {
+pub struct SqliteConfig {
     /// The database file; it and its parent directory are created when missing.
     pub path: PathBuf,
     /// Upper bound on open connections. WAL lets them all read concurrently; 0 is treated as 1.
@@ -73,7 +73,7 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating when missing) the database file and brings its schema up to date.
-    pub async fn open(settings: &SqliteSettings) -> Result<Self, StoreError> {
+    pub async fn open(settings: &SqliteConfig) -> Result<Self, StoreError> {
         create_parent_dir(&settings.path).await?;
         let options = SqliteConnectOptions::new()
             .filename(&settings.path)

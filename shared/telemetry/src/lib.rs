@@ -26,7 +26,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-pub use otel::OtlpSettings;
+pub use otel::OtlpConfig;
 pub use timeline::{Stage, Timeline, record_stage};
 
 /// A W3C trace id.
@@ -195,7 +195,7 @@ pub enum LogFormat {
 pub fn init(
     format: LogFormat,
     default_filter: &str,
-    otlp: Option<&OtlpSettings>,
+    otlp: Option<&OtlpConfig>,
 ) -> Result<Telemetry, TelemetryError> {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(default_filter))

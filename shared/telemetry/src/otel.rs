@@ -31,7 +31,7 @@ use crate::{TelemetryError, TraceId};
 
 /// Where and how traces are exported.
 #[derive(Debug, Clone)]
-pub struct OtlpSettings {
+pub struct OtlpConfig {
     /// The collector's OTLP/HTTP base URL, e.g. `http://otel-collector:4318`; traces go to
     /// `{endpoint}/v1/traces`.
     pub endpoint: String,
@@ -57,7 +57,7 @@ pub fn is_active() -> bool {
 /// Builds the tracer provider. `runtime` runs the HTTP calls of the exporter, whose batch thread
 /// has no runtime of its own.
 pub fn provider(
-    settings: &OtlpSettings,
+    settings: &OtlpConfig,
     runtime: tokio::runtime::Handle,
 ) -> Result<SdkTracerProvider, TelemetryError> {
     let client = reqwest::Client::builder()

@@ -4,7 +4,7 @@
 pub mod resilience;
 
 pub use resilience::{
-    BreakerDefaults, ClientLimitSettings, DependencyConfig, ResilienceSettings, RetrySettings,
+    BreakerDefaults, ClientLimitSettings, DependencySettings, ResilienceSettings, RetrySettings,
     SheddingSettings,
 };
 
@@ -133,14 +133,14 @@ pub struct Settings {
     pub parts: PartsSettings,
     pub resilience: ResilienceSettings,
     pub observability: ObservabilitySettings,
-    pub engine: EngineConfig,
+    pub engine: EngineSettings,
     pub log: LogSettings,
 }
 
 /// `[engine]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct EngineConfig {
+pub struct EngineSettings {
     /// `aggregated` (the service) or `naive` (the load harness's "before" baseline: no cache,
     /// parts fetched one after another). Never run `naive` in production.
     pub mode: rebate_engine::EngineMode,
@@ -208,13 +208,13 @@ pub struct StoreSettings {
     pub backend: StoreBackend,
     pub seed_demo: bool,
     pub max_concurrent_loads: usize,
-    pub sqlite: SqliteConfig,
-    pub mysql: MySqlConfig,
+    pub sqlite: SqliteSettings,
+    pub mysql: MySqlSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MySqlConfig {
+pub struct MySqlSettings {
     /// Overridden by `DATABASE_URL`.
     pub url: Secret,
     pub max_connections: u32,
@@ -270,12 +270,12 @@ pub struct EventSettings {
     pub amqp: rebate_amqp_bus::AmqpSettings,
     /// The consistency observer (`crate::consistency`).
     #[serde(default)]
-    pub observer: ObserverConfig,
+    pub observer: ObserverSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
-pub struct ObserverConfig {
+pub struct ObserverSettings {
     pub enabled: bool,
     /// Share of applied events checked, 0–1.
     pub sample_ratio: f64,
@@ -285,7 +285,7 @@ pub struct ObserverConfig {
     pub max_pending: u64,
 }
 
-impl Default for ObserverConfig {
+impl Default for ObserverSettings {
     fn default() -> Self {
         Self {
             enabled: true,
@@ -296,7 +296,7 @@ impl Default for ObserverConfig {
     }
 }
 
-impl ObserverConfig {
+impl ObserverSettings {
     fn validate(&self) -> Result<(), ConfigError> {
         ensure_in("events.observer.sample_ratio", self.sample_ratio, 0.0..=1.0)?;
         let ascending = self.windows_ms.windows(2).all(|pair| pair[0] < pair[1]);
@@ -323,8 +323,8 @@ impl ObserverConfig {
         Ok(())
     }
 
-    pub fn settings(&self) -> crate::consistency::ObserverSettings {
-        crate::consistency::ObserverSettings {
+    pub fn settings(&self) -> crate::consistency::ObserverConfig {
+        crate::consistency::ObserverConfig {
             enabled: self.enabled,
             sample_ratio: self.sample_ratio,
             windows: self
@@ -350,7 +350,7 @@ pub struct WarmupSettings {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SqliteConfig {
+pub struct SqliteSettings {
     pub path: PathBuf,
     pub max_connections: u32,
     pub acquire_timeout_ms: u64,
@@ -739,10 +739,10 @@ impl Settings {
     }
 
     /// The OTLP export settings, when an endpoint is configured.
-    pub fn otlp(&self) -> Option<rebate_telemetry::OtlpSettings> {
+    pub fn otlp(&self) -> Option<rebate_telemetry::OtlpConfig> {
         let observability = &self.observability;
         let endpoint = observability.otlp_endpoint.trim();
-        (!endpoint.is_empty()).then(|| rebate_telemetry::OtlpSettings {
+        (!endpoint.is_empty()).then(|| rebate_telemetry::OtlpConfig {
             endpoint: endpoint.to_owned(),
             service_name: observability.service_name.clone(),
             instance: self.instance_id(),

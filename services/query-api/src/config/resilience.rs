@@ -15,10 +15,10 @@ use super::{ConfigError, ensure_in, invalid};
 #[serde(deny_unknown_fields)]
 pub struct ResilienceSettings {
     pub breaker: BreakerDefaults,
-    pub mysql: DependencyConfig,
-    pub redis: DependencyConfig,
-    pub coupons: DependencyConfig,
-    pub extras: DependencyConfig,
+    pub mysql: DependencySettings,
+    pub redis: DependencySettings,
+    pub coupons: DependencySettings,
+    pub extras: DependencySettings,
     pub retry: RetrySettings,
     pub shedding: SheddingSettings,
     pub client_limit: ClientLimitSettings,
@@ -41,7 +41,7 @@ pub struct BreakerDefaults {
 /// optional outbound quota and whether its reads are retried.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DependencyConfig {
+pub struct DependencySettings {
     /// A success slower than this counts as a failure for the breaker.
     pub slow_call_ms: u64,
     /// Concurrent calls; the next one degrades at once.
@@ -116,7 +116,7 @@ const DEPENDENCIES: [(&str, &str); 4] = [
 ];
 
 impl ResilienceSettings {
-    pub(crate) fn dependency(&self, name: &str) -> &DependencyConfig {
+    pub(crate) fn dependency(&self, name: &str) -> &DependencySettings {
         match name {
             "mysql" => &self.mysql,
             "redis" => &self.redis,
@@ -125,7 +125,7 @@ impl ResilienceSettings {
         }
     }
 
-    pub fn breaker_config(&self, dependency: &DependencyConfig) -> BreakerConfig {
+    pub fn breaker_config(&self, dependency: &DependencySettings) -> BreakerConfig {
         let defaults = &self.breaker;
         let cool_down =
             Duration::from_millis(dependency.cool_down_ms.unwrap_or(defaults.cool_down_ms));
@@ -152,7 +152,7 @@ impl ResilienceSettings {
         }
     }
 
-    pub(crate) fn quota(dependency: &DependencyConfig) -> Option<RateConfig> {
+    pub(crate) fn quota(dependency: &DependencySettings) -> Option<RateConfig> {
         dependency.quota_per_sec.map(|per_second| RateConfig {
             per_second,
             // A tenth of a second's worth unless set: burst + rate stays near the contract.

@@ -5,11 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use rebate_cache::{
-    Clock, ItemFilter, L2Settings, Loader, PartCache, PartCacheSettings, SharedTier,
-};
+use rebate_cache::{Clock, ItemFilter, L2Config, Loader, PartCache, PartCacheConfig, SharedTier};
 use rebate_domain::PartKind;
-use rebate_engine::{EngineMode, EngineParts, EngineSettings, QueryEngine, scale_timeouts};
+use rebate_engine::{EngineConfig, EngineMode, EngineParts, QueryEngine, scale_timeouts};
 use rebate_guard::GuardedTier;
 use rebate_redis_tier::RedisTier;
 use rebate_sources::{
@@ -122,10 +120,10 @@ pub(super) fn build(
 
 /// The engine's timeouts (and the shorter ones it uses while shedding), retry budget and
 /// rendered-quote cache, from the settings.
-fn engine_settings(settings: &Settings) -> EngineSettings {
+fn engine_settings(settings: &Settings) -> EngineConfig {
     let timeouts = settings.part_timeouts();
     let shedding = &settings.resilience.shedding;
-    EngineSettings {
+    EngineConfig {
         mode: settings.engine.mode,
         timeouts,
         short_timeouts: scale_timeouts(
@@ -161,7 +159,7 @@ impl PartBuilder<'_> {
     where
         T: serde::Serialize + DeserializeOwned + Send + Sync + 'static,
     {
-        let cache_settings = PartCacheSettings {
+        let cache_settings = PartCacheConfig {
             name: part.as_str(),
             part,
             max_entries: settings.l1_max_entries,
@@ -175,7 +173,7 @@ impl PartBuilder<'_> {
             None => PartCache::new(cache_settings, loader, clock),
             Some(tier) => {
                 let redis = &self.settings.redis;
-                let l2 = L2Settings {
+                let l2 = L2Config {
                     tier: Arc::clone(tier),
                     ttl: settings.l2_ttl_policy(),
                     lease_ttl: Duration::from_millis(redis.lease_ttl_ms),

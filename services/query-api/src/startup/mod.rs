@@ -35,7 +35,7 @@ use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
 use crate::http::edge::EdgeLimits;
 use crate::http::middleware::{LineBudget, RequestObserver};
-use crate::invalidation::{InvalidationSettings, Invalidator};
+use crate::invalidation::{InvalidationConfig, Invalidator};
 use crate::lifecycle::{Lifecycle, Phase};
 use crate::metrics::{Metrics, StateCollector};
 use crate::protection::{DependencyTimeouts, Protection};
@@ -125,7 +125,7 @@ impl Application {
             engine.clone(),
             Arc::clone(&protection),
             Some(Arc::clone(&consistency)),
-            InvalidationSettings {
+            InvalidationConfig {
                 fence_for: Duration::from_secs(settings.events.fence_secs),
                 rewarm_deadline: settings.request_deadline(),
             },

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierSettings};
-use rebate_store::{CatalogRepository, MySqlSettings, MySqlStore, SqliteSettings, SqliteStore};
+use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig};
+use rebate_store::{CatalogRepository, MySqlConfig, MySqlStore, SqliteConfig, SqliteStore};
 
 use crate::config::{Settings, StoreBackend};
 
@@ -30,7 +30,7 @@ pub async fn seed(settings: &Settings) -> anyhow::Result<()> {
 
 async fn open_sqlite(settings: &Settings) -> anyhow::Result<SqliteStore> {
     let sqlite = &settings.store.sqlite;
-    SqliteStore::open(&SqliteSettings {
+    SqliteStore::open(&SqliteConfig {
         path: sqlite.path.clone(),
         max_connections: sqlite.max_connections,
         acquire_timeout: Duration::from_millis(sqlite.acquire_timeout_ms),
@@ -41,7 +41,7 @@ async fn open_sqlite(settings: &Settings) -> anyhow::Result<SqliteStore> {
 
 async fn connect_mysql(settings: &Settings) -> anyhow::Result<MySqlStore> {
     let mysql = &settings.store.mysql;
-    let mut options = MySqlSettings::new(mysql.url.expose());
+    let mut options = MySqlConfig::new(mysql.url.expose());
     options.max_connections = mysql.max_connections;
     options.min_connections = mysql.min_connections;
     options.acquire_timeout = Duration::from_millis(mysql.acquire_timeout_ms);
@@ -103,7 +103,7 @@ pub(super) async fn connect_tier(settings: &Settings) -> anyhow::Result<Option<A
                 .collect(),
         )
     };
-    let mut options = RedisTierSettings::new(target);
+    let mut options = RedisTierConfig::new(target);
     options.prefix = redis.prefix.clone();
     options.command_timeout = Duration::from_millis(redis.command_timeout_ms);
     options.connect_timeout = Duration::from_millis(redis.connect_timeout_ms);

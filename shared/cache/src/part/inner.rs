@@ -9,7 +9,7 @@ use moka::sync::Cache;
 use rebate_domain::ItemKey;
 
 use super::load::{LoadFailure, Loaded, Loader, SharedLoad};
-use super::settings::{L2Settings, PartCacheSettings};
+use super::settings::{L2Config, PartCacheConfig};
 use super::stats::{CacheStats, bump};
 use crate::clock::Clock;
 use crate::envelope::{Envelope, TtlPolicy};
@@ -18,8 +18,8 @@ use crate::envelope::{Envelope, TtlPolicy};
 /// through an `Arc`. `l1.rs` adds the L1 and single-flight methods, `lease.rs` the L2 path and
 /// `mod.rs` the load task itself.
 pub(super) struct Inner<T> {
-    pub(super) settings: PartCacheSettings,
-    pub(super) l2: Option<L2Settings>,
+    pub(super) settings: PartCacheConfig,
+    pub(super) l2: Option<L2Config>,
     pub(super) entries: Cache<ItemKey, Arc<Envelope<T>>>,
     /// Loads in flight, one per key, each with its id so that a load only ever removes its own
     /// entry. Only touched on a miss or an invalidation, never held across `.await`.

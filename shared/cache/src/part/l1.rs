@@ -15,14 +15,14 @@ use rebate_domain::ItemKey;
 
 use super::inner::Inner;
 use super::load::SharedLoad;
-use super::settings::PartCacheSettings;
+use super::settings::PartCacheConfig;
 use super::stats::bump;
 use crate::clock::Clock;
 use crate::envelope::Envelope;
 
 /// An empty L1 for `settings`, whose entries expire on `clock`.
 pub(super) fn new_entries<T: Send + Sync + 'static>(
-    settings: &PartCacheSettings,
+    settings: &PartCacheConfig,
     clock: &Arc<dyn Clock>,
 ) -> Cache<ItemKey, Arc<Envelope<T>>> {
     Cache::builder()

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 
 use super::inner::Inner;
 use super::load::{LoadFailure, LoadResult};
-use super::settings::L2Settings;
+use super::settings::L2Config;
 use super::stats::bump;
 use crate::envelope::Envelope;
 use crate::shared::{FenceOutcome, TierEntry, TierError, TierKey};
@@ -27,7 +27,7 @@ where
     /// L2, then (holding the key's lease, or after waiting for its holder) the source.
     pub(super) async fn load_through_l2(
         self: &Arc<Self>,
-        l2: &L2Settings,
+        l2: &L2Config,
         key: ItemKey,
     ) -> LoadResult<T> {
         let tier_key = TierKey {
@@ -115,7 +115,7 @@ where
     }
 
     /// The decoded L2 entry, `Ok(None)` when absent or undecodable, `Err` when the tier failed.
-    async fn read_l2(&self, l2: &L2Settings, tier_key: TierKey) -> Result<Option<Envelope<T>>, ()> {
+    async fn read_l2(&self, l2: &L2Config, tier_key: TierKey) -> Result<Option<Envelope<T>>, ()> {
         let started = tokio::time::Instant::now();
         let read = self.read_l2_untimed(l2, tier_key).await;
         let outcome = match &read {
@@ -130,7 +130,7 @@ where
 
     async fn read_l2_untimed(
         &self,
-        l2: &L2Settings,
+        l2: &L2Config,
         tier_key: TierKey,
     ) -> Result<Option<Envelope<T>>, ()> {
         match l2.tier.get_many(&[tier_key]).await {
@@ -155,7 +155,7 @@ where
     /// Polls L2 for the lease winner's value for at most `lease_wait`.
     async fn wait_for_winner(
         &self,
-        l2: &L2Settings,
+        l2: &L2Config,
         tier_key: TierKey,
         fence: u64,
     ) -> Option<Envelope<T>> {
@@ -179,7 +179,7 @@ where
     /// caller's path: callers already have the value, Redis latency is not theirs to pay.
     fn write_l2_in_background(
         self: &Arc<Self>,
-        l2: &L2Settings,
+        l2: &L2Config,
         tier_key: TierKey,
         envelope: &Envelope<T>,
         lease_token: Option<u64>,
@@ -223,7 +223,7 @@ where
     /// other instances. A refusal is success too: L2 then holds the fence's version or newer.
     pub(super) async fn fence_l2(
         &self,
-        l2: &L2Settings,
+        l2: &L2Config,
         key: ItemKey,
         fence: &Envelope<T>,
         fence_for: Duration,

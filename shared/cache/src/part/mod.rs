@@ -11,13 +11,13 @@
 //!    load context, timeline and span, and leaves the in-flight map only after caching its
 //!    result. The caller waits at most its budget; if the load fails or the budget runs out, it
 //!    serves a stale copy if L1 still has one.
-//! 3. **L2 and the lease** (`lease.rs`), when the cache has a shared tier ([`L2Settings`]): the
+//! 3. **L2 and the lease** (`lease.rs`), when the cache has a shared tier ([`L2Config`]): the
 //!    load reads L2, else takes the key's rebuild lease or waits for the instance that holds
 //!    it, and writes the rebuilt value back in the background. Fences go to L2 from here too.
 //! 4. **The loader** (`inner.rs`): the [`Loader`], cut off at the part's load timeout.
 //!
 //! Beside them: `load.rs`, the load vocabulary ([`Loaded`], [`LoadFailure`], [`CacheOutcome`]);
-//! `settings.rs` ([`PartCacheSettings`], [`L2Settings`]); `stats.rs` ([`CacheStats`]);
+//! `settings.rs` ([`PartCacheConfig`], [`L2Config`]); `stats.rs` ([`CacheStats`]);
 //! `inner.rs`, the state a cache shares with its load tasks, which `l1.rs` and `lease.rs`
 //! extend. Imports only point down this list: `mod.rs`, `lease.rs`, `l1.rs`, `inner.rs`, then
 //! `load.rs`, `settings.rs` and `stats.rs`, which import none of the others.
@@ -52,7 +52,7 @@ use crate::envelope::Envelope;
 use crate::shared::{SharedTier, TierEntry, TierError};
 
 pub use self::load::{CacheOutcome, FailureKind, LoadFailure, Loaded, Loader};
-pub use self::settings::{L2Settings, PartCacheSettings};
+pub use self::settings::{L2Config, PartCacheConfig};
 pub use self::stats::{CacheStats, CacheStatsSnapshot};
 pub use self::view::{L2Entry, PartView};
 
@@ -86,7 +86,7 @@ where
 {
     /// An L1-only cache: misses go straight to the source (the embedded profile).
     pub fn new(
-        settings: PartCacheSettings,
+        settings: PartCacheConfig,
         loader: Arc<dyn Loader<T>>,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -95,8 +95,8 @@ where
 
     /// L1 over a shared L2 tier with cross-instance rebuild leases (the production profile).
     pub fn with_shared_tier(
-        settings: PartCacheSettings,
-        l2: L2Settings,
+        settings: PartCacheConfig,
+        l2: L2Config,
         loader: Arc<dyn Loader<T>>,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -104,8 +104,8 @@ where
     }
 
     fn build(
-        settings: PartCacheSettings,
-        l2: Option<L2Settings>,
+        settings: PartCacheConfig,
+        l2: Option<L2Config>,
         loader: Arc<dyn Loader<T>>,
         clock: Arc<dyn Clock>,
     ) -> Self {

@@ -1,5 +1,5 @@
-//! How one part's cache is built: its L1 ([`PartCacheSettings`]) and, in the production profile,
-//! the shared tier under it ([`L2Settings`]).
+//! How one part's cache is built: its L1 ([`PartCacheConfig`]) and, in the production profile,
+//! the shared tier under it ([`L2Config`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use crate::shared::SharedTier;
 
 /// Construction settings of one part's cache.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PartCacheSettings {
+pub struct PartCacheConfig {
     pub name: &'static str,
     pub part: PartKind,
     pub max_entries: u64,
@@ -24,7 +24,7 @@ pub struct PartCacheSettings {
 
 /// The shared tier under one part's L1, and how this part uses it.
 #[derive(Debug, Clone)]
-pub struct L2Settings {
+pub struct L2Config {
     pub tier: Arc<dyn SharedTier>,
     /// L2 lifetimes (15 min + 0–300 s by default): longer than L1's, so instances refill from L2.
     pub ttl: TtlPolicy,

@@ -6,8 +6,7 @@ use async_trait::async_trait;
 use rebate_domain::{ItemId, ItemKey, PartKind, Platform, Timestamp};
 
 use super::{
-    CacheOutcome, FailureKind, L2Settings, LoadFailure, Loaded, Loader, PartCache,
-    PartCacheSettings,
+    CacheOutcome, FailureKind, L2Config, LoadFailure, Loaded, Loader, PartCache, PartCacheConfig,
 };
 use crate::clock::{Clock, ManualClock};
 use crate::envelope::{Envelope, Jitter, TtlPolicy};
@@ -75,8 +74,8 @@ fn cache(source: &Arc<FakeSource>, clock: &ManualClock) -> PartCache<String> {
     PartCache::new(settings(), loader, Arc::new(clock.clone()))
 }
 
-fn settings() -> PartCacheSettings {
-    PartCacheSettings {
+fn settings() -> PartCacheConfig {
+    PartCacheConfig {
         name: "test",
         part: PartKind::Rate,
         max_entries: 1_000,
@@ -100,7 +99,7 @@ fn instance(
     let shared: Arc<dyn SharedTier> = tier.clone();
     PartCache::with_shared_tier(
         settings(),
-        L2Settings {
+        L2Config {
             tier: shared,
             ttl: TtlPolicy {
                 fresh: Duration::from_secs(900),

@@ -106,7 +106,7 @@ fn event(id: &str) -> InvalidationEvent {
     .unwrap()
 }
 
-fn start(settings: BusSettings) -> (InProcessBus, CancellationToken) {
+fn start(settings: BusConfig) -> (InProcessBus, CancellationToken) {
     let shutdown = CancellationToken::new();
     (InProcessBus::start(settings, shutdown.clone()), shutdown)
 }
@@ -114,7 +114,7 @@ fn start(settings: BusSettings) -> (InProcessBus, CancellationToken) {
 #[tokio::test(start_paused = true)]
 async fn broadcast_reaches_all_and_shared_exactly_one() {
     let progress = Arc::new(Notify::new());
-    let (bus, _shutdown) = start(BusSettings::default());
+    let (bus, _shutdown) = start(BusConfig::default());
     let handlers: Vec<Arc<RecordingHandler>> =
         (0..3).map(|_| RecordingHandler::new(&progress)).collect();
     let _subscriptions: Vec<Subscription> = handlers
@@ -159,9 +159,9 @@ async fn broadcast_reaches_all_and_shared_exactly_one() {
 #[tokio::test(start_paused = true)]
 async fn failed_shared_deliveries_are_redelivered_then_dead_lettered() {
     let progress = Arc::new(Notify::new());
-    let settings = BusSettings {
+    let settings = BusConfig {
         max_deliveries: 3,
-        ..BusSettings::default()
+        ..BusConfig::default()
     };
     let (bus, _shutdown) = start(settings);
     let recovers = RecordingHandler::failing(&progress, "flaky", 2);
@@ -225,9 +225,9 @@ impl EventHandler for IncompleteHandler {
 #[tokio::test(start_paused = true)]
 async fn incomplete_deliveries_are_retried_then_abandoned_not_dead_lettered() {
     let progress = Arc::new(Notify::new());
-    let settings = BusSettings {
+    let settings = BusConfig {
         max_deliveries: 3,
-        ..BusSettings::default()
+        ..BusConfig::default()
     };
     let (bus, _shutdown) = start(settings);
     let handler = Arc::new(IncompleteHandler {
@@ -279,7 +279,7 @@ fn event_with_time(id: &str, body: &[u8]) -> InvalidationEvent {
 #[tokio::test(start_paused = true)]
 async fn malformed_bodies_are_dead_lettered_and_the_dispatcher_keeps_going() {
     let progress = Arc::new(Notify::new());
-    let (bus, _shutdown) = start(BusSettings::default());
+    let (bus, _shutdown) = start(BusConfig::default());
     let handler = RecordingHandler::new(&progress);
     let _subscription = bus.subscribe(Arc::clone(&handler) as Arc<dyn EventHandler>);
 
@@ -319,9 +319,9 @@ async fn malformed_bodies_are_dead_lettered_and_the_dispatcher_keeps_going() {
 async fn signed_bus_signs_its_own_events_and_refuses_unsigned_raw_ones() {
     let progress = Arc::new(Notify::new());
     let key = SigningKey::new("0123456789abcdef-shared-secret").unwrap();
-    let settings = BusSettings {
+    let settings = BusConfig {
         policy: ValidationPolicy::production(key, Duration::from_secs(300), Timestamp::default()),
-        ..BusSettings::default()
+        ..BusConfig::default()
     };
     let (bus, _shutdown) = start(settings);
     let handler = RecordingHandler::new(&progress);
@@ -350,9 +350,9 @@ async fn a_panicking_handler_does_not_stop_the_dispatcher() {
         }
     }
     let progress = Arc::new(Notify::new());
-    let settings = BusSettings {
+    let settings = BusConfig {
         max_deliveries: 2,
-        ..BusSettings::default()
+        ..BusConfig::default()
     };
     let (bus, _shutdown) = start(settings);
     let panicking = bus.subscribe(Arc::new(Panicking));
@@ -379,9 +379,9 @@ async fn a_panicking_handler_does_not_stop_the_dispatcher() {
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_pushes_back_instead_of_blocking() {
     let progress = Arc::new(Notify::new());
-    let settings = BusSettings {
+    let settings = BusConfig {
         queue_capacity: 1,
-        ..BusSettings::default()
+        ..BusConfig::default()
     };
     let (bus, _shutdown) = start(settings);
     let gate = Arc::new(Notify::new());
@@ -410,7 +410,7 @@ async fn a_full_queue_pushes_back_instead_of_blocking() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_stops_the_dispatcher_and_refuses_new_events() {
-    let (bus, shutdown) = start(BusSettings::default());
+    let (bus, shutdown) = start(BusConfig::default());
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(60), bus.stopped())
         .await
@@ -421,7 +421,7 @@ async fn shutdown_stops_the_dispatcher_and_refuses_new_events() {
 #[tokio::test(start_paused = true)]
 async fn dropping_a_subscription_unsubscribes_and_unheard_events_are_dead_lettered() {
     let progress = Arc::new(Notify::new());
-    let (bus, _shutdown) = start(BusSettings::default());
+    let (bus, _shutdown) = start(BusConfig::default());
     let handler = RecordingHandler::new(&progress);
     let subscription = bus.subscribe(Arc::clone(&handler) as Arc<dyn EventHandler>);
     bus.publish(&event("heard")).await.unwrap();
@@ -436,9 +436,9 @@ async fn dropping_a_subscription_unsubscribes_and_unheard_events_are_dead_letter
 
 #[tokio::test(start_paused = true)]
 async fn the_dead_letter_ring_is_bounded() {
-    let settings = BusSettings {
+    let settings = BusConfig {
         dead_letter_capacity: 2,
-        ..BusSettings::default()
+        ..BusConfig::default()
     };
     let (bus, _shutdown) = start(settings);
     for body in ["a", "b", "c"] {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use rebate_cache::TierKey;
 use rebate_domain::{ItemId, ItemKey, PartKind, Platform};
-use rebate_redis_tier::{RedisTarget, RedisTierSettings};
+use rebate_redis_tier::{RedisTarget, RedisTierConfig};
 
 /// The Redis the integration tests use; it must be running.
 pub const SHARED_URL: &str = "redis://127.0.0.1:6379";
@@ -21,8 +21,8 @@ pub fn key(item_id: u64, part: PartKind) -> TierKey {
     }
 }
 
-pub fn settings(url: &str, prefix: &str) -> RedisTierSettings {
-    let mut settings = RedisTierSettings::new(RedisTarget::Single(url.to_owned()));
+pub fn settings(url: &str, prefix: &str) -> RedisTierConfig {
+    let mut settings = RedisTierConfig::new(RedisTarget::Single(url.to_owned()));
     settings.prefix = prefix.to_owned();
     settings.connect_timeout = Duration::from_secs(2);
     settings

@@ -8,8 +8,8 @@ use super::*;
 use crate::demo::{demo_item, is_demo_delisted};
 use crate::testing::{TestDatabase, fresh_mysql_database, test_mysql_url};
 
-fn settings(url: &str) -> MySqlSettings {
-    MySqlSettings {
+fn settings(url: &str) -> MySqlConfig {
+    MySqlConfig {
         url: url.to_owned(),
         max_connections: 4,
         min_connections: 0,
@@ -333,7 +333,7 @@ async fn keys_stream_every_product_in_key_order_and_hot_keys_rank_first() {
     store.ping().await.unwrap();
 
     // A consumer slower than the statement timeout still gets every key: no statement spans it.
-    let strict = MySqlStore::connect(&MySqlSettings {
+    let strict = MySqlStore::connect(&MySqlConfig {
         statement_timeout: Duration::from_secs(1),
         ..settings(&url)
     })
@@ -405,7 +405,7 @@ async fn the_statement_timeout_applies_to_pooled_connections() {
     let (url, database) = fresh_mysql_database(&test_mysql_url(), "store_timeout")
         .await
         .unwrap();
-    let store = MySqlStore::connect(&MySqlSettings {
+    let store = MySqlStore::connect(&MySqlConfig {
         statement_timeout: Duration::from_millis(1_000),
         ..settings(&url)
     })
@@ -441,7 +441,7 @@ async fn a_busy_pool_fails_with_pool_timed_out_after_the_acquire_timeout() {
     let (url, database) = fresh_mysql_database(&test_mysql_url(), "store_acquire")
         .await
         .unwrap();
-    let store = MySqlStore::connect(&MySqlSettings {
+    let store = MySqlStore::connect(&MySqlConfig {
         max_connections: 1,
         acquire_timeout: Duration::from_millis(200),
         ..settings(&url)
@@ -467,7 +467,7 @@ async fn a_busy_pool_fails_with_pool_timed_out_after_the_acquire_timeout() {
 #[test]
 fn settings_debug_never_shows_credentials() {
     let settings =
-        MySqlSettings::new("mysql://rebate:s3cr@t/pw@db.internal:3306/catalogue?ssl-mode=REQUIRED");
+        MySqlConfig::new("mysql://rebate:s3cr@t/pw@db.internal:3306/catalogue?ssl-mode=REQUIRED");
 
     let shown = format!("{settings:?}");
 
@@ -480,7 +480,7 @@ fn settings_debug_never_shows_credentials() {
     );
     assert_eq!(
         settings.acquire_timeout,
-        MySqlSettings::DEFAULT_ACQUIRE_TIMEOUT
+        MySqlConfig::DEFAULT_ACQUIRE_TIMEOUT
     );
     assert_eq!(redacted_url("not a url"), "<redacted>");
     assert_eq!(
@@ -498,7 +498,7 @@ async fn the_pool_pings_once_per_query_on_release_only() {
         .await
         .unwrap();
     // One connection, so every query and the status reads below share one server session.
-    let store = MySqlStore::connect(&MySqlSettings {
+    let store = MySqlStore::connect(&MySqlConfig {
         max_connections: 1,
         ..settings(&url)
     })

@@ -6,8 +6,8 @@ use tempfile::TempDir;
 use super::*;
 use crate::demo::{demo_item, is_demo_delisted};
 
-fn settings_in(directory: &TempDir) -> SqliteSettings {
-    SqliteSettings {
+fn settings_in(directory: &TempDir) -> SqliteConfig {
+    SqliteConfig {
         path: directory.path().join("nested/deeper/catalogue.sqlite"),
         max_connections: 4,
         acquire_timeout: Duration::from_secs(5),
