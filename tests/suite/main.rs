@@ -1,6 +1,10 @@
 //! The black-box suite: the real `Application` on port 0 over real HTTP, against real stores,
 //! brokers and the upstream simulator. One binary with a module per area, so the application is
 //! linked once; shared helpers live in the `rebate_tests` library (`tests/support`).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "black-box tests against real servers wait and measure on the wall clock"
+)]
 
 mod api;
 mod edge;

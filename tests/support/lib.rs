@@ -3,6 +3,10 @@
 //!
 //! Each test gets its own database file in its own temporary directory, so tests run in
 //! parallel without sharing anything.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "black-box tests against real servers wait and measure on the wall clock"
+)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -24,6 +24,10 @@
 //!   service's RSS sampled (`rebate-loadgen soak`); [`analysis`]: the pure arithmetic of both
 //!   (recovery time, limit recovery, level moves, RSS slope); [`procfs`]: RSS and CPU from
 //!   `/proc`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a load generator measures wall-clock time against real servers"
+)]
 
 pub mod analysis;
 pub mod attack;

@@ -100,6 +100,10 @@ struct WorkerBusy {
 }
 
 impl WorkerBusy {
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "tokio measures worker busy time on the wall clock, not on the runtime's (possibly paused) clock"
+    )]
     fn new(metrics: tokio::runtime::RuntimeMetrics) -> Self {
         let total = Self::total(&metrics);
         Self {
@@ -117,6 +121,10 @@ impl WorkerBusy {
 
     /// Busy time summed over the workers since the last call, and the worker time that passed
     /// (elapsed × workers).
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "tokio measures worker busy time on the wall clock, not on the runtime's (possibly paused) clock"
+    )]
     fn since_last(&mut self) -> (Duration, Duration) {
         // Wall-clock time, as tokio measures busy time (not the runtime's possibly paused clock).
         let now = std::time::Instant::now();

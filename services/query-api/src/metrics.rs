@@ -116,7 +116,7 @@ impl Hash for Route {
 }
 
 impl EncodeLabelValue for Route {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), fmt::Error> {
         fmt::Write::write_str(encoder, self.as_str())
     }
 }
@@ -146,7 +146,7 @@ impl Answers {
 struct SuccessRatio(Answers);
 
 impl Collector for SuccessRatio {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
         let metric = encoder.encode_descriptor(
             "rebate_business_success_ratio",
             "Complete (live, non-degraded) answers divided by all answers since start; 1 before the first answer.",
@@ -279,7 +279,7 @@ impl Metrics {
 struct AnswerFamily(Answers);
 
 impl EncodeMetric for AnswerFamily {
-    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder) -> fmt::Result {
+    fn encode(&self, mut encoder: prometheus_client::encoding::MetricEncoder<'_>) -> fmt::Result {
         for (outcome, counter) in [
             ("complete", &self.0.complete),
             ("degraded", &self.0.degraded),
@@ -342,7 +342,7 @@ impl StateCollector {
         }
     }
 
-    fn encode_caches(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+    fn encode_caches(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let caches: Vec<PartStats> = self
             .engine
             .parts()
@@ -502,7 +502,7 @@ impl StateCollector {
         )
     }
 
-    fn encode_bloom(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+    fn encode_bloom(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let Some(filter) = self.engine.item_filter() else {
             return Ok(());
         };
@@ -533,7 +533,7 @@ impl StateCollector {
         )
     }
 
-    fn encode_dependencies(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+    fn encode_dependencies(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let snapshots = self
             .protection
             .dependencies()
@@ -612,7 +612,7 @@ impl StateCollector {
         )
     }
 
-    fn encode_edge(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+    fn encode_edge(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let protection = &self.protection;
         single_gauge(
             encoder,
@@ -707,7 +707,7 @@ impl StateCollector {
         )
     }
 
-    fn encode_events(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+    fn encode_events(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let stats = self.events.stats();
         counters(
             encoder,
@@ -733,7 +733,7 @@ impl StateCollector {
 }
 
 impl Collector for StateCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
         self.encode_caches(&mut encoder)?;
         self.encode_bloom(&mut encoder)?;
         self.encode_dependencies(&mut encoder)?;
@@ -743,7 +743,7 @@ impl Collector for StateCollector {
     }
 }
 
-fn encode_memory(encoder: &mut DescriptorEncoder) -> fmt::Result {
+fn encode_memory(encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
     let memory = crate::memory::MemoryStats::read();
     if let Some(rss) = memory.rss_bytes {
         single_gauge(
@@ -782,7 +782,7 @@ fn window_label(window_ms: u64) -> String {
 }
 
 fn counters<L: EncodeLabelSet>(
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
     samples: impl IntoIterator<Item = (L, u64)>,
@@ -796,7 +796,7 @@ fn counters<L: EncodeLabelSet>(
 
 /// One gauge family: its descriptor, then a sample per label set.
 fn gauges<L: EncodeLabelSet, V: prometheus_client::encoding::EncodeGaugeValue>(
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
     samples: impl IntoIterator<Item = (L, V)>,
@@ -809,7 +809,7 @@ fn gauges<L: EncodeLabelSet, V: prometheus_client::encoding::EncodeGaugeValue>(
 }
 
 fn single_counter(
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
     value: u64,
@@ -819,7 +819,7 @@ fn single_counter(
 }
 
 fn single_gauge<V: prometheus_client::encoding::EncodeGaugeValue>(
-    encoder: &mut DescriptorEncoder,
+    encoder: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
     value: V,

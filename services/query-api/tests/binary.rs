@@ -1,5 +1,9 @@
 //! The real `rebate-query` binary: configuration from a file and the environment, the address it
 //! logs, serving, `seed`, refusing bad configuration, and a clean stop on SIGTERM.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the binary under test runs on the wall clock"
+)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -132,6 +132,10 @@ impl ItemFilter {
 
     /// Builds a new filter from `keys` and swaps it in. The old filter (or fail-open) serves
     /// meanwhile; on a stream error the old state stays and the error is returned.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the build's duration is reported, nothing depends on it"
+    )]
     pub async fn rebuild<E>(
         &self,
         keys: impl Stream<Item = Result<ItemKey, E>>,

@@ -56,11 +56,16 @@ mod epoch_millis {
     use rebate_domain::Timestamp;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(stamp: &Timestamp, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(
+        stamp: &Timestamp,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         serializer.serialize_i64(stamp.as_millis())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Timestamp, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Timestamp, D::Error> {
         i64::deserialize(deserializer).map(Timestamp::from_millis)
     }
 }

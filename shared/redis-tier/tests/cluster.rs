@@ -1,4 +1,8 @@
 //! `RedisTier` on a real three-primary Redis Cluster started from the machine's `redis-server`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests against a real Redis wait on the wall clock"
+)]
 
 mod common;
 

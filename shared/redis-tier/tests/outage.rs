@@ -1,4 +1,8 @@
 //! What the tier does when Redis is not there or does not answer: fail fast, never hang.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests against a real Redis wait on the wall clock"
+)]
 
 mod common;
 

@@ -4,6 +4,10 @@
 //! operation on each thread while the other runs too.
 //!
 //! Run: `cargo bench -p rebate-resilience`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a benchmark measures wall-clock time"
+)]
 
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};

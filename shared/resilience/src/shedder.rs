@@ -323,14 +323,14 @@ const SATURATED_ALPHA: f64 = 0.5;
 /// that has gone wrong costs at most this long at level 3. Only a rate the instance has
 /// corroborated (it served at least [`CORROBORATED_SHARE`] of it with spare capacity) is held
 /// this long; any other is held for [`SHORT_HOLD_DWELLS`].
-pub const MAX_HOLD_DWELLS: u32 = 20;
+pub(crate) const MAX_HOLD_DWELLS: u32 = 20;
 /// The hold for a saturated rate learned before the instance ever served a comparable rate with
 /// spare capacity — typically a cold start, whose cost per request falls as its caches fill, so
 /// the rate it saturated at is soon too low.
-pub const SHORT_HOLD_DWELLS: u32 = 5;
+pub(crate) const SHORT_HOLD_DWELLS: u32 = 5;
 /// Share of the saturated rate the instance must have served with spare capacity for the rate
 /// to be held for [`MAX_HOLD_DWELLS`].
-pub const CORROBORATED_SHARE: f64 = 0.5;
+pub(crate) const CORROBORATED_SHARE: f64 = 0.5;
 /// Half-life of the served rate: a rate served long ago says less about today's costs.
 const SERVED_HALF_LIFE_SECS: f64 = 300.0;
 /// Weight of one interval with spare capacity in the mean the served rate is taken from: one
@@ -339,7 +339,7 @@ const SERVED_HALF_LIFE_SECS: f64 = 300.0;
 const SERVED_ALPHA: f64 = 0.25;
 /// Share of an interval the runtime's workers must have been busy for in-flight overload to
 /// count as saturation (rather than requests waiting on a slow dependency, which idles them).
-pub const SATURATED_BUSY: f64 = 0.9;
+pub(crate) const SATURATED_BUSY: f64 = 0.9;
 /// Weight of one interval in the long-term latency: about 20 intervals (5 s at 250 ms) of memory.
 const LONG_LATENCY_ALPHA: f64 = 0.05;
 /// Share of each new limit estimate taken per interval, so one noisy interval moves it little.

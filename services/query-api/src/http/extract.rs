@@ -12,7 +12,7 @@ use super::error::ApiError;
 use crate::state::AppState;
 
 #[derive(Debug)]
-pub struct ApiJson<T>(pub T);
+pub(super) struct ApiJson<T>(pub T);
 
 impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
@@ -39,7 +39,7 @@ fn map_rejection(rejection: JsonRejection, limit: usize) -> ApiError {
 
 /// Path parameters; a segment that is not valid percent-encoded UTF-8 is a 400 `invalid_query`.
 #[derive(Debug)]
-pub struct ApiPath<T>(pub T);
+pub(super) struct ApiPath<T>(pub T);
 
 impl<T, S> FromRequestParts<S> for ApiPath<T>
 where

@@ -13,7 +13,7 @@ use crate::state::AppState;
 
 const DEFAULT_LIMIT: usize = 50;
 
-pub fn routes() -> Router<AppState> {
+pub(super) fn routes() -> Router<AppState> {
     Router::new()
         .route("/admin/v1/slow-requests", get(recent))
         .route("/admin/v1/slow-requests/{trace_id}", get(by_trace_id))

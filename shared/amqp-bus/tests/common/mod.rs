@@ -8,13 +8,13 @@ use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
 use lapin::{Connection, ConnectionProperties};
 use rebate_amqp_bus::AmqpSettings;
 
-pub const TEST_TIMEOUT: Duration = Duration::from_secs(20);
+pub(crate) const TEST_TIMEOUT: Duration = Duration::from_secs(20);
 
-pub fn broker_url() -> String {
+pub(crate) fn broker_url() -> String {
     std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
-pub fn unique(label: &str) -> String {
+pub(crate) fn unique(label: &str) -> String {
     format!(
         "test.{label}.{}.{:08x}",
         std::process::id(),
@@ -23,7 +23,7 @@ pub fn unique(label: &str) -> String {
 }
 
 /// Settings whose every name is unique to one test.
-pub fn isolated_settings(label: &str) -> AmqpSettings {
+pub(crate) fn isolated_settings(label: &str) -> AmqpSettings {
     let base = unique(label);
     AmqpSettings {
         url: broker_url(),
@@ -40,21 +40,21 @@ pub fn isolated_settings(label: &str) -> AmqpSettings {
     }
 }
 
-pub fn instance(settings: &AmqpSettings, id: &str) -> AmqpSettings {
+pub(crate) fn instance(settings: &AmqpSettings, id: &str) -> AmqpSettings {
     AmqpSettings {
         instance_id: format!("{id}-{:08x}", rand::random::<u32>()),
         ..settings.clone()
     }
 }
 
-pub async fn raw_connection() -> Connection {
+pub(crate) async fn raw_connection() -> Connection {
     Connection::connect(&broker_url(), ConnectionProperties::default())
         .await
         .expect("RabbitMQ must be running on AMQP_URL")
 }
 
 /// Runs `body` with a time limit, then deletes the test's topology even if `body` panicked.
-pub async fn isolated<F, Fut>(settings: AmqpSettings, body: F)
+pub(crate) async fn isolated<F, Fut>(settings: AmqpSettings, body: F)
 where
     F: FnOnce(AmqpSettings) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
@@ -80,7 +80,7 @@ where
     }
 }
 
-pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !condition() {
         assert!(
@@ -93,7 +93,7 @@ pub async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
 
 /// One message read back from the dead-letter queue.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct DeadLetter {
+pub(crate) struct DeadLetter {
     pub body: String,
     pub reason: String,
     pub code: String,
@@ -102,7 +102,7 @@ pub struct DeadLetter {
 }
 
 /// Empties the dead-letter queue with `basic_get`, sorted for stable comparisons.
-pub async fn drain_dead_letters(settings: &AmqpSettings) -> Vec<DeadLetter> {
+pub(crate) async fn drain_dead_letters(settings: &AmqpSettings) -> Vec<DeadLetter> {
     use lapin::options::BasicGetOptions;
     use rebate_amqp_bus::headers;
 

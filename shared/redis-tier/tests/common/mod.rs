@@ -1,6 +1,10 @@
 //! Test helpers: a unique key namespace per test on the shared Redis, and private
 //! `redis-server` processes (single or cluster) that die with their guard.
 #![allow(dead_code)] // each test binary uses a different subset
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests against a real Redis wait on the wall clock"
+)]
 
 use std::net::TcpListener;
 use std::path::Path;
@@ -12,16 +16,16 @@ use rebate_domain::{ItemId, ItemKey, PartKind, Platform};
 use rebate_redis_tier::{RedisTarget, RedisTierConfig};
 
 /// The Redis the integration tests use; it must be running.
-pub const SHARED_URL: &str = "redis://127.0.0.1:6379";
+pub(crate) const SHARED_URL: &str = "redis://127.0.0.1:6379";
 
-pub fn key(item_id: u64, part: PartKind) -> TierKey {
+pub(crate) fn key(item_id: u64, part: PartKind) -> TierKey {
     TierKey {
         item: ItemKey::new(Platform::Taobao, ItemId::from_u64(item_id)),
         part,
     }
 }
 
-pub fn settings(url: &str, prefix: &str) -> RedisTierConfig {
+pub(crate) fn settings(url: &str, prefix: &str) -> RedisTierConfig {
     let mut settings = RedisTierConfig::new(RedisTarget::Single(url.to_owned()));
     settings.prefix = prefix.to_owned();
     settings.connect_timeout = Duration::from_secs(2);
@@ -31,13 +35,13 @@ pub fn settings(url: &str, prefix: &str) -> RedisTierConfig {
 /// A key prefix no other test (or test run) uses; its keys are deleted on drop, and every test
 /// writes with short TTLs so that a killed run leaves nothing behind for long either.
 #[derive(Debug)]
-pub struct Namespace {
+pub(crate) struct Namespace {
     pub prefix: String,
     url: String,
 }
 
 impl Namespace {
-    pub fn new(url: &str) -> Self {
+    pub(crate) fn new(url: &str) -> Self {
         Self {
             prefix: format!("test-{}-{:016x}", std::process::id(), rand::random::<u64>()),
             url: url.to_owned(),
@@ -45,7 +49,7 @@ impl Namespace {
     }
 
     /// Keys currently stored under the prefix.
-    pub fn keys(&self) -> Vec<String> {
+    pub(crate) fn keys(&self) -> Vec<String> {
         let Ok(mut connection) = sync_connection(&self.url) else {
             return Vec::new();
         };
@@ -83,12 +87,12 @@ impl Drop for Namespace {
     }
 }
 
-pub fn sync_connection(url: &str) -> redis::RedisResult<redis::Connection> {
+pub(crate) fn sync_connection(url: &str) -> redis::RedisResult<redis::Connection> {
     redis::Client::open(url)?.get_connection_with_timeout(Duration::from_secs(2))
 }
 
 /// A plain multiplexed connection, to look at or tamper with what the tier stored.
-pub async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
+pub(crate) async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
         .expect("valid url")
         .get_multiplexed_async_connection()
@@ -97,7 +101,7 @@ pub async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnection {
 }
 
 /// Why `redis-server`/`redis-cli` cannot be used, if they cannot.
-pub fn redis_binaries_missing() -> Option<String> {
+pub(crate) fn redis_binaries_missing() -> Option<String> {
     for binary in ["redis-server", "redis-cli"] {
         let found = Command::new(binary)
             .arg("--version")
@@ -112,7 +116,7 @@ pub fn redis_binaries_missing() -> Option<String> {
 }
 
 /// A port, and the port 10000 above it (a cluster node's bus port), both free right now.
-pub fn free_port_pair() -> u16 {
+pub(crate) fn free_port_pair() -> u16 {
     loop {
         let port: u16 = 20_000 + rand::random::<u16>() % 10_000;
         let free = |port: u16| TcpListener::bind(("127.0.0.1", port)).is_ok();
@@ -124,19 +128,19 @@ pub fn free_port_pair() -> u16 {
 
 /// A `redis-server` child process, killed and reaped on drop so a failing test leaks nothing.
 #[derive(Debug)]
-pub struct ServerProcess {
+pub(crate) struct ServerProcess {
     pub port: u16,
     child: Child,
 }
 
 impl ServerProcess {
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
     /// Starts a server in `dir` on a free port and waits until it answers; retries on another
     /// port if the chosen one was taken in the meantime.
-    pub fn start(dir: &Path, cluster: bool) -> Self {
+    pub(crate) fn start(dir: &Path, cluster: bool) -> Self {
         for _attempt in 0..5 {
             let port = free_port_pair();
             let mut command = Command::new("redis-server");

@@ -1,4 +1,8 @@
 //! Against a real server ([`crate::testing::test_mysql_url`]), one fresh database per test.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests against a real MariaDB measure its pool timeout on the wall clock"
+)]
 
 use futures::TryStreamExt;
 use rebate_domain::{Cents, ItemId, Platform, ProductStatus, RateBps, Timestamp};
