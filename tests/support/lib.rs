@@ -8,6 +8,7 @@
     reason = "black-box tests against real servers wait and measure on the wall clock"
 )]
 
+pub use rebate_testkit::{unique_suffix, wait_until, wait_until_true};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -201,45 +202,6 @@ impl ProductionEnv {
         }
         delete_redis_prefix(&self.redis_url, &self.prefix).await;
     }
-}
-
-/// Polls `condition` every 10 ms until it holds; panics naming `what` after 5 s.
-pub async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
-    let give_up = std::time::Instant::now() + Duration::from_secs(5);
-    while !condition() {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// [`wait_until`] for a condition that has to ask something (an HTTP answer, a store row);
-/// gives up after 10 s.
-pub async fn wait_until_true<F: std::future::Future<Output = bool>>(
-    what: &str,
-    mut condition: impl FnMut() -> F,
-) {
-    let give_up = std::time::Instant::now() + Duration::from_secs(10);
-    while !condition().await {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// A suffix that keeps names (databases, key prefixes, queues) of tests running at the same
-/// time apart.
-pub fn unique_suffix() -> u32 {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.subsec_nanos())
-        .unwrap_or_default();
-    nanos ^ std::process::id().rotate_left(16)
 }
 
 /// Deletes every key under `prefix` (best effort: a dead server has nothing to clean).

@@ -1,5 +1,6 @@
 //! `RunningSimulator` over real HTTP on a loopback port 0: serving, and prompt shutdown.
 
+use rebate_testkit::wait_until;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -16,17 +17,6 @@ async fn start() -> (RunningSimulator, CancellationToken) {
         .await
         .unwrap();
     (simulator, shutdown)
-}
-
-/// Polls until `condition` holds; the server runs on real time here, so a bounded wait.
-async fn wait_until(mut condition: impl FnMut() -> bool) {
-    for _ in 0..500 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("condition not reached within 5 s");
 }
 
 #[tokio::test]
@@ -112,7 +102,10 @@ async fn shutdown_completes_with_a_hung_request_in_flight() {
     let hung = tokio::spawn(async move { reqwest::get(url).await });
 
     let state = simulator.state().clone();
-    wait_until(|| state.counters(Endpoint::Coupons).hung == 1).await;
+    wait_until("the simulator counts the call", || {
+        state.counters(Endpoint::Coupons).hung == 1
+    })
+    .await;
     assert!(
         !hung.is_finished(),
         "a hung request does not answer on its own"
@@ -147,7 +140,10 @@ async fn shutdown_cuts_long_latency_short() {
     let url = format!("{}/v1/extras/jd/100001", simulator.base_url());
     let slow = tokio::spawn(async move { reqwest::get(url).await });
     let state = simulator.state().clone();
-    wait_until(|| state.counters(Endpoint::Extras).calls == 1).await;
+    wait_until("the simulator counts the call", || {
+        state.counters(Endpoint::Extras).calls == 1
+    })
+    .await;
 
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(5), simulator.stopped())

@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::{eventually, isolated, isolated_settings};
+use common::{isolated, isolated_settings};
 use rebate_amqp_bus::{AmqpBus, DeliveryError, DeliveryHandler, QueueRole};
+use rebate_testkit::wait_until;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Default)]
@@ -65,11 +66,11 @@ async fn the_bus_survives_a_broker_restart() {
     let recorder = Arc::new(Recorder::default());
     let bus = AmqpBus::start(settings.clone(), recorder.clone(), CancellationToken::new())
         .expect("valid settings");
-    eventually("bus to connect", || bus.is_ready()).await;
+    wait_until("bus to connect", || bus.is_ready()).await;
     bus.publish_bytes("invalidate.before", b"before", None)
         .await
         .expect("published before the restart");
-    eventually("the first event", || {
+    wait_until("the first event", || {
         recorder.shared.lock().unwrap().len() == 1
     })
     .await;

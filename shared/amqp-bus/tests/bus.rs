@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::{DeadLetter, drain_dead_letters, eventually, instance, isolated, isolated_settings};
+use common::{DeadLetter, drain_dead_letters, instance, isolated, isolated_settings};
 use rebate_amqp_bus::{
     AmqpBus, AmqpSettings, DeliveryError, DeliveryHandler, PublishError, QueueRole,
 };
+use rebate_testkit::wait_until;
 use tokio_util::sync::CancellationToken;
 
 /// Records every call; fails according to the body.
@@ -63,7 +64,7 @@ impl DeliveryHandler for Recorder {
 
 async fn start(settings: AmqpSettings, handler: Arc<Recorder>) -> AmqpBus {
     let bus = AmqpBus::start(settings, handler, CancellationToken::new()).expect("valid settings");
-    eventually("bus to connect", || bus.is_ready()).await;
+    wait_until("bus to connect", || bus.is_ready()).await;
     bus
 }
 
@@ -91,7 +92,7 @@ async fn every_instance_gets_broadcasts_and_one_instance_gets_each_shared_delive
                 .filter(|(role, _)| *role == QueueRole::Shared)
                 .count()
         };
-        eventually("all deliveries", || {
+        wait_until("all deliveries", || {
             bodies.iter().all(|body| {
                 recorder_a.count(QueueRole::Broadcast, body) == 1
                     && recorder_b.count(QueueRole::Broadcast, body) == 1
@@ -139,8 +140,8 @@ async fn retries_are_bounded_and_rejects_are_dead_lettered_with_the_reason() {
             .expect("publish");
 
         // Each message reaches both the broadcast and the shared queue, so everything happens twice.
-        eventually("dead letters", || bus.stats().dead_lettered == 4).await;
-        eventually("good message", || {
+        wait_until("dead letters", || bus.stats().dead_lettered == 4).await;
+        wait_until("good message", || {
             recorder.count(QueueRole::Broadcast, "good-1") == 1
                 && recorder.count(QueueRole::Shared, "good-1") == 1
         })
@@ -202,7 +203,7 @@ async fn retries_are_bounded_and_rejects_are_dead_lettered_with_the_reason() {
         bus.publish_bytes("invalidate.rate", b"good-2", None)
             .await
             .expect("publish");
-        eventually("later good message", || {
+        wait_until("later good message", || {
             recorder.count(QueueRole::Shared, "good-2") == 1
         })
         .await;
@@ -226,7 +227,7 @@ async fn incomplete_deliveries_are_retried_then_abandoned_not_dead_lettered() {
         bus.publish_bytes("invalidate.rate", b"incomplete-1", None)
             .await
             .expect("publish");
-        eventually("the delivery to be abandoned", || {
+        wait_until("the delivery to be abandoned", || {
             bus.stats().abandoned == 1
         })
         .await;
@@ -234,12 +235,12 @@ async fn incomplete_deliveries_are_retried_then_abandoned_not_dead_lettered() {
             .await
             .expect("publish");
         // Both copies of the marker: the broadcast one may arrive after the shared one.
-        eventually("the marker", || {
+        wait_until("the marker", || {
             recorder.count(QueueRole::Shared, "marker") == 1
                 && recorder.count(QueueRole::Broadcast, "marker") == 1
         })
         .await;
-        eventually("the marker's acks", || bus.stats().acked == 3).await;
+        wait_until("the marker's acks", || bus.stats().acked == 3).await;
 
         assert_eq!(recorder.count(QueueRole::Shared, "incomplete-1"), 3);
         assert_eq!(recorder.count(QueueRole::Broadcast, "incomplete-1"), 1);
@@ -299,7 +300,7 @@ async fn reconnects_after_the_broker_drops_the_connection() {
         bus.publish_bytes("invalidate.rate", b"before", None)
             .await
             .expect("publish");
-        eventually("first event", || {
+        wait_until("first event", || {
             recorder.count(QueueRole::Broadcast, "before") == 1
         })
         .await;
@@ -336,7 +337,7 @@ async fn reconnects_after_the_broker_drops_the_connection() {
         bus.publish_bytes("invalidate.rate", b"after", None)
             .await
             .expect("publish after reconnect");
-        eventually("event after reconnect", || {
+        wait_until("event after reconnect", || {
             recorder.count(QueueRole::Broadcast, "after") == 1
                 && recorder.count(QueueRole::Shared, "after") == 1
         })
@@ -358,7 +359,7 @@ async fn an_unreachable_broker_is_reported_and_publishing_fails_fast() {
         CancellationToken::new(),
     )
     .expect("valid settings");
-    eventually("a connect error", || bus.status().last_error.is_some()).await;
+    wait_until("a connect error", || bus.status().last_error.is_some()).await;
     let status = bus.status();
     assert!(!status.connected);
     assert_eq!(

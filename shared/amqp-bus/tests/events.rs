@@ -6,7 +6,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use common::{drain_dead_letters, eventually, instance, isolated, isolated_settings};
+use common::{drain_dead_letters, instance, isolated, isolated_settings};
 use rebate_amqp_bus::AmqpBus;
 use rebate_amqp_bus::events::{AmqpEventPublisher, DecodingHandler, routing_key};
 use rebate_domain::{ItemId, Platform, Timestamp};
@@ -14,6 +14,7 @@ use rebate_events::{
     EventHandler, EventId, EventKind, EventPublisher, HandlerError, InvalidationEvent, SigningKey,
     ValidationPolicy, encode_event, sign,
 };
+use rebate_testkit::wait_until;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Default)]
@@ -62,7 +63,7 @@ async fn signed_events_apply_and_bad_ones_are_dead_lettered_with_the_reason() {
         ));
         let bus = AmqpBus::start(instance(&settings, "e"), handler, CancellationToken::new())
             .expect("settings");
-        eventually("bus to connect", || bus.is_ready()).await;
+        wait_until("bus to connect", || bus.is_ready()).await;
         let junk_signature = sign(b"{not json", &key);
         let publisher = AmqpEventPublisher::new(bus.publisher(), Some(key));
 
@@ -80,12 +81,12 @@ async fn signed_events_apply_and_bad_ones_are_dead_lettered_with_the_reason() {
         .expect("publish junk");
         publisher.publish(&event(3)).await.expect("publish signed");
 
-        eventually("signed events applied", || {
+        wait_until("signed events applied", || {
             *applied.broadcast.lock().unwrap() == [1, 3]
                 && *applied.shared.lock().unwrap() == [1, 3]
         })
         .await;
-        eventually("bad events dead-lettered", || {
+        wait_until("bad events dead-lettered", || {
             bus.stats().dead_lettered == 4
         })
         .await;

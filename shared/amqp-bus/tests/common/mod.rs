@@ -15,11 +15,7 @@ pub(crate) fn broker_url() -> String {
 }
 
 pub(crate) fn unique(label: &str) -> String {
-    format!(
-        "test.{label}.{}.{:08x}",
-        std::process::id(),
-        rand::random::<u32>()
-    )
+    format!("test.{label}.{:08x}", rebate_testkit::unique_suffix())
 }
 
 /// Settings whose every name is unique to one test.
@@ -77,17 +73,6 @@ where
         Ok(Ok(())) => {}
         Ok(Err(_elapsed)) => panic!("test took longer than {TEST_TIMEOUT:?}"),
         Err(join_error) => std::panic::resume_unwind(join_error.into_panic()),
-    }
-}
-
-pub(crate) async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
