@@ -16,7 +16,7 @@ use rebate_cache::{
 use rebate_domain::PartKind;
 use rebate_guard::dependency::{QuotaSnapshot, RetrySnapshot};
 use rebate_guard::{
-    AttemptFailure, CallObserver, CallOutcome, DependencyGuard, DependencySettings, GuardedTier,
+    AttemptFailure, CallObserver, CallOutcome, DependencyConfig, DependencyGuard, GuardedTier,
 };
 use rebate_resilience::{BreakerConfig, BreakerState, ManualTicker, RateConfig, RetryConfig};
 use rebate_telemetry::{Timeline, TraceId};
@@ -82,8 +82,8 @@ fn breaker(min_calls: u32) -> BreakerConfig {
 }
 
 /// No quota, no retries, no timeout, plenty of slots: each test turns on what it is about.
-fn settings() -> DependencySettings {
-    DependencySettings {
+fn settings() -> DependencyConfig {
+    DependencyConfig {
         breaker: breaker(4),
         max_concurrent: 16,
         quota: None,
@@ -111,7 +111,7 @@ struct Fixture {
     calls: AtomicU32,
 }
 
-fn fixture(name: &'static str, settings: DependencySettings) -> Fixture {
+fn fixture(name: &'static str, settings: DependencyConfig) -> Fixture {
     let ticker = ManualTicker::new();
     let observer = Arc::new(Recorder::default());
     let guard = DependencyGuard::new(name, settings, Arc::new(ticker.clone()))
@@ -360,7 +360,7 @@ async fn a_failed_probe_reopens_the_breaker_for_a_doubled_cool_down() {
 async fn a_full_bulkhead_refuses_the_next_call_at_once_and_frees_the_slot_when_the_call_ends() {
     let fixture = fixture(
         "coupons",
-        DependencySettings {
+        DependencyConfig {
             // A breaker that would open on a single failure: refusals must not be failures.
             breaker: breaker(1),
             max_concurrent: 1,
@@ -405,7 +405,7 @@ async fn a_full_bulkhead_refuses_the_next_call_at_once_and_frees_the_slot_when_t
 async fn calls_past_the_quota_burst_are_refused_until_the_ticker_brings_a_token_back() {
     let fixture = fixture(
         "coupons",
-        DependencySettings {
+        DependencyConfig {
             breaker: breaker(1),
             // A token every 500 ms, three at once after a quiet spell.
             quota: Some(RateConfig {
@@ -473,7 +473,7 @@ async fn slow(delay: Duration) -> Result<u32, AttemptFailure> {
 async fn an_attempt_slower_than_the_timeout_ends_as_a_timeout_failure() {
     let fixture = fixture(
         "coupons",
-        DependencySettings {
+        DependencyConfig {
             timeout: Some(Duration::from_millis(100)),
             ..settings()
         },
@@ -519,7 +519,7 @@ async fn an_attempt_slower_than_the_timeout_ends_as_a_timeout_failure() {
 async fn an_attempt_within_the_timeout_succeeds() {
     let fixture = fixture(
         "coupons",
-        DependencySettings {
+        DependencyConfig {
             timeout: Some(Duration::from_millis(100)),
             ..settings()
         },
@@ -534,7 +534,7 @@ async fn the_part_timeout_of_the_load_context_shortens_the_attempt_but_never_len
     let timed = |timeout: Option<Duration>| {
         fixture(
             "coupons",
-            DependencySettings {
+            DependencyConfig {
                 timeout,
                 ..settings()
             },
@@ -582,13 +582,13 @@ async fn without_any_timeout_a_slow_attempt_is_waited_for() {
 
 /// Pins the per-attempt budget documented on `attempt_budget` and `LoadContext` (measured from
 /// the attempt's start, never cut by the starting request's deadline, so callers that joined the
-/// load later are served). Note that `DependencySettings::timeout`'s doc says "further capped by
+/// load later are served). Note that `DependencyConfig::timeout`'s doc says "further capped by
 /// the request's deadline", which the code does not do.
 #[tokio::test(start_paused = true)]
 async fn the_request_deadline_does_not_cut_an_attempt_short() {
     let fixture = fixture(
         "coupons",
-        DependencySettings {
+        DependencyConfig {
             timeout: Some(Duration::from_millis(100)),
             ..settings()
         },
@@ -608,7 +608,7 @@ async fn the_request_deadline_does_not_cut_an_attempt_short() {
 fn retrying(retry: RetryConfig) -> Fixture {
     fixture(
         "coupons",
-        DependencySettings {
+        DependencyConfig {
             breaker: breaker(100),
             retry: Some(retry),
             ..settings()
@@ -797,7 +797,7 @@ async fn no_retry_is_started_when_the_back_off_would_end_past_the_deadline() {
 async fn the_guards_own_timeout_is_not_retried() {
     let fixture = fixture(
         "coupons",
-        DependencySettings {
+        DependencyConfig {
             breaker: breaker(100),
             retry: Some(retries(2)),
             timeout: Some(Duration::from_millis(100)),
@@ -825,7 +825,7 @@ async fn the_guards_own_timeout_is_not_retried() {
 async fn the_guards_refusals_are_never_retried() {
     let fixture = fixture(
         "coupons",
-        DependencySettings {
+        DependencyConfig {
             retry: Some(retries(2)),
             quota: Some(RateConfig {
                 per_second: 1.0,
@@ -871,7 +871,7 @@ async fn the_guards_refusals_are_never_retried() {
 async fn the_observer_sees_every_attempt_and_refusal_with_its_outcome() {
     let coupons = fixture(
         "coupons",
-        DependencySettings {
+        DependencyConfig {
             breaker: breaker(100),
             retry: Some(retries(1)),
             quota: Some(RateConfig {
@@ -928,7 +928,7 @@ async fn the_observer_sees_every_attempt_and_refusal_with_its_outcome() {
     // The breaker and the bulkhead refusals, on a second guard.
     let redis = fixture(
         "redis",
-        DependencySettings {
+        DependencyConfig {
             max_concurrent: 1,
             ..settings()
         },
@@ -937,7 +937,8 @@ async fn the_observer_sees_every_attempt_and_refusal_with_its_outcome() {
     redis.succeed().await.unwrap_err();
     release.notify_one();
     held.await.unwrap().unwrap();
-    redis.trip(4).await;
+    // The held call's success is in the window: three failures of four calls open it.
+    redis.trip(3).await;
     redis.succeed().await.unwrap_err();
     let seen = redis.observer.seen();
     assert_eq!(
@@ -949,7 +950,7 @@ async fn the_observer_sees_every_attempt_and_refusal_with_its_outcome() {
         seen.last(),
         Some(&("redis", CallOutcome::BreakerOpen, Duration::ZERO))
     );
-    assert_eq!(seen.len(), 1 + 1 + 4 + 1);
+    assert_eq!(seen.len(), 1 + 1 + 3 + 1);
 }
 
 #[test]
@@ -1023,7 +1024,7 @@ async fn fixture_tripped() -> Fixture {
 async fn the_snapshot_reports_the_configuration_it_judges_by() {
     let fixture = fixture(
         "coupons",
-        DependencySettings {
+        DependencyConfig {
             quota: Some(RateConfig {
                 per_second: 45.0,
                 burst: 10,
@@ -1088,7 +1089,7 @@ fn guarded_memory() -> TierFixture {
     let memory = Arc::new(MemoryTier::new());
     let redis = fixture(
         "redis",
-        DependencySettings {
+        DependencyConfig {
             breaker: breaker(3),
             ..settings()
         },
@@ -1191,7 +1192,8 @@ async fn while_the_redis_breaker_is_open_reads_and_leases_skip_the_tier_at_once(
 async fn while_the_redis_breaker_is_open_writes_fences_releases_and_pings_still_reach_the_tier() {
     let tier = guarded_memory();
     let key = tier_key("100002");
-    assert!(tier.guarded.try_lease(key, 9, TTL).await.unwrap());
+    // Taken on the tier itself, so the breaker's window holds only the three failed reads.
+    assert!(tier.memory.try_lease(key, 9, TTL).await.unwrap());
     tier.trip().await;
     let round_trips = tier.memory.round_trips();
 
@@ -1230,7 +1232,7 @@ async fn while_the_redis_breaker_is_open_writes_fences_releases_and_pings_still_
         snapshot.rejected_breaker, 0,
         "none of them asked the breaker"
     );
-    assert_eq!(snapshot.attempts, 1 + 3);
+    assert_eq!(snapshot.attempts, 3, "the three failed reads");
 }
 
 /// A tier whose reads and leases time out (as a Redis command would).
@@ -1283,7 +1285,7 @@ impl SharedTier for TimingOut {
 async fn a_tier_timeout_counts_as_a_timeout_and_comes_back_as_a_backend_error() {
     let redis = fixture(
         "redis",
-        DependencySettings {
+        DependencyConfig {
             // Retries configured: a tier failure is still never retried.
             retry: Some(retries(2)),
             ..settings()
