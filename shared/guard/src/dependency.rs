@@ -31,8 +31,9 @@ pub struct DependencyConfig {
     pub quota: Option<RateConfig>,
     /// Retries of idempotent reads; `None` never retries.
     pub retry: Option<RetryConfig>,
-    /// Each attempt's own timeout, further capped by the request's deadline; `None` when the
-    /// client enforces its own (Redis commands).
+    /// Each attempt's own timeout (or the part's, if shorter), measured from the attempt's start
+    /// so that a load shared by later callers is not cut off by its starter's deadline; `None`
+    /// when the client enforces its own (Redis commands).
     pub timeout: Option<Duration>,
 }
 
@@ -71,8 +72,9 @@ pub trait CallObserver: Send + Sync + fmt::Debug + 'static {
 #[derive(Debug, Clone)]
 pub struct AttemptFailure {
     pub failure: LoadFailure,
-    /// Transient (a 5xx, a reset connection): another attempt may succeed. Timeouts are never
-    /// retried: the time they would need is already spent.
+    /// Transient (a 5xx, a reset connection): another attempt may succeed. The guard marks its
+    /// own attempt timeout permanent (the time another try would need is already spent); a
+    /// caller decides for the failures it reports.
     pub retryable: bool,
 }
 
