@@ -1,6 +1,7 @@
 //! Product and rate loaders backed by the catalogue store: behind the store's [`DependencyGuard`]
 //! guard (breaker, bulkhead) and one shared bound on concurrent store loads.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -56,15 +57,17 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// Loads products. A delisted product is returned as a value: the query path turns it into 404.
+/// Loads products and rebate rates from the catalogue, one [`Loader`] per part on the same
+/// repository, limiter and guard. A delisted product is returned as a value: the query path
+/// turns it into 404.
 #[derive(Debug, Clone)]
-pub struct ProductLoader {
+pub struct CatalogLoader {
     repository: Arc<dyn CatalogRepository>,
     limiter: Arc<LoadLimiter>,
     guard: Arc<DependencyGuard>,
 }
 
-impl ProductLoader {
+impl CatalogLoader {
     pub fn new(
         repository: Arc<dyn CatalogRepository>,
         limiter: Arc<LoadLimiter>,
@@ -76,59 +79,36 @@ impl ProductLoader {
             guard,
         }
     }
+
+    /// One row read through the guard, inside the limiter.
+    async fn read<T, F>(&self, query: impl Fn() -> F) -> Result<Loaded<T>, LoadFailure>
+    where
+        F: Future<Output = Result<Option<Versioned<T>>, StoreError>>,
+    {
+        let row = self
+            .guard
+            .call(|| async {
+                self.limiter
+                    .run(query())
+                    .await
+                    .map_err(|error| store_failure(error).into())
+            })
+            .await?;
+        Ok(loaded(row))
+    }
 }
 
 #[async_trait]
-impl Loader<Product> for ProductLoader {
+impl Loader<Product> for CatalogLoader {
     async fn load(&self, key: ItemKey) -> Result<Loaded<Product>, LoadFailure> {
-        let row = self
-            .guard
-            .call(|| async {
-                self.limiter
-                    .run(self.repository.product(key))
-                    .await
-                    .map_err(|error| store_failure(error).into())
-            })
-            .await?;
-        Ok(loaded(row))
-    }
-}
-
-/// Loads rebate rates.
-#[derive(Debug, Clone)]
-pub struct RateLoader {
-    repository: Arc<dyn CatalogRepository>,
-    limiter: Arc<LoadLimiter>,
-    guard: Arc<DependencyGuard>,
-}
-
-impl RateLoader {
-    pub fn new(
-        repository: Arc<dyn CatalogRepository>,
-        limiter: Arc<LoadLimiter>,
-        guard: Arc<DependencyGuard>,
-    ) -> Self {
-        Self {
-            repository,
-            limiter,
-            guard,
-        }
+        self.read(|| self.repository.product(key)).await
     }
 }
 
 #[async_trait]
-impl Loader<RebateRate> for RateLoader {
+impl Loader<RebateRate> for CatalogLoader {
     async fn load(&self, key: ItemKey) -> Result<Loaded<RebateRate>, LoadFailure> {
-        let row = self
-            .guard
-            .call(|| async {
-                self.limiter
-                    .run(self.repository.rate(key))
-                    .await
-                    .map_err(|error| store_failure(error).into())
-            })
-            .await?;
-        Ok(loaded(row))
+        self.read(|| self.repository.rate(key)).await
     }
 }
 

@@ -9,14 +9,14 @@
 //! quote's shape.
 //!
 //! # Layout
-//! - [`catalogue`]: [`ProductLoader`], [`RateLoader`] over a [`CatalogRepository`], sharing a
+//! - [`catalogue`]: [`CatalogLoader`] (products and rates) over a [`CatalogRepository`], behind a
 //!   [`LoadLimiter`].
 //! - [`upstream`]: [`CouponClient`], [`ExtrasClient`] over the external HTTP/JSON APIs.
 
 pub mod catalogue;
 pub mod upstream;
 
-pub use catalogue::{LoadLimiter, ProductLoader, RateLoader};
+pub use catalogue::{CatalogLoader, LoadLimiter};
 pub use upstream::{CouponClient, ExtrasClient, UpstreamError, http_client};
 
 pub use rebate_cache::LoadFailure;

@@ -6,13 +6,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rebate_cache::{Clock, ItemFilter, L2Config, Loader, PartCache, PartCacheConfig, SharedTier};
-use rebate_domain::PartKind;
+use rebate_domain::{PartKind, Product, RebateRate};
 use rebate_engine::{EngineConfig, EngineMode, EngineParts, QueryEngine, scale_timeouts};
 use rebate_guard::GuardedTier;
 use rebate_redis_tier::RedisTier;
-use rebate_sources::{
-    CouponClient, ExtrasClient, LoadLimiter, ProductLoader, RateLoader, http_client,
-};
+use rebate_sources::{CatalogLoader, CouponClient, ExtrasClient, LoadLimiter, http_client};
 use rebate_store::CatalogRepository;
 use serde::de::DeserializeOwned;
 
@@ -59,28 +57,24 @@ pub(super) fn build(
         tier: shared_tier,
         clock: &clock,
     };
-    let store = sources.store;
-    let limiter = sources.load_limiter;
+    // Products and rates share the store, its load limiter and the MySQL guard.
+    let catalogue = Arc::new(CatalogLoader::new(
+        Arc::clone(sources.store),
+        Arc::clone(sources.load_limiter),
+        Arc::clone(&protection.mysql),
+    ));
     let parts = EngineParts {
         product: builder.build(
             PartKind::Product,
             &settings.parts.product,
             timeouts.product,
-            Arc::new(ProductLoader::new(
-                Arc::clone(store),
-                Arc::clone(limiter),
-                Arc::clone(&protection.mysql),
-            )),
+            Arc::clone(&catalogue) as Arc<dyn Loader<Product>>,
         ),
         rate: builder.build(
             PartKind::Rate,
             &settings.parts.rate,
             timeouts.rate,
-            Arc::new(RateLoader::new(
-                Arc::clone(store),
-                Arc::clone(limiter),
-                Arc::clone(&protection.mysql),
-            )),
+            catalogue as Arc<dyn Loader<RebateRate>>,
         ),
         coupons: builder.build(
             PartKind::Coupons,
