@@ -828,14 +828,16 @@ fn single_gauge<V: prometheus_client::encoding::EncodeGaugeValue>(
     ConstGauge::new(value).encode(metric)
 }
 
+/// The value of one series in an exposition (tests read what `/metrics` would answer).
+#[cfg(test)]
+pub(crate) fn sample<'a>(text: &'a str, series: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample<'a>(text: &'a str, series: &str) -> Option<&'a str> {
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-    }
 
     #[test]
     fn the_success_ratio_is_one_before_any_answer_then_complete_over_all() {

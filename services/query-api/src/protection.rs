@@ -10,6 +10,7 @@ use rebate_resilience::{KeyedLimiter, LoadShedder, ShedLevel, ShedSnapshot, Tick
 use serde::Serialize;
 
 use crate::config::ResilienceSettings;
+use crate::config::resilience::SheddingSettings;
 
 /// Every guard of the running service.
 #[derive(Debug)]
@@ -104,22 +105,9 @@ impl Protection {
     }
 
     pub fn status(&self) -> ProtectionStatus {
-        let shedding = &self.settings.shedding;
         ProtectionStatus {
             shedding: self.shedder.as_ref().map(LoadShedder::snapshot),
-            shedding_thresholds: ShedThresholds {
-                enabled: shedding.enabled,
-                capacity_rps: shedding.capacity_rps,
-                queue_delay_target_ms: shedding.queue_delay_target_ms,
-                queue_probe_ms: shedding.queue_probe_ms,
-                max_in_flight: shedding.max_in_flight,
-                min_in_flight: shedding.min_in_flight,
-                adaptive: shedding.adaptive,
-                thresholds: shedding.thresholds,
-                hysteresis: shedding.hysteresis,
-                min_dwell_ms: shedding.min_dwell_ms,
-                interval_ms: shedding.interval_ms,
-            },
+            shedding_thresholds: self.settings.shedding.clone(),
             dependencies: self
                 .dependencies()
                 .iter()
@@ -157,28 +145,13 @@ pub struct DependencyTimeouts {
 #[derive(Debug, Serialize)]
 pub struct ProtectionStatus {
     pub shedding: Option<ShedSnapshot>,
-    pub shedding_thresholds: ShedThresholds,
+    /// `[resilience.shedding]` as configured.
+    pub shedding_thresholds: SheddingSettings,
     pub dependencies: Vec<DependencySnapshot>,
     pub client_limit: Option<ClientLimitStatus>,
     /// Core, normal and edge timeout factors at level 2.
     pub level2_timeout_factors: [f64; 3],
     pub shed_retry_after_secs: [u32; 2],
-}
-
-/// `[resilience.shedding]` as configured.
-#[derive(Debug, Serialize)]
-pub struct ShedThresholds {
-    pub enabled: bool,
-    pub capacity_rps: u32,
-    pub queue_delay_target_ms: u64,
-    pub queue_probe_ms: u64,
-    pub max_in_flight: u32,
-    pub min_in_flight: u32,
-    pub adaptive: bool,
-    pub thresholds: [f64; 3],
-    pub hysteresis: f64,
-    pub min_dwell_ms: u64,
-    pub interval_ms: u64,
 }
 
 #[derive(Debug, Serialize)]

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use rebate_resilience::{BreakerConfig, RateConfig, RetryConfig, ShedConfig};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, ensure_in, invalid};
 
@@ -67,7 +67,7 @@ pub struct RetrySettings {
     pub max_backoff_ms: u64,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SheddingSettings {
     pub enabled: bool,

@@ -316,11 +316,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-
-    fn sample<'a>(text: &'a str, series: &str) -> Option<&'a str> {
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-    }
+    use crate::metrics::sample;
 
     #[test]
     fn log_lines_are_budgeted_and_the_next_line_counts_the_suppressed() {
