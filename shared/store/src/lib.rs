@@ -16,7 +16,11 @@
 //!   ([`SqliteStore::seed_demo`] and [`MySqlStore::seed_demo`] load it).
 //! - `testing` (feature `testing`, off in the service): a throw-away MySQL database per test, for
 //!   this and other crates' tests.
+//! - `contract` (tests only): the checks every store must pass, written once and run against both
+//!   stores.
 
+#[cfg(test)]
+mod contract;
 pub mod demo;
 pub mod mysql;
 mod rows;
