@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
 use rand::Rng;
+use rebate_resilience::{Backoff, Jitter};
 use tokio::time::Instant;
 
 use crate::keys::ItemKey;
@@ -28,8 +29,13 @@ pub enum Behaviour {
 }
 
 /// Back-off of the well-behaved client: first retry waits 100–200 ms, then 200–400 ms, …
-const BACKOFF_BASE: Duration = Duration::from_millis(100);
-const BACKOFF_CAP: Duration = Duration::from_secs(5);
+const BACKOFF: Backoff = Backoff {
+    base: Duration::from_millis(200),
+    max: Duration::from_secs(5),
+    jitter: Jitter::Equal,
+};
+/// How far a retry that honours `Retry-After` is spread past it.
+const RETRY_AFTER_SPREAD: Duration = Duration::from_millis(100);
 /// A `Retry-After` longer than this is capped: the run is bounded.
 const RETRY_AFTER_CAP: Duration = Duration::from_secs(30);
 const NAIVE_DELAY: Duration = Duration::from_millis(500);
@@ -69,13 +75,10 @@ impl Behaviour {
                     Attempt::Transport(TransportError::Connect) => None,
                     _ => return None,
                 };
-                // Base · 2ⁿ, plus up to as much again at random ("equal jitter").
-                let exponential = BACKOFF_BASE.saturating_mul(1 << retries_done.min(16));
-                let backoff = exponential.mul_f64(1.0 + jitter).min(BACKOFF_CAP);
                 Some(match retry_after {
                     // Honour the server, spread a little so retries do not arrive in lockstep.
-                    Some(after) => after.min(RETRY_AFTER_CAP) + BACKOFF_BASE.mul_f64(jitter),
-                    None => backoff,
+                    Some(after) => after.min(RETRY_AFTER_CAP) + RETRY_AFTER_SPREAD.mul_f64(jitter),
+                    None => BACKOFF.delay_for(retries_done + 1, jitter),
                 })
             }
             Self::Naive => {

@@ -149,13 +149,24 @@ impl Backoff {
     }
 
     pub fn delay(&self, retry: u32) -> Duration {
+        self.delay_for(retry, rand::rng().random::<f64>())
+    }
+
+    /// The delay of retry `retry` for the random draw `unit` in `[0, 1]` (clamped): the same
+    /// spread as [`Backoff::delay`], for a caller that brings its own seeded randomness (the load
+    /// generator, so that a run can be repeated).
+    pub fn delay_for(&self, retry: u32, unit: f64) -> Duration {
         let ceiling = self.cap(retry);
         let floor = match self.jitter {
             Jitter::Equal => ceiling / 2,
             Jitter::Full => Duration::ZERO,
         };
-        let spread = u64::try_from(ceiling.saturating_sub(floor).as_nanos()).unwrap_or(u64::MAX);
-        floor + Duration::from_nanos(rand::rng().random_range(0..=spread))
+        let unit = if unit.is_nan() {
+            0.0
+        } else {
+            unit.clamp(0.0, 1.0)
+        };
+        floor + ceiling.saturating_sub(floor).mul_f64(unit)
     }
 }
 
@@ -172,6 +183,31 @@ impl From<&RetryConfig> for Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_given_draw_picks_its_place_between_the_floor_and_the_ceiling() {
+        let equal = Backoff {
+            base: Duration::from_millis(200),
+            max: Duration::from_secs(5),
+            jitter: Jitter::Equal,
+        };
+        assert_eq!(equal.delay_for(1, 0.0), Duration::from_millis(100));
+        assert_eq!(equal.delay_for(1, 0.5), Duration::from_millis(150));
+        assert_eq!(equal.delay_for(2, 1.0), Duration::from_millis(400));
+        assert_eq!(equal.delay_for(9, 1.0), Duration::from_secs(5), "capped");
+        assert_eq!(
+            equal.delay_for(1, 7.0),
+            Duration::from_millis(200),
+            "clamped"
+        );
+        assert_eq!(equal.delay_for(1, f64::NAN), Duration::from_millis(100));
+        let full = Backoff {
+            jitter: Jitter::Full,
+            ..equal
+        };
+        assert_eq!(full.delay_for(1, 0.0), Duration::ZERO);
+        assert_eq!(full.delay_for(3, 0.25), Duration::from_millis(200));
+    }
 
     #[test]
     fn retries_never_exceed_the_ratio_of_first_attempts() {
