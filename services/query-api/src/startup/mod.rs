@@ -1,8 +1,8 @@
 //! Building and running the service: wiring only, in steps named after what they build.
 //!
-//! - [`store`]: the catalogue store and the Redis L2 tier;
-//! - [`engine`]: the part caches over their guarded sources, and the query engine;
-//! - [`simulator`]: the embedded upstream simulator (feature `simulator`);
+//! - `store`: the catalogue store and the Redis L2 tier;
+//! - `engine`: the part caches over their guarded sources, and the query engine;
+//! - `simulator`: the embedded upstream simulator (feature `simulator`);
 //! - here: the guards, background tasks, the event bus, the listeners and the
 //!   shared state, then serving and draining.
 
