@@ -6,16 +6,16 @@
 //! attempt's own latency ([`AttemptRecord`]) is measured here from the time that attempt was due
 //! (the request's due time for the first, the end of the retry wait for a retry).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::{HeaderMap, StatusCode};
 use rand::Rng;
 use rebate_resilience::{Backoff, Jitter};
 use tokio::time::Instant;
 
 use crate::keys::ItemKey;
+use crate::wire;
 
 /// How a simulated client reacts to 429 / 503 and failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,23 +207,6 @@ pub fn business_ok(body: &[u8], expected_quotes: usize) -> bool {
     not_degraded == expected_quotes && memchr::memmem::find(body, b"\"degraded\":true").is_none()
 }
 
-/// `Retry-After` in delta-seconds (the service never sends an HTTP date).
-pub fn parse_retry_after(headers: &HeaderMap) -> Option<Duration> {
-    let value = headers.get("retry-after")?.to_str().ok()?;
-    let seconds: u64 = value.trim().parse().ok()?;
-    Some(Duration::from_secs(seconds))
-}
-
-fn parse_shed_level(headers: &HeaderMap) -> Option<u8> {
-    headers
-        .get("x-shed-level")?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// The harness refuses any target that is not this machine's loopback.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum TargetError {
@@ -240,28 +223,38 @@ pub enum TargetError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     base: String,
+    /// Where the load connects (`localhost` is 127.0.0.1).
+    address: SocketAddr,
+    /// The `host` header: the URL's host and port as written.
+    authority: String,
 }
 
 impl Target {
     pub fn parse(url: &str) -> Result<Self, TargetError> {
-        let parsed =
-            reqwest::Url::parse(url).map_err(|_| TargetError::Malformed(url.to_owned()))?;
+        let malformed = || TargetError::Malformed(url.to_owned());
+        let parsed = reqwest::Url::parse(url).map_err(|_| malformed())?;
         if parsed.scheme() != "http" {
-            return Err(TargetError::Malformed(url.to_owned()));
+            return Err(malformed());
         }
-        let Some(host) = parsed.host_str() else {
-            return Err(TargetError::Malformed(url.to_owned()));
-        };
+        let host = parsed.host_str().ok_or_else(malformed)?;
         let bare_host = host.trim_start_matches('[').trim_end_matches(']');
-        let loopback = host.eq_ignore_ascii_case("localhost")
-            || bare_host
-                .parse::<IpAddr>()
-                .is_ok_and(|address| address.is_loopback());
-        if !loopback {
-            return Err(TargetError::NotLoopback(url.to_owned()));
-        }
+        let ip = if host.eq_ignore_ascii_case("localhost") {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else {
+            match bare_host.parse::<IpAddr>() {
+                Ok(ip) if ip.is_loopback() => ip,
+                _ => return Err(TargetError::NotLoopback(url.to_owned())),
+            }
+        };
+        let port = parsed.port_or_known_default().ok_or_else(malformed)?;
+        let authority = match parsed.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_owned(),
+        };
         Ok(Self {
             base: url.trim_end_matches('/').to_owned(),
+            address: SocketAddr::new(ip, port),
+            authority,
         })
     }
 
@@ -269,15 +262,8 @@ impl Target {
         &self.base
     }
 
-    fn single_url(&self, key: &ItemKey) -> String {
-        format!(
-            "{}/api/v1/items/{}/{}/rebate",
-            self.base, key.platform, key.item_id
-        )
-    }
-
-    fn batch_url(&self) -> String {
-        format!("{}/api/v1/items:batch", self.base)
+    fn single_path(&self, key: &ItemKey) -> String {
+        format!("/api/v1/items/{}/{}/rebate", key.platform, key.item_id)
     }
 }
 
@@ -355,31 +341,24 @@ pub struct LogicalOutcome {
     pub log: Vec<AttemptRecord>,
 }
 
-/// The shared HTTP client of one run: a pool of keep-alive HTTP/1.1 connections (one pool per
-/// source address with [`LoadClient::from_sources`]).
+/// The shared HTTP client of one run: keep-alive HTTP/1.1 connections ([`wire::Pool`]), one
+/// pool per source address with [`LoadClient::from_sources`].
 #[derive(Debug, Clone)]
 pub struct LoadClient {
-    http: reqwest::Client,
-    /// With several source addresses: one client per address, chosen by the client id, so
-    /// that the simulated clients spread over the addresses like real ones over the internet
-    /// (a per-peer connection cap then bounds each address, not the whole load).
-    by_source: Arc<Vec<reqwest::Client>>,
+    /// One pool per source address, or one with the system's choice of address.
+    pools: Arc<Vec<wire::Pool>>,
+    /// The bound on one attempt, connection included.
+    attempt_timeout: Duration,
 }
 
+/// How long a connection may take to open.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const BATCH_PATH: &str = "/api/v1/items:batch";
+
 impl LoadClient {
+    /// Idle pooled connections are kept 30 s.
     pub fn new(attempt_timeout: Duration) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .http1_only()
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(attempt_timeout)
-            .build()?;
-        Ok(Self {
-            http,
-            by_source: Arc::new(Vec::new()),
-        })
+        Self::with_pool_idle(attempt_timeout, Duration::from_secs(30))
     }
 
     /// One pool per loopback source address in `sources` (each must be on this machine's
@@ -388,62 +367,39 @@ impl LoadClient {
     pub fn from_sources(
         attempt_timeout: Duration,
         pool_idle: Duration,
-        sources: &[std::net::IpAddr],
+        sources: &[IpAddr],
     ) -> anyhow::Result<Self> {
-        let mut clients = Vec::with_capacity(sources.len());
+        anyhow::ensure!(!sources.is_empty(), "no source address given");
+        let mut pools = Vec::with_capacity(sources.len());
         for source in sources {
             anyhow::ensure!(source.is_loopback(), "{source} is not a loopback address");
-            clients.push(
-                reqwest::Client::builder()
-                    .no_proxy()
-                    .http1_only()
-                    .tcp_nodelay(true)
-                    .local_address(*source)
-                    .pool_idle_timeout(pool_idle)
-                    .connect_timeout(Duration::from_secs(2))
-                    .timeout(attempt_timeout)
-                    .build()?,
-            );
+            pools.push(wire::Pool::new(Some(*source), CONNECT_TIMEOUT, pool_idle));
         }
-        let mut client = Self::with_pool_idle(attempt_timeout, pool_idle)?;
-        client.by_source = Arc::new(clients);
-        Ok(client)
-    }
-
-    /// The pool for `client_id`: by a hash of it over the source addresses, if any.
-    fn pool_for(&self, client_id: &str) -> &reqwest::Client {
-        if self.by_source.is_empty() {
-            return &self.http;
-        }
-        // FNV-1a: cheap, and the same id always lands on the same address.
-        let hash = client_id
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-                (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-            });
-        &self.by_source[(hash % self.by_source.len() as u64) as usize]
+        Ok(Self {
+            pools: Arc::new(pools),
+            attempt_timeout,
+        })
     }
 
     /// As [`LoadClient::new`], but idle pooled connections are dropped after `pool_idle`: keep
     /// it below the server's idle timeout, or a request may pick a connection the server is
     /// closing at that moment (the chaos suite shortens the server's idle timeout).
     pub fn with_pool_idle(attempt_timeout: Duration, pool_idle: Duration) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .http1_only()
-            .tcp_nodelay(true)
-            .pool_idle_timeout(pool_idle)
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(attempt_timeout)
-            .build()?;
         Ok(Self {
-            http,
-            by_source: Arc::new(Vec::new()),
+            pools: Arc::new(vec![wire::Pool::new(None, CONNECT_TIMEOUT, pool_idle)]),
+            attempt_timeout,
         })
     }
 
-    pub fn http(&self) -> &reqwest::Client {
-        &self.http
+    /// The pool for `client_id`: by a hash of it over the source addresses.
+    fn pool_for(&self, client_id: &str) -> &wire::Pool {
+        // FNV-1a: cheap, and the same id always lands on the same address.
+        let hash = client_id
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+                (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+            });
+        &self.pools[(hash % self.pools.len() as u64) as usize]
     }
 
     /// One HTTP attempt.
@@ -453,31 +409,30 @@ impl LoadClient {
         request: &RequestKind,
         client_id: &str,
     ) -> Attempt {
-        let http = self.pool_for(client_id);
-        let builder = match request {
-            RequestKind::Single(key) => http.get(target.single_url(key)),
-            RequestKind::Batch(keys) => http
-                .post(target.batch_url())
-                .header("content-type", "application/json")
-                .body(batch_body(keys)),
+        let pool = self.pool_for(client_id);
+        let (path, body) = match request {
+            RequestKind::Single(key) => (target.single_path(key), String::new()),
+            RequestKind::Batch(keys) => (BATCH_PATH.to_owned(), batch_body(keys)),
         };
-        let response = match builder.header("x-client-id", client_id).send().await {
-            Ok(response) => response,
-            Err(error) => return Attempt::Transport(classify(&error)),
+        let wire_request = wire::Request {
+            post: matches!(request, RequestKind::Batch(_)),
+            path: &path,
+            client_id,
+            body: body.as_bytes(),
         };
-        let status = response.status();
-        let retry_after = parse_retry_after(response.headers());
-        let shed_level = parse_shed_level(response.headers());
-        let body = match response.bytes().await {
-            Ok(body) => body,
-            Err(error) => return Attempt::Transport(classify(&error)),
+        let sent = pool.send(target.address, &target.authority, wire_request);
+        let response = match tokio::time::timeout(self.attempt_timeout, sent).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => return Attempt::Transport(error),
+            Err(_) => return Attempt::Transport(TransportError::Timeout),
         };
+        let status = response.status;
         Attempt::Response(ResponseSummary {
-            status: status.as_u16(),
-            retry_after,
-            shed_level,
-            business_ok: status == StatusCode::OK && business_ok(&body, request.items()),
-            refusal: (status == StatusCode::SERVICE_UNAVAILABLE).then(|| Refusal::of_body(&body)),
+            status,
+            retry_after: response.retry_after_secs.map(Duration::from_secs),
+            shed_level: response.shed_level,
+            business_ok: status == 200 && business_ok(&response.body, request.items()),
+            refusal: (status == 503).then(|| Refusal::of_body(&response.body)),
         })
     }
 
@@ -528,16 +483,6 @@ impl LoadClient {
                 }
             }
         }
-    }
-}
-
-fn classify(error: &reqwest::Error) -> TransportError {
-    if error.is_timeout() {
-        TransportError::Timeout
-    } else if error.is_connect() {
-        TransportError::Connect
-    } else {
-        TransportError::Other
     }
 }
 
@@ -596,7 +541,7 @@ mod tests {
             .collect();
         let second = Duration::from_secs(1);
         let client = LoadClient::from_sources(second, second, &sources).unwrap();
-        let pool = |id: &str| client.pool_for(id) as *const reqwest::Client;
+        let pool = |id: &str| client.pool_for(id) as *const wire::Pool;
         assert_eq!(pool("app-ios-7"), pool("app-ios-7"));
         let used: std::collections::HashSet<_> = (0..100)
             .map(|index| pool(&format!("h5-web-{index}")))

@@ -11,7 +11,8 @@
 //!
 //! - [`schedule`]: when request *i* is due (constant rates, ramps): pure math.
 //! - [`keys`]: the demo catalogue and a Zipf key picker calibrated to "top 10 % → 90 %".
-//! - [`client`]: one logical request — build, send, retry (well-behaved / naive), classify.
+//! - [`client`]: one logical request — build, send, retry (well-behaved / naive), classify;
+//!   [`wire`]: the lean keep-alive HTTP/1.1 connections it sends on.
 //! - [`recorder`]: HDR histograms (logical latency and admitted attempts) and counters: total,
 //!   per second, per phase, per kind.
 //! - [`generator`]: the open-loop dispatcher and the closed-loop saturation probe.
@@ -44,3 +45,4 @@ pub mod scenario;
 pub mod schedule;
 pub mod service;
 pub mod soak;
+pub mod wire;
