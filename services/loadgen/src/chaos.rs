@@ -454,6 +454,19 @@ impl CapacityStep {
     const DOWN: f64 = 0.85;
     const MAX_STEPS: usize = 10;
 
+    /// What the search does after a step. A refused step after a served one is run once more
+    /// at the same rate before the search ends: on a shared machine one stall in a 5 s step
+    /// (a P99 over the bound) would otherwise set the capacity a step too low, and a burst at
+    /// "150 %" of it is then no overload.
+    fn next(served: bool, any_served_before: bool, retried_this_rate: bool) -> SearchMove {
+        match (served, any_served_before) {
+            (true, _) => SearchMove::Up,
+            (false, false) => SearchMove::Down,
+            (false, true) if retried_this_rate => SearchMove::Stop,
+            (false, true) => SearchMove::Again,
+        }
+    }
+
     fn judge(offered_rps: f64, run: &RunOutput) -> Self {
         let total = &run.recorded.total;
         let ok_share = if total.logical() == 0 {
@@ -472,6 +485,16 @@ impl CapacityStep {
             served,
         }
     }
+}
+
+/// The capacity search's next step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SearchMove {
+    Up,
+    Down,
+    /// The same rate once more.
+    Again,
+    Stop,
 }
 
 /// What every phase needs.
@@ -911,8 +934,9 @@ impl Suite {
     /// start from a warm cache; returns a note.
     /// Finds the highest open-loop rate the service serves: steps of `search_step` from
     /// `start_rps` up by [`CapacityStep::UP`] while each is served, or down by
-    /// [`CapacityStep::DOWN`] until one is; at most [`CapacityStep::MAX_STEPS`]. Stops early when
-    /// the generator falls behind its own schedule.
+    /// [`CapacityStep::DOWN`] until one is; a step refused after a served one is tried once more
+    /// before the search ends ([`CapacityStep::next`]); at most [`CapacityStep::MAX_STEPS`].
+    /// Stops early when the generator falls behind its own schedule.
     async fn search_capacity(
         &self,
         service: &ServiceProcess,
@@ -967,10 +991,12 @@ impl Suite {
                 eprintln!("chaos: capacity search stopped: the generator fell behind");
                 break;
             }
-            match (served, any_served_before) {
-                (true, _) => rate *= CapacityStep::UP,
-                (false, true) => break,
-                (false, false) => rate *= CapacityStep::DOWN,
+            let retried = steps.len() >= 2 && steps[steps.len() - 2].offered_rps == rate;
+            match CapacityStep::next(served, any_served_before, retried) {
+                SearchMove::Up => rate *= CapacityStep::UP,
+                SearchMove::Down => rate *= CapacityStep::DOWN,
+                SearchMove::Again => eprintln!("chaos: capacity search: the same rate once more"),
+                SearchMove::Stop => break,
             }
             // Let the queues of a step the service did not serve drain before the next.
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -2360,6 +2386,24 @@ mod tests {
         let mut result = PhaseResult::new(PhaseName::Burst150, windows);
         result.status_timeline = timeline;
         result
+    }
+
+    #[test]
+    fn a_refused_step_after_a_served_one_is_tried_once_more_before_the_search_ends() {
+        use SearchMove::{Again, Down, Stop, Up};
+        assert_eq!(CapacityStep::next(true, false, false), Up);
+        assert_eq!(
+            CapacityStep::next(true, true, true),
+            Up,
+            "the retry was served: go on"
+        );
+        assert_eq!(
+            CapacityStep::next(false, false, false),
+            Down,
+            "nothing served yet"
+        );
+        assert_eq!(CapacityStep::next(false, true, false), Again);
+        assert_eq!(CapacityStep::next(false, true, true), Stop);
     }
 
     #[test]
