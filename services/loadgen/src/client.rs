@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::keys::ItemKey;
 use crate::wire;
+pub use crate::wire::TransportError;
 
 /// How a simulated client reacts to 429 / 503 and failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,17 +91,6 @@ impl Behaviour {
             }
         }
     }
-}
-
-/// A failure below HTTP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransportError {
-    /// No answer within the client's per-attempt timeout.
-    Timeout,
-    /// The connection could not be made (refused, reset before a response).
-    Connect,
-    /// Anything else (body cut off, protocol error).
-    Other,
 }
 
 /// What one HTTP response said, read cheaply.

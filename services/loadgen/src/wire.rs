@@ -25,14 +25,23 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
 
-use crate::client::TransportError;
-
 /// The largest response head plus body the harness reads (a 50-item batch answer is ~40 KiB).
 pub const MAX_RESPONSE: usize = 4 << 20;
 /// Headers the harness parses at most; the service sends about a dozen.
 const MAX_HEADERS: usize = 48;
 /// How much a read asks the kernel for at once.
 const READ_CHUNK: usize = 16 << 10;
+
+/// A failure below HTTP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportError {
+    /// No answer within the client's per-attempt timeout.
+    Timeout,
+    /// The connection could not be made (refused, reset before a response).
+    Connect,
+    /// Anything else (body cut off, protocol error).
+    Other,
+}
 
 /// One request as the harness sends it: method, path, the client id, and a body for POSTs.
 #[derive(Debug, Clone, Copy)]
