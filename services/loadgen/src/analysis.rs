@@ -101,6 +101,17 @@ pub struct StatusPoint {
     pub served_rps: Option<f64>,
     /// The service's VmRSS, bytes.
     pub rss_bytes: Option<u64>,
+    /// The Redis and MySQL breakers' states (`closed`, `open`, `half_open`): a stall at level 0
+    /// is read against them.
+    pub redis_breaker: Option<&'static str>,
+    pub mysql_breaker: Option<&'static str>,
+}
+
+/// A breaker state as the status page names it, or `None` for anything else.
+pub fn breaker_state(name: &str) -> Option<&'static str> {
+    ["closed", "open", "half_open"]
+        .into_iter()
+        .find(|state| *state == name)
 }
 
 /// The median of the concurrency limit sampled in `[from_s, to_s)`.

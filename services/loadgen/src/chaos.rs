@@ -1691,6 +1691,12 @@ async fn sample_status(
             saturated_rps: shedding["saturated_rps"].as_f64(),
             served_rps: shedding["served_rps"].as_f64(),
             rss_bytes: service.pid().and_then(procfs::rss_bytes),
+            redis_breaker: status
+                .as_ref()
+                .and_then(|status| breaker_of(status, "redis")),
+            mysql_breaker: status
+                .as_ref()
+                .and_then(|status| breaker_of(status, "mysql")),
         };
         let ready = if readyz {
             tokio::time::timeout(Duration::from_millis(900), service.readyz())
@@ -1709,6 +1715,16 @@ async fn sample_status(
         points.push((point, ready));
     }
     points
+}
+
+/// The state of dependency `name`'s breaker on the status page.
+fn breaker_of(status: &Value, name: &str) -> Option<&'static str> {
+    status["protection"]["dependencies"]
+        .as_array()?
+        .iter()
+        .find(|dependency| dependency["name"] == name)
+        .and_then(|dependency| dependency["breaker"]["state"].as_str())
+        .and_then(crate::analysis::breaker_state)
 }
 
 /// Status samples without an answer within 400 ms (the admin listener or the status handler
@@ -2487,6 +2503,18 @@ mod tests {
         attack_close_verdict(&mut result, "closed", 5_000);
         assert_eq!(result.targets[0].met, Some(false), "closed, but late");
         assert!(result.violations.is_empty(), "late is not a violation");
+    }
+
+    #[test]
+    fn breaker_states_are_read_by_dependency_name() {
+        let status = json!({"protection": {"dependencies": [
+            {"name": "mysql", "breaker": {"state": "closed"}},
+            {"name": "redis", "breaker": {"state": "half_open"}},
+        ]}});
+        assert_eq!(breaker_of(&status, "redis"), Some("half_open"));
+        assert_eq!(breaker_of(&status, "mysql"), Some("closed"));
+        assert_eq!(breaker_of(&status, "coupons"), None);
+        assert_eq!(breaker_of(&json!({}), "redis"), None);
     }
 
     #[test]
