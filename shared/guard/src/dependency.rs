@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use rebate_cache::{FailureKind, LoadContext, LoadFailure};
 use rebate_resilience::{
-    Backoff, BreakerConfig, BreakerSnapshot, Bulkhead, BulkheadSnapshot, CircuitBreaker,
-    RateConfig, RetryBudget, RetryConfig, Ticker, TokenBucket,
+    Backoff, BreakerConfig, BreakerSnapshot, BreakerState, Bulkhead, BulkheadSnapshot,
+    CircuitBreaker, RateConfig, RetryBudget, RetryConfig, Ticker, TokenBucket,
 };
 use rebate_telemetry::record_stage;
 use serde::Serialize;
@@ -189,6 +189,18 @@ impl DependencyGuard {
 
     pub fn breaker(&self) -> &CircuitBreaker {
         &self.breaker
+    }
+
+    /// Whether a call started now would get past the breaker and the quota (advisory, and
+    /// without taking anything): a caller about to take a shared rebuild lease for this
+    /// dependency asks first, so that an instance that would be refused does not hold the
+    /// lease other instances wait on, nor spend round trips on it.
+    pub fn ready(&self) -> bool {
+        self.breaker.state() != BreakerState::Open
+            && self
+                .quota
+                .as_ref()
+                .is_none_or(|(_, bucket)| bucket.has_token_at(self.ticker.now_nanos()))
     }
 
     /// Runs `attempt` under the guard, retrying transient failures while the request's

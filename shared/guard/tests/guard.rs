@@ -233,6 +233,7 @@ async fn an_open_breaker_refuses_at_once_without_calling_or_counting_a_failure()
     }
 
     assert_eq!(fixture.calls(), 4, "the inner call never ran while open");
+    assert!(!fixture.guard.ready(), "an open breaker: not ready");
     let after = fixture.guard.snapshot();
     assert_eq!(after.rejected_breaker, 3);
     assert_eq!(
@@ -415,9 +416,14 @@ async fn calls_past_the_quota_burst_are_refused_until_the_ticker_brings_a_token_
             ..settings()
         },
     );
+    assert!(fixture.guard.ready());
     for expected in 1..=3 {
         assert_eq!(fixture.succeed().await, Ok(expected));
     }
+    assert!(
+        !fixture.guard.ready(),
+        "the burst is spent: a call now would be refused"
+    );
     let refused = at_once(fixture.succeed()).await.unwrap_err();
     assert_eq!(refused.kind, FailureKind::Quota);
     assert_eq!(&*refused.detail, "coupons: outbound quota spent");
@@ -434,6 +440,8 @@ async fn calls_past_the_quota_burst_are_refused_until_the_ticker_brings_a_token_
         "1 ms before the next token"
     );
     fixture.ticker.advance(Duration::from_millis(1));
+    assert!(fixture.guard.ready(), "asking takes nothing");
+    assert!(fixture.guard.ready());
     assert_eq!(fixture.succeed().await, Ok(4), "a token is back");
     assert_eq!(
         fixture.succeed().await.unwrap_err().kind,

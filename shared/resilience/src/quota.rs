@@ -102,6 +102,13 @@ impl TokenBucket {
         }
     }
 
+    /// Whether [`TokenBucket::try_acquire_at`] would grant a token at `now_nanos`, without
+    /// taking it (advisory: another caller may take it first).
+    pub fn has_token_at(&self, now_nanos: u64) -> bool {
+        let tat = self.tat.load(Ordering::Relaxed);
+        tat.max(now_nanos).saturating_add(self.interval) - now_nanos <= self.tolerance
+    }
+
     /// Calls granted and refused since start.
     pub fn counts(&self) -> (u64, u64) {
         (
@@ -184,7 +191,14 @@ mod tests {
         let refused = bucket.try_acquire_at(now).unwrap_err();
         // The next token arrives one emission interval (1/45 s) later.
         assert_eq!(refused.retry_after, Duration::from_nanos(SECOND / 45));
+        assert!(!bucket.has_token_at(now));
+        assert!(
+            bucket.has_token_at(now + SECOND / 45),
+            "looking takes nothing"
+        );
+        assert!(bucket.has_token_at(now + SECOND / 45));
         bucket.try_acquire_at(now + SECOND / 45).unwrap();
+        assert!(!bucket.has_token_at(now + SECOND / 45));
         assert!(bucket.try_acquire_at(now + SECOND / 45).is_err());
         assert_eq!(bucket.counts(), (6, 2));
     }

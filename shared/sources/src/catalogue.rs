@@ -103,12 +103,20 @@ impl Loader<Product> for CatalogLoader {
     async fn load(&self, key: ItemKey) -> Result<Loaded<Product>, LoadFailure> {
         self.read(|| self.repository.product(key)).await
     }
+
+    fn ready(&self) -> bool {
+        self.guard.ready()
+    }
 }
 
 #[async_trait]
 impl Loader<RebateRate> for CatalogLoader {
     async fn load(&self, key: ItemKey) -> Result<Loaded<RebateRate>, LoadFailure> {
         self.read(|| self.repository.rate(key)).await
+    }
+
+    fn ready(&self) -> bool {
+        self.guard.ready()
     }
 }
 

@@ -185,6 +185,10 @@ impl Loader<Vec<Coupon>> for CouponClient {
             },
         })
     }
+
+    fn ready(&self) -> bool {
+        self.endpoint.guard.ready()
+    }
 }
 
 /// The extras API (30-day sales, popular searches). An *edge*-tier part: optional.
@@ -217,6 +221,10 @@ impl Loader<Extras> for ExtrasClient {
             value: document,
             version: fetched_at,
         })
+    }
+
+    fn ready(&self) -> bool {
+        self.endpoint.guard.ready()
     }
 }
 

@@ -76,6 +76,13 @@ impl fmt::Display for LoadFailure {
 #[async_trait]
 pub trait Loader<T>: Send + Sync + fmt::Debug + 'static {
     async fn load(&self, key: ItemKey) -> Result<Loaded<T>, LoadFailure>;
+
+    /// Whether a load started now could reach the source (its breaker not open, a quota token
+    /// there). Advisory: the part cache takes no L2 rebuild lease when it is false, so a
+    /// source that would refuse costs no lease round trips and holds up no other instance.
+    fn ready(&self) -> bool {
+        true
+    }
 }
 
 /// What [`PartCache::get`](crate::PartCache::get) found.

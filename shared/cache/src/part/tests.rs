@@ -18,6 +18,8 @@ use crate::shared::{SharedTier, TierEntry, TierKey};
 struct FakeSource {
     calls: AtomicU64,
     failing: AtomicBool,
+    /// Says it is not ready (a spent quota) and refuses every load.
+    refusing: AtomicBool,
     missing: AtomicBool,
     delay_ms: AtomicU64,
     version: AtomicU64,
@@ -36,6 +38,9 @@ impl Loader<String> for FakeSource {
         if self.failing.load(Ordering::SeqCst) {
             return Err(LoadFailure::error("source down"));
         }
+        if self.refusing.load(Ordering::SeqCst) {
+            return Err(LoadFailure::new(FailureKind::Quota, "quota spent"));
+        }
         if self.missing.load(Ordering::SeqCst) {
             return Ok(Loaded {
                 value: None,
@@ -46,6 +51,10 @@ impl Loader<String> for FakeSource {
             value: Some(format!("{key}#{call}")),
             version,
         })
+    }
+
+    fn ready(&self) -> bool {
+        !self.refusing.load(Ordering::SeqCst)
     }
 }
 
@@ -214,6 +223,37 @@ async fn a_stale_l2_copy_stands_in_when_the_source_fails() {
         }
         other => panic!("expected stale, got {other:?}"),
     }
+}
+
+/// A source that would refuse (its quota spent) gets no rebuild lease: the miss costs one L2
+/// read, not a lease taken and released, and the lease stays free for an instance that can load.
+#[tokio::test]
+async fn no_lease_is_taken_for_a_source_that_would_refuse() {
+    let source = Arc::new(FakeSource::default());
+    source.refusing.store(true, Ordering::SeqCst);
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let starved = instance(&source, &tier, &clock);
+    match starved.get(key(), BUDGET).await {
+        CacheOutcome::Failed(failure) => assert_eq!(failure.kind, FailureKind::Quota),
+        other => panic!("expected the refusal, got {other:?}"),
+    }
+    let stats = starved.stats();
+    assert_eq!((stats.leases_won, stats.leases_lost), (0, 0), "{stats:?}");
+    assert_eq!(tier.round_trips(), 1, "the L2 read alone");
+    assert_eq!(
+        source.calls.load(Ordering::SeqCst),
+        1,
+        "refused at once, not waited on"
+    );
+
+    // Ready again: the next miss leases and loads as before.
+    source.refusing.store(false, Ordering::SeqCst);
+    assert!(matches!(
+        starved.get(key(), BUDGET).await,
+        CacheOutcome::Loaded(_)
+    ));
+    assert_eq!(starved.stats().leases_won, 1);
 }
 
 /// A rebuild that read the row before a change and finishes after the change's event was
