@@ -95,6 +95,10 @@ pub struct StatusPoint {
     /// The share of the interval the runtime's workers were busy (tells CPU saturation from
     /// requests waiting on a dependency).
     pub worker_busy: Option<f64>,
+    /// Completions per second in the shedder's last interval, and the mean rate of admissions
+    /// over about a second (what its level-3 hold compares).
+    pub throughput_rps: Option<f64>,
+    pub mean_offered_rps: Option<f64>,
     /// The rate the shedder learned as saturated, rps.
     pub saturated_rps: Option<f64>,
     /// The highest rate the shedder saw served with spare capacity (the saturated rate's floor).

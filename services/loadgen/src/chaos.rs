@@ -1690,6 +1690,8 @@ async fn sample_status(
             worker_busy: shedding["worker_busy"].as_f64(),
             saturated_rps: shedding["saturated_rps"].as_f64(),
             served_rps: shedding["served_rps"].as_f64(),
+            throughput_rps: shedding["throughput_rps"].as_f64(),
+            mean_offered_rps: shedding["mean_offered_rps"].as_f64(),
             rss_bytes: service.pid().and_then(procfs::rss_bytes),
             redis_breaker: status
                 .as_ref()

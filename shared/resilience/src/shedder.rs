@@ -24,12 +24,14 @@
 //!   pile) is never used.
 //! - **the concurrency limit** follows latency against its own baseline, as in Netflix's
 //!   Gradient2: with `short` = this interval's mean latency and `long` = a slow EWMA of it,
-//!   `gradient = clamp(1.5 · long / short, 0.5, 1)`. Latency over the tolerated multiple moves
+//!   `gradient = clamp(1.5 · long / short, 0.5, 2)`. Latency over the tolerated multiple moves
 //!   the limit a fifth of the way towards `limit · gradient + √limit`; latency back within it
-//!   probes the limit up by `√limit / 2` every interval, so the cut an incident made is undone
-//!   within tens of seconds, however little of the limit the traffic uses. It stays within
-//!   `[min_in_flight, max_in_flight]`, starts at `max_in_flight` and stays there when `adaptive`
-//!   is off. Only admitted requests count: the edge reads a request's body before admitting it,
+//!   grows the limit by a fifth of the gradient's headroom (10 % an interval at the baseline,
+//!   20 % well below it; Envoy's adaptive concurrency caps its gradient at 2 the same way) plus
+//!   `√limit / 2`, so the cut an incident made is undone within seconds, however little of the
+//!   limit the traffic uses. At level 3 it is frozen: cache-only answers say nothing about full
+//!   work. It stays within `[min_in_flight, max_in_flight]`, starts at `max_in_flight` and stays
+//!   there when `adaptive` is off. Only admitted requests count: the edge reads a request's body before admitting it,
 //!   so a client trickling its body is neither in flight nor part of the latency.
 //! - **throughput / capacity_rps**: an optional cap (0, the default, leaves it out) for a
 //!   deployment that must not exceed a rate whatever the machine could do.
@@ -47,10 +49,15 @@
 //! ([`LoadShedder::record_worker_busy`]). The second case matters where the queue probe cannot
 //! see the queue: when the service's threads wait in the kernel's run queue behind other
 //! processes, a yield is still polled at once. Requests piled on a slow dependency leave the
-//! workers idle and teach nothing. At level 3, `throughput / saturated rate` counts as load too,
-//! so level 3 is held while the offered load is still at what saturated the service — for at
-//! most [`MAX_HOLD_DWELLS`] dwells, after which one step down re-measures (a service that
-//! saturates again at level 2 relearns the rate and returns to 3; one that copes stays down).
+//! workers idle and teach nothing. The shedder also learns the **served rate**: the highest mean
+//! admission rate of a second whose every interval was calm (level 0, load below the level-1
+//! threshold minus the hysteresis), decaying while full work goes on. At level 3, the last
+//! second's mean admission rate (not completions: requests piling up complete little but are
+//! offered load) is compared with `max(saturated, served)`: above it is full load, at or below
+//! it holds nothing, so the hold ends once the offered load is back at a rate this instance has
+//! served, with no margin to tune. It lasts at most [`MAX_HOLD_DWELLS`] dwells, after which one
+//! step down re-measures (a service that saturates again at level 2 relearns the rate and
+//! returns to 3; one that copes stays down).
 //!
 //! Evaluation is lazy: without traffic nothing is evaluated, so after a quiet spell the level
 //! steps down from the first request on, one level per dwell as always.
@@ -313,30 +320,32 @@ fn sanitize_load(load: f64) -> f64 {
 
 /// Allowed ratio of short- to long-term latency before the limit shrinks (Gradient2's tolerance).
 const LATENCY_TOLERANCE: f64 = 1.5;
-/// Share of `√limit` the limit grows by per interval while latency is at its baseline: from the
-/// floor of 16 back to 400 in about 16 s at 250 ms intervals.
+/// Share of `√limit` the limit grows by per interval while latency is within the tolerance, on
+/// top of the multiplicative step: what lifts a limit at the floor (16) off it quickly. With
+/// both, the floor is back at 512 in about 6 s of baseline latency at 250 ms intervals.
 const RECOVERY_STEP: f64 = 0.5;
 /// Weight of one saturated interval's throughput in the learned saturated rate.
 const SATURATED_ALPHA: f64 = 0.5;
 /// Level 3 is held on the saturated rate for at most this many dwells before a step down
 /// re-measures: long enough to ride out a flash crowd without flapping, short enough that a rate
 /// that has gone wrong costs at most this long at level 3. Only a rate the instance has
-/// corroborated (it served at least [`CORROBORATED_SHARE`] of it with spare capacity) is held
+/// corroborated (it served at least [`CORROBORATED_SHARE`] of it calmly) is held
 /// this long; any other is held for [`SHORT_HOLD_DWELLS`].
 pub(crate) const MAX_HOLD_DWELLS: u32 = 20;
 /// The hold for a saturated rate learned before the instance ever served a comparable rate with
-/// spare capacity — typically a cold start, whose cost per request falls as its caches fill, so
+/// no shedding — typically a cold start, whose cost per request falls as its caches fill, so
 /// the rate it saturated at is soon too low.
 pub(crate) const SHORT_HOLD_DWELLS: u32 = 5;
-/// Share of the saturated rate the instance must have served with spare capacity for the rate
+/// Share of the saturated rate the instance must have served calmly for the rate
 /// to be held for [`MAX_HOLD_DWELLS`].
 pub(crate) const CORROBORATED_SHARE: f64 = 0.5;
 /// Half-life of the served rate: a rate served long ago says less about today's costs.
 const SERVED_HALF_LIFE_SECS: f64 = 300.0;
-/// Weight of one interval with spare capacity in the mean the served rate is taken from: one
-/// interval's throughput swings with the arrival of bursts the service absorbed, so the served
-/// rate follows about a second of them, not the best one.
-const SERVED_ALPHA: f64 = 0.25;
+/// Intervals in the mean offered rate the level-3 hold compares: a second at 250 ms, so one
+/// interval in which the edge admitted less (its own threads starved) does not end the hold in
+/// the middle of a burst. A plain window, not an EWMA: a load that falls to exactly the served
+/// rate reaches it after this many intervals, where an average with a tail would stay above it.
+const OFFERED_WINDOW: usize = 4;
 /// Share of an interval the runtime's workers must have been busy for in-flight overload to
 /// count as saturation (rather than requests waiting on a slow dependency, which idles them).
 pub(crate) const SATURATED_BUSY: f64 = 0.9;
@@ -346,6 +355,10 @@ const LONG_LATENCY_ALPHA: f64 = 0.05;
 const LIMIT_SMOOTHING: f64 = 0.2;
 /// The limit shrinks at most by half per estimate, so an outlier cannot collapse it.
 const MIN_GRADIENT: f64 = 0.5;
+/// The limit grows at most by this factor per estimate (before smoothing), reached when latency
+/// is at most `LATENCY_TOLERANCE / MAX_GRADIENT` of the baseline: Envoy's adaptive concurrency
+/// caps its gradient at 2 for the same reason, so that recovery is multiplicative.
+const MAX_GRADIENT: f64 = 2.0;
 
 /// Sheds load in three levels from measured throughput, concurrency and latency.
 ///
@@ -368,6 +381,10 @@ pub struct LoadShedder {
     long_latency_nanos_bits: AtomicU64,
     load_bits: AtomicU64,
     throughput_rps_bits: AtomicU64,
+    /// Admissions per second over the last interval (f64 bits).
+    offered_rps_bits: AtomicU64,
+    /// The last [`OFFERED_WINDOW`] intervals' offered rates, whose mean the hold compares.
+    offered_window: RateWindow,
     /// The standing in-flight count the last evaluation used (f64 bits).
     standing_in_flight_bits: AtomicU64,
     /// `in_flight` as the last evaluation read it.
@@ -380,12 +397,12 @@ pub struct LoadShedder {
     saturated_rps_bits: AtomicU64,
     /// The workers' busy share the last evaluation used (f64 bits; negative = never reported).
     worker_busy_bits: AtomicU64,
-    /// The highest throughput served doing full work with spare capacity (workers idle at least
-    /// `1 − SATURATED_BUSY` of the interval, no standing queue, in-flight under the limit),
-    /// decaying with [`SERVED_HALF_LIFE_SECS`]; f64 bits, 0 = none yet.
+    /// The highest mean admission rate of a calm second (four intervals at level 0, each with a
+    /// load below the level-1 threshold minus the hysteresis), decaying with
+    /// [`SERVED_HALF_LIFE_SECS`] while full work goes on; f64 bits, 0 = none yet.
     served_rps_bits: AtomicU64,
-    /// The mean throughput of intervals with spare capacity (EWMA, `SERVED_ALPHA`); f64 bits.
-    spare_throughput_bits: AtomicU64,
+    /// Consecutive calm intervals up to the last evaluation (written by the evaluator alone).
+    calm_streak: AtomicU64,
 }
 
 /// The probe's reports since the last evaluation.
@@ -432,6 +449,8 @@ impl LoadShedder {
             long_latency_nanos_bits: AtomicU64::new(0.0_f64.to_bits()),
             load_bits: AtomicU64::new(0.0_f64.to_bits()),
             throughput_rps_bits: AtomicU64::new(0.0_f64.to_bits()),
+            offered_rps_bits: AtomicU64::new(0.0_f64.to_bits()),
+            offered_window: RateWindow::default(),
             standing_in_flight_bits: AtomicU64::new(0.0_f64.to_bits()),
             evaluated_in_flight: AtomicU64::new(0),
             probe: ProbeCounters {
@@ -443,7 +462,7 @@ impl LoadShedder {
             saturated_rps_bits: AtomicU64::new(0.0_f64.to_bits()),
             worker_busy_bits: AtomicU64::new((-1.0_f64).to_bits()),
             served_rps_bits: AtomicU64::new(0.0_f64.to_bits()),
-            spare_throughput_bits: AtomicU64::new(0.0_f64.to_bits()),
+            calm_streak: AtomicU64::new(0),
             config,
         }
     }
@@ -547,6 +566,8 @@ impl LoadShedder {
             standing_in_flight: load_f64(&self.standing_in_flight_bits),
             concurrency_limit: load_f64(&self.limit_bits) as u64,
             throughput_rps: load_f64(&self.throughput_rps_bits),
+            offered_rps: load_f64(&self.offered_rps_bits),
+            mean_offered_rps: self.offered_window.mean(),
             latency_ms: load_f64(&self.short_latency_nanos_bits) / 1e6,
             baseline_latency_ms: load_f64(&self.long_latency_nanos_bits) / 1e6,
             level_since_ms: now_nanos.saturating_sub(packed.since_nanos) / 1_000_000,
@@ -576,7 +597,8 @@ impl LoadShedder {
         let latency_sum_nanos = self.counters.latency_sum_nanos.swap(0, Ordering::Relaxed);
         let busy_nanos = self.counters.busy_nanos.swap(0, Ordering::Relaxed);
         let in_flight = self.counters.in_flight.load(Ordering::Relaxed);
-        let persisting = in_flight.min(self.evaluated_in_flight.swap(in_flight, Ordering::Relaxed));
+        let previous_in_flight = self.evaluated_in_flight.swap(in_flight, Ordering::Relaxed);
+        let persisting = in_flight.min(previous_in_flight);
         let mean_in_flight = busy_nanos as f64 / elapsed_nanos as f64;
         let standing_in_flight = mean_in_flight.max(persisting as f64);
         self.standing_in_flight_bits
@@ -585,6 +607,13 @@ impl LoadShedder {
         let throughput_rps = completed as f64 * 1e9 / elapsed_nanos as f64;
         self.throughput_rps_bits
             .store(throughput_rps.to_bits(), Ordering::Relaxed);
+        // Admissions in the interval: what completed plus what the in-flight count grew by. The
+        // offered load, where completions alone would read low while requests pile up.
+        let admitted = (completed as f64 + in_flight as f64 - previous_in_flight as f64).max(0.0);
+        let offered_rps = admitted * 1e9 / elapsed_nanos as f64;
+        self.offered_rps_bits
+            .store(offered_rps.to_bits(), Ordering::Relaxed);
+        let mean_offered_rps = self.offered_window.push(offered_rps);
         if completed > 0 {
             self.update_latency_and_limit(latency_sum_nanos as f64 / completed as f64);
         }
@@ -620,12 +649,24 @@ impl LoadShedder {
             self.saturated_rps_bits
                 .store(saturated.to_bits(), Ordering::Relaxed);
         }
-        let spare = packed.measured < ShedLevel::CacheOnly
-            && !saturated_now
-            && (0.0..SATURATED_BUSY).contains(&worker_busy)
-            && concurrency_ratio < full_load;
-        let served = self.update_served_rate(spare.then_some(throughput_rps), elapsed_nanos);
         let mut load = overload.max(cap_ratio);
+        // Calm: full work (extras included) and no level would be entered. Its throughput is a
+        // rate this instance serves without shedding, whatever its workers' busy share.
+        let calm = packed.measured == ShedLevel::Normal
+            && load < self.config.thresholds[0] - self.config.hysteresis;
+        let calm_streak = if calm {
+            self.calm_streak.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.calm_streak.store(0, Ordering::Relaxed);
+            0
+        };
+        // A second in which every interval was calm: its mean admission rate was served.
+        let calm_second = calm_streak >= OFFERED_WINDOW as u64;
+        let served = self.update_served_rate(
+            calm_second.then_some(mean_offered_rps),
+            elapsed_nanos,
+            packed.measured < ShedLevel::CacheOnly,
+        );
         let saturated = load_f64(&self.saturated_rps_bits);
         let held_nanos = now_nanos.saturating_sub(packed.since_nanos);
         let hold_dwells = if served >= CORROBORATED_SHARE * saturated {
@@ -638,9 +679,14 @@ impl LoadShedder {
         if packed.measured == ShedLevel::CacheOnly && saturated > 0.0 && held_nanos < max_hold_nanos
         {
             // Cheap answers hide the offered load; the rate that saturated full work does not.
-            // Never below what the instance has served with spare capacity: a rate learned while
-            // it thrashed would otherwise hold level 3 after the load is back to normal.
-            load = load.max(throughput_rps / saturated.max(served));
+            // Never below what the instance has served calmly: a rate learned while it thrashed
+            // would otherwise hold level 3 after the load is back to normal. The hold is all or
+            // nothing: an offered load above that rate is full load, one at or below it (a rate
+            // this instance is known to serve) holds nothing, so no margin decides when it ends.
+            let servable = saturated.max(served);
+            if mean_offered_rps > servable {
+                load = load.max(full_load.max(mean_offered_rps / servable));
+            }
         }
         self.load_bits.store(load.to_bits(), Ordering::Relaxed);
         self.apply_load(load, now_nanos);
@@ -655,25 +701,19 @@ impl LoadShedder {
         }
     }
 
-    /// Decays the served rate by the interval's share of its half-life and, when the interval
-    /// had spare capacity, raises it to the mean throughput of such intervals scaled by the
-    /// headroom the workers had left (at most `1 / SATURATED_BUSY`: the utilization law would
-    /// promise more, but costs are not linear). Returns the new served rate.
-    fn update_served_rate(&self, spare_throughput: Option<f64>, elapsed_nanos: u64) -> f64 {
-        let decay = 0.5_f64.powf(elapsed_nanos as f64 / 1e9 / SERVED_HALF_LIFE_SECS);
-        let mut served = load_f64(&self.served_rps_bits) * decay;
-        if let Some(throughput) = spare_throughput {
-            let previous = load_f64(&self.spare_throughput_bits);
-            let mean = if previous > 0.0 {
-                previous + SERVED_ALPHA * (throughput - previous)
-            } else {
-                throughput
-            };
-            self.spare_throughput_bits
-                .store(mean.to_bits(), Ordering::Relaxed);
-            let busy = load_f64(&self.worker_busy_bits).max(f64::MIN_POSITIVE);
-            let headroom = (SATURATED_BUSY / busy).clamp(1.0, 1.0 / SATURATED_BUSY);
-            served = served.max(mean * headroom);
+    /// Decays the served rate by the interval's share of its half-life (only while full work
+    /// goes on, `decays`: at level 3 no interval can renew it, so time there must not erode it)
+    /// and raises it to `calm_rate`, the mean admission rate of a second whose every interval
+    /// was calm: the same statistic the hold compares, so a load back at a rate served before
+    /// ends the hold. No headroom is extrapolated: only a rate actually served counts. Returns
+    /// the new served rate.
+    fn update_served_rate(&self, calm_rate: Option<f64>, elapsed_nanos: u64, decays: bool) -> f64 {
+        let mut served = load_f64(&self.served_rps_bits);
+        if decays {
+            served *= 0.5_f64.powf(elapsed_nanos as f64 / 1e9 / SERVED_HALF_LIFE_SECS);
+        }
+        if let Some(rate) = calm_rate {
+            served = served.max(rate);
         }
         self.served_rps_bits
             .store(served.to_bits(), Ordering::Relaxed);
@@ -718,7 +758,10 @@ impl LoadShedder {
             .store(short_nanos.to_bits(), Ordering::Relaxed);
         self.long_latency_nanos_bits
             .store(long_nanos.to_bits(), Ordering::Relaxed);
-        if !self.config.adaptive {
+        if !self.config.adaptive || cache_only {
+            // The limit is about full work, which level 3 does not do: what cheap answers (or
+            // answers waiting on a slow L2) take says nothing about it. Frozen, the limit meets
+            // full work again at the value it had when level 3 began.
             return;
         }
         let limit = next_limit(
@@ -771,6 +814,32 @@ impl LoadShedder {
     }
 }
 
+/// The last [`OFFERED_WINDOW`] rates, written by the evaluator alone (as f64 bits, so the
+/// snapshot can read them).
+#[derive(Debug, Default)]
+struct RateWindow {
+    rates: [AtomicU64; OFFERED_WINDOW],
+    pushed: AtomicU64,
+}
+
+impl RateWindow {
+    /// Replaces the oldest rate with `rate`; returns the window's new mean.
+    fn push(&self, rate: f64) -> f64 {
+        let slot = self.pushed.fetch_add(1, Ordering::Relaxed) as usize % OFFERED_WINDOW;
+        self.rates[slot].store(rate.to_bits(), Ordering::Relaxed);
+        self.mean()
+    }
+
+    /// The mean of the rates pushed so far (of the last [`OFFERED_WINDOW`]); 0 before any.
+    fn mean(&self) -> f64 {
+        let filled = (self.pushed.load(Ordering::Relaxed) as usize).min(OFFERED_WINDOW);
+        if filled == 0 {
+            return 0.0;
+        }
+        self.rates[..filled].iter().map(load_f64).sum::<f64>() / filled as f64
+    }
+}
+
 /// The counters every request writes, on cache lines of their own: sharing a line with the
 /// read-mostly level word would make each admission on one core a cache miss on the others.
 #[derive(Debug, Default)]
@@ -789,15 +858,18 @@ struct RequestCounters {
 /// `√limit / 2` an interval while latency is within it.
 fn next_limit(limit: f64, short_nanos: f64, long_nanos: f64, min: f64, max: f64) -> f64 {
     let gradient = if short_nanos > 0.0 {
-        (LATENCY_TOLERANCE * long_nanos / short_nanos).clamp(MIN_GRADIENT, 1.0)
+        (LATENCY_TOLERANCE * long_nanos / short_nanos).clamp(MIN_GRADIENT, MAX_GRADIENT)
     } else {
-        1.0
+        MAX_GRADIENT
     };
     let next = if gradient < 1.0 {
         let estimate = limit * gradient + limit.sqrt();
         limit * (1.0 - LIMIT_SMOOTHING) + estimate * LIMIT_SMOOTHING
     } else {
-        limit + limit.sqrt() * RECOVERY_STEP
+        // Within the tolerance: grow by the smoothed share of the gradient's headroom (10 % an
+        // interval at the baseline, 20 % well below it) plus the additive probe, so a limit an
+        // incident cut returns within seconds once latency is back, however small the cut left it.
+        limit * (1.0 + LIMIT_SMOOTHING * (gradient - 1.0)) + limit.sqrt() * RECOVERY_STEP
     };
     next.clamp(min, max)
 }
@@ -908,6 +980,12 @@ pub struct ShedSnapshot {
     pub concurrency_limit: u64,
     /// Completions per second over the last interval.
     pub throughput_rps: f64,
+    /// Admissions per second over the last interval: completions plus the growth of the
+    /// in-flight count. Level 3 is held while this is above the rate known to be served.
+    pub offered_rps: f64,
+    /// The offered rate's mean over the last second (four intervals): what the level-3 hold
+    /// compares with the rate this instance is known to serve.
+    pub mean_offered_rps: f64,
     /// Mean latency of the last interval that completed anything.
     pub latency_ms: f64,
     /// The long-term (slow EWMA) latency the current one is compared with.
@@ -922,9 +1000,9 @@ pub struct ShedSnapshot {
     /// The throughput at which the service last saturated while doing full work; holds level 3
     /// while the offered load is still there. None until it first saturates.
     pub saturated_rps: Option<f64>,
-    /// The highest rate served doing full work with spare capacity (decaying, half-life 5 min):
-    /// the saturated rate is never taken below it, and a saturated rate at least twice it is
-    /// held only briefly. None until such an interval.
+    /// The highest mean admission rate of a calm second at full work (decaying, half-life 5 min,
+    /// not while at level 3): the hold never compares with less, and a saturated rate at least
+    /// twice it is held only briefly. None until such a second.
     pub served_rps: Option<f64>,
     /// The share of the last interval the runtime's workers were busy (0–1); None until the
     /// caller first reports it.
@@ -1328,11 +1406,11 @@ mod tests {
             );
             previous_limit = limit;
         }
-        assert_eq!(previous_limit, 16);
+        assert!(previous_limit < 40, "{previous_limit}");
         assert_eq!(
             shedder.level(),
             CacheOnly,
-            "40 in flight against a limit of 16"
+            "40 in flight against a limit that fell below 40; frozen there at level 3"
         );
 
         // Back to normal latency, the limit regrows to its ceiling and no further.
@@ -1369,17 +1447,57 @@ mod tests {
         assert!(snapshot.latency_ms < 0.01, "{snapshot:?}");
     }
 
+    /// At level 3 the limit neither shrinks on answers waiting for a slow L2 nor grows on
+    /// cheap ones: full work meets it at the value it had when level 3 began.
+    #[test]
+    fn the_limit_is_frozen_at_level_three() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            interval: INTERVAL,
+            min_dwell: Duration::from_secs(10),
+            ..ShedConfig::default()
+        });
+        for _ in 0..10 {
+            interval_of_traffic(&shedder, &ticker, 20, Duration::from_millis(10));
+        }
+        // One interval at ten times the baseline cuts the limit below its ceiling.
+        interval_of_traffic(&shedder, &ticker, 20, Duration::from_millis(100));
+        drop(shedder.admit());
+        let cut = shedder.snapshot().concurrency_limit;
+        assert!(cut < 512, "{cut}");
+        assert_eq!(shedder.observe_load(1.5), CacheOnly);
+        for latency_ms in [100, 100, 1, 1, 100, 1] {
+            interval_of_traffic(&shedder, &ticker, 20, Duration::from_millis(latency_ms));
+            drop(shedder.admit());
+            let snapshot = shedder.snapshot();
+            assert_eq!(snapshot.level, CacheOnly);
+            assert_eq!(snapshot.concurrency_limit, cut, "{snapshot:?}");
+        }
+    }
+
     #[test]
     fn the_limit_probes_back_up_while_latency_is_at_its_baseline() {
-        // However little of it is used: the cut an incident made must not stay.
-        assert_eq!(next_limit(100.0, 1.0, 1.0, 16.0, 512.0), 105.0);
+        // However little of it is used: the cut an incident made must not stay. At the
+        // baseline: 10 % (a fifth of the gradient's headroom of 1.5) plus √100 / 2.
+        let at_baseline = next_limit(100.0, 1.0, 1.0, 16.0, 512.0);
+        assert!((at_baseline - 115.0).abs() < 1e-9, "{at_baseline}");
+        // Within the tolerance but above the baseline: little more than the additive probe.
+        let near_tolerance = next_limit(100.0, 1.4, 1.0, 16.0, 512.0);
+        assert!((105.0..107.0).contains(&near_tolerance), "{near_tolerance}");
         assert!(next_limit(100.0, 10.0, 1.0, 16.0, 512.0) < 100.0);
         assert_eq!(next_limit(510.0, 1.0, 1.0, 16.0, 512.0), 512.0, "capped");
-        assert_eq!(
-            next_limit(100.0, 0.0, 0.0, 16.0, 512.0),
-            105.0,
-            "no latency: no queue"
+        let no_latency = next_limit(100.0, 0.0, 0.0, 16.0, 512.0);
+        assert!(
+            (no_latency - 125.0).abs() < 1e-9,
+            "no latency: no queue, the gradient at its cap of 2: {no_latency}"
         );
+        // From the floor back to the ceiling in seconds of baseline latency.
+        let mut limit = 16.0;
+        let mut intervals = 0;
+        while limit < 512.0 {
+            limit = next_limit(limit, 1.0, 1.0, 16.0, 512.0);
+            intervals += 1;
+        }
+        assert!(intervals <= 28, "{intervals} intervals of 250 ms");
     }
 
     /// The incident: steady traffic at 10 ms, then a 5 s table lock during which every
@@ -1641,10 +1759,10 @@ mod tests {
             spare_interval(&shedder, &ticker, 60);
         }
         drop(shedder.admit());
-        let served = shedder.snapshot().served_rps.unwrap();
-        assert!(
-            (served - 240.0 / 0.9).abs() < 1.0,
-            "240 rps at 60 % busy: {served}"
+        assert_eq!(
+            shedder.snapshot().served_rps,
+            Some(240.0),
+            "60 an interval, served calmly: no headroom is extrapolated"
         );
         saturated_interval(&shedder, &ticker, 100);
         drop(shedder.admit());
@@ -1703,11 +1821,54 @@ mod tests {
                 shedder.snapshot()
             );
         }
-        // Back to the 240 rps served before: 0.9 of the floor, so it walks down.
+        // Back to the 240 rps served before (59 an interval and the admission that reads the
+        // level): once the last second's mean is no more than that, it walks down, with no
+        // margin below it.
         assert_eq!(
-            levels_over(&shedder, &ticker, 60, 20),
+            levels_over(&shedder, &ticker, 59, 20),
             [CacheOnly, ShortTimeouts, DropExtras, Normal]
         );
+    }
+
+    /// What the hold compares is what arrives, not what completes: requests piling up at level 3
+    /// (cache-only answers waiting on a slow L2) complete little but are offered load.
+    #[test]
+    fn the_hold_counts_admissions_not_completions() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            max_in_flight: 1_000,
+            min_in_flight: 1,
+            adaptive: false,
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        for _ in 0..8 {
+            spare_interval(&shedder, &ticker, 60);
+        }
+        drop(shedder.admit());
+        shedder.record_queue_delay(Duration::from_millis(20));
+        shedder.record_worker_busy(INTERVAL, INTERVAL);
+        interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(1));
+        drop(shedder.admit());
+        let saturated = shedder.snapshot();
+        assert_eq!(saturated.level, CacheOnly);
+        assert_eq!(saturated.saturated_rps, Some(404.0));
+        let mut piled = Vec::new();
+        for _ in 0..8 {
+            // 110 arrive an interval, 30 of them stay in flight: 320 rps complete, below the
+            // 404 learned, while 440 rps are offered.
+            shedder.record_queue_delay(Duration::ZERO);
+            shedder.record_worker_busy(INTERVAL / 5, INTERVAL);
+            piled.extend((0..30).map(|_| shedder.admit()));
+            interval_of_traffic(&shedder, &ticker, 79, Duration::from_millis(1));
+            assert_eq!(shedder.admit().level(), CacheOnly);
+        }
+        let held = shedder.snapshot();
+        assert_eq!(
+            (held.throughput_rps, held.mean_offered_rps),
+            (320.0, 440.0),
+            "{held:?}"
+        );
+        assert!(held.standing_in_flight < 0.3 * 1_000.0, "{held:?}");
     }
 
     #[test]
@@ -1834,6 +1995,8 @@ mod tests {
                 standing_in_flight: 8.0,
                 concurrency_limit: 512,
                 throughput_rps: 400.0,
+                offered_rps: 400.0,
+                mean_offered_rps: 400.0,
                 latency_ms: 20.0,
                 baseline_latency_ms: 20.0,
                 level_since_ms: 300,
