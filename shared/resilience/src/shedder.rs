@@ -53,9 +53,9 @@
 //! admission rate of a second whose every interval was calm (level 0, load below the level-1
 //! threshold minus the hysteresis), decaying while full work goes on. At level 3, the last
 //! second's mean admission rate (not completions: requests piling up complete little but are
-//! offered load) is compared with `max(saturated, served)`: above it is full load, at or below
-//! it holds nothing, so the hold ends once the offered load is back at a rate this instance has
-//! served, with no margin to tune. It lasts at most [`MAX_HOLD_DWELLS`] dwells, after which one
+//! offered load) is compared with `max(saturated, served)`: more than `hysteresis` above it is
+//! full load, anything less holds nothing, so the hold ends once the offered load is back at a
+//! rate this instance has served calmly, with no margin fitted to a machine. It lasts at most [`MAX_HOLD_DWELLS`] dwells, after which one
 //! step down re-measures (a service that saturates again at level 2 relearns the rate and
 //! returns to 3; one that copes stays down).
 //!
@@ -681,10 +681,14 @@ impl LoadShedder {
             // Cheap answers hide the offered load; the rate that saturated full work does not.
             // Never below what the instance has served calmly: a rate learned while it thrashed
             // would otherwise hold level 3 after the load is back to normal. The hold is all or
-            // nothing: an offered load above that rate is full load, one at or below it (a rate
-            // this instance is known to serve) holds nothing, so no margin decides when it ends.
+            // nothing: an offered load clearly above that rate (by more than the hysteresis) is
+            // full load, one within it holds nothing. The served rate was measured calm (load
+            // under the level-1 threshold), so a load within the hysteresis of it is one this
+            // instance serves; and the retries of the 503s level 3 itself answers lift the
+            // offered load a few per cent above what came before the burst, which a hold
+            // without that allowance would take for load that has not dropped.
             let servable = saturated.max(served);
-            if mean_offered_rps > servable {
+            if mean_offered_rps > servable * (1.0 + self.config.hysteresis) {
                 load = load.max(full_load.max(mean_offered_rps / servable));
             }
         }
@@ -1821,11 +1825,11 @@ mod tests {
                 shedder.snapshot()
             );
         }
-        // Back to the 240 rps served before (59 an interval and the admission that reads the
-        // level): once the last second's mean is no more than that, it walks down, with no
-        // margin below it.
+        // Back within the hysteresis of the 240 rps served before (61 an interval and the
+        // admission that reads the level: 248 rps, under 240 × 1.05): once the last second's
+        // mean is there, it walks down, with no margin below the served rate.
         assert_eq!(
-            levels_over(&shedder, &ticker, 59, 20),
+            levels_over(&shedder, &ticker, 61, 20),
             [CacheOnly, ShortTimeouts, DropExtras, Normal]
         );
     }
