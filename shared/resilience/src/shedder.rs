@@ -14,9 +14,10 @@
 //!   samples low and sheds nothing; only a standing queue, where every sample waited, does.
 //!   An interval without any report keeps the last one's delay (a starved probe reports its
 //!   lateness when it runs again).
-//! - **standing in-flight**: the larger of the interval's *mean* concurrency (the time completed
-//!   requests spent in flight within the interval, over its length: Little's law) and the count
-//!   in flight at both this evaluation and the previous one (requests piled up on a hung
+//! - **standing in-flight**: the larger of the *mean* concurrency of this interval and the
+//!   previous one, whichever is lower (the time completed requests spent in flight within an
+//!   interval, over its length: Little's law; a slow spell of one interval drains by itself),
+//!   and the count in flight at both this evaluation and the previous one (requests piled up on a hung
 //!   dependency complete nothing, so only the count shows them). A stall of a few milliseconds
 //!   that piles up hundreds of requests and drains again adds little to the mean and is gone by
 //!   the next evaluation: it sheds nothing — the same reading of "standing" as the queue
@@ -389,6 +390,8 @@ pub struct LoadShedder {
     standing_in_flight_bits: AtomicU64,
     /// `in_flight` as the last evaluation read it.
     evaluated_in_flight: AtomicU64,
+    /// The last interval's mean concurrency (f64 bits).
+    mean_in_flight_bits: AtomicU64,
     /// Written by the queue-delay probe.
     probe: ProbeCounters,
     /// The queue delay the last evaluation used, in nanoseconds (as f64 bits).
@@ -453,6 +456,7 @@ impl LoadShedder {
             offered_window: RateWindow::default(),
             standing_in_flight_bits: AtomicU64::new(0.0_f64.to_bits()),
             evaluated_in_flight: AtomicU64::new(0),
+            mean_in_flight_bits: AtomicU64::new(0.0_f64.to_bits()),
             probe: ProbeCounters {
                 min_delay_nanos: AtomicU64::new(u64::MAX),
                 busy_nanos: AtomicU64::new(0),
@@ -600,7 +604,14 @@ impl LoadShedder {
         let previous_in_flight = self.evaluated_in_flight.swap(in_flight, Ordering::Relaxed);
         let persisting = in_flight.min(previous_in_flight);
         let mean_in_flight = busy_nanos as f64 / elapsed_nanos as f64;
-        let standing_in_flight = mean_in_flight.max(persisting as f64);
+        // The mean counts only where it held for two intervals in a row, as the count does: a
+        // slow spell of a few hundred milliseconds (a dependency's hiccup) raises one interval's
+        // mean and drains by itself; overload raises both.
+        let previous_mean = f64::from_bits(
+            self.mean_in_flight_bits
+                .swap(mean_in_flight.to_bits(), Ordering::Relaxed),
+        );
+        let standing_in_flight = mean_in_flight.min(previous_mean).max(persisting as f64);
         self.standing_in_flight_bits
             .store(standing_in_flight.to_bits(), Ordering::Relaxed);
 
@@ -652,8 +663,10 @@ impl LoadShedder {
         let mut load = overload.max(cap_ratio);
         // Calm: full work (extras included) and no level would be entered. Its throughput is a
         // rate this instance serves without shedding, whatever its workers' busy share.
+        let calm_below = self.config.thresholds[0] - self.config.hysteresis;
         let calm = packed.measured == ShedLevel::Normal
-            && load < self.config.thresholds[0] - self.config.hysteresis;
+            && load < calm_below
+            && mean_in_flight / load_f64(&self.limit_bits) < calm_below;
         let calm_streak = if calm {
             self.calm_streak.fetch_add(1, Ordering::Relaxed) + 1
         } else {
@@ -978,8 +991,9 @@ pub struct ShedSnapshot {
     /// in-flight at the limit, or the saturated rate held at level 3).
     pub load: f64,
     pub in_flight: u64,
-    /// What the last evaluation compared with the limit: the interval's mean concurrency, or
-    /// the count in flight at this and the previous evaluation, whichever is larger.
+    /// What the last evaluation compared with the limit: the mean concurrency of the last two
+    /// intervals (the lower), or the count in flight at this and the previous evaluation,
+    /// whichever is larger.
     pub standing_in_flight: f64,
     pub concurrency_limit: u64,
     /// Completions per second over the last interval.
@@ -1697,9 +1711,12 @@ mod tests {
     fn in_flight_overload_on_busy_workers_teaches_the_saturated_rate() {
         let saturate = |worker_busy: f64| {
             let (shedder, ticker) = limited_shedder();
-            // 100 requests of 150 ms an interval: a mean of 60 in flight against 40.
-            interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(150));
-            shedder.record_worker_busy(INTERVAL.mul_f64(worker_busy * 2.0), INTERVAL * 2);
+            // 100 requests of 150 ms an interval, two intervals running: a mean of 60 in
+            // flight against 40.
+            for _ in 0..2 {
+                interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(150));
+                shedder.record_worker_busy(INTERVAL.mul_f64(worker_busy * 2.0), INTERVAL * 2);
+            }
             drop(shedder.admit());
             shedder.snapshot()
         };
@@ -1720,10 +1737,13 @@ mod tests {
         shedder.record_worker_busy(INTERVAL.mul_f64(0.6), INTERVAL);
     }
 
-    /// Overload on busy workers: `requests` of 150 ms in one interval against a limit of 40.
-    fn saturated_interval(shedder: &LoadShedder, ticker: &ManualTicker, requests: usize) {
-        interval_of_traffic(shedder, ticker, requests, Duration::from_millis(150));
-        shedder.record_worker_busy(INTERVAL.mul_f64(0.95), INTERVAL);
+    /// Overload on busy workers: `requests` of 150 ms an interval against a limit of 40, for
+    /// two intervals (a mean counts once it held for two).
+    fn saturated_intervals(shedder: &LoadShedder, ticker: &ManualTicker, requests: usize) {
+        for _ in 0..2 {
+            interval_of_traffic(shedder, ticker, requests, Duration::from_millis(150));
+            shedder.record_worker_busy(INTERVAL.mul_f64(0.95), INTERVAL);
+        }
     }
 
     /// The distinct levels, in order, over `intervals` intervals of `requests` quick ones each.
@@ -1768,13 +1788,13 @@ mod tests {
             Some(240.0),
             "60 an interval, served calmly: no headroom is extrapolated"
         );
-        saturated_interval(&shedder, &ticker, 100);
+        saturated_intervals(&shedder, &ticker, 100);
         drop(shedder.admit());
         assert_eq!(shedder.level(), CacheOnly);
         assert_eq!(
             shedder.snapshot().saturated_rps,
-            Some(404.0),
-            "101 completions in 250 ms (the admission that read the served rate counts)"
+            Some(400.0),
+            "100 completions in the second saturated interval, 250 ms"
         );
         // 150 % offered for 10 s, answered cheaply and with idle workers: held throughout.
         for _ in 0..40 {
@@ -1920,12 +1940,12 @@ mod tests {
         interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(1));
         drop(shedder.admit());
         assert_eq!(shedder.level(), CacheOnly);
-        // The rate stays at what saturated it, but nothing queues. The instance never served
-        // such a rate with spare capacity (a cold start): after the short hold, one step down
-        // tries full work again.
+        // The rate stays above what saturated it (by more than the hysteresis), but nothing
+        // queues. The instance never served such a rate calmly (a cold start): after the short
+        // hold, one step down tries full work again.
         let mut intervals = 0;
         while shedder.level() == CacheOnly {
-            interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(1));
+            interval_of_traffic(&shedder, &ticker, 110, Duration::from_millis(1));
             shedder.record_queue_delay(Duration::ZERO);
             drop(shedder.admit());
             intervals += 1;
@@ -1995,8 +2015,9 @@ mod tests {
                 forced: None,
                 load: 0.8,
                 in_flight: 1,
-                // 100 requests of 20 ms each in a 250 ms interval (Little's law).
-                standing_in_flight: 8.0,
+                // 100 requests of 20 ms each in a 250 ms interval: a mean of 8 (Little's law),
+                // but not in the interval before, so nothing is standing yet.
+                standing_in_flight: 0.0,
                 concurrency_limit: 512,
                 throughput_rps: 400.0,
                 offered_rps: 400.0,
