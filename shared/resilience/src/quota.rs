@@ -81,8 +81,7 @@ impl TokenBucket {
     pub fn try_acquire_at(&self, now_nanos: u64) -> Result<(), QuotaExceeded> {
         let mut tat = self.tat.load(Ordering::Relaxed);
         loop {
-            let next = tat.max(now_nanos).saturating_add(self.interval);
-            let ahead = next - now_nanos;
+            let (next, ahead) = self.next_after(tat, now_nanos);
             if ahead > self.tolerance {
                 self.rejected.fetch_add(1, Ordering::Relaxed);
                 return Err(QuotaExceeded {
@@ -105,8 +104,15 @@ impl TokenBucket {
     /// Whether [`TokenBucket::try_acquire_at`] would grant a token at `now_nanos`, without
     /// taking it (advisory: another caller may take it first).
     pub fn has_token_at(&self, now_nanos: u64) -> bool {
-        let tat = self.tat.load(Ordering::Relaxed);
-        tat.max(now_nanos).saturating_add(self.interval) - now_nanos <= self.tolerance
+        let (_, ahead) = self.next_after(self.tat.load(Ordering::Relaxed), now_nanos);
+        ahead <= self.tolerance
+    }
+
+    /// The theoretical arrival time after one more call at `now_nanos` given `tat`, and how far
+    /// it is ahead of now.
+    fn next_after(&self, tat: u64, now_nanos: u64) -> (u64, u64) {
+        let next = tat.max(now_nanos).saturating_add(self.interval);
+        (next, next - now_nanos)
     }
 
     /// Calls granted and refused since start.

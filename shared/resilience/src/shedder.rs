@@ -14,11 +14,12 @@
 //!   samples low and sheds nothing; only a standing queue, where every sample waited, does.
 //!   An interval without any report keeps the last one's delay (a starved probe reports its
 //!   lateness when it runs again).
-//! - **standing in-flight**: the larger of the *mean* concurrency of this interval and the
-//!   previous one, whichever is lower (the time completed requests spent in flight within an
-//!   interval, over its length: Little's law; a slow spell of one interval drains by itself),
-//!   and the count in flight at both this evaluation and the previous one (requests piled up on a hung
-//!   dependency complete nothing, so only the count shows them). A stall of a few milliseconds
+//! - **standing in-flight**: the larger of two readings. One is the *mean* concurrency (the time
+//!   completed requests spent in flight within an interval, over its length: Little's law), the
+//!   lower of this interval's and the previous one's, so a slow spell of one interval that drains
+//!   by itself does not count. The other is the count in flight at both this evaluation and the
+//!   previous one (requests piled up on a hung dependency complete nothing, so only the count
+//!   shows them). A stall of a few milliseconds
 //!   that piles up hundreds of requests and drains again adds little to the mean and is gone by
 //!   the next evaluation: it sheds nothing — the same reading of "standing" as the queue
 //!   delay's. The count at a single instant (the first admission after a stall sees the whole
@@ -32,8 +33,9 @@
 //!   `√limit / 2`, so the cut an incident made is undone within seconds, however little of the
 //!   limit the traffic uses. At level 3 it is frozen: cache-only answers say nothing about full
 //!   work. It stays within `[min_in_flight, max_in_flight]`, starts at `max_in_flight` and stays
-//!   there when `adaptive` is off. Only admitted requests count: the edge reads a request's body before admitting it,
-//!   so a client trickling its body is neither in flight nor part of the latency.
+//!   there when `adaptive` is off. Only admitted requests count: the edge reads a request's body
+//!   before admitting it, so a client trickling its body is neither in flight nor part of the
+//!   latency.
 //! - **throughput / capacity_rps**: an optional cap (0, the default, leaves it out) for a
 //!   deployment that must not exceed a rate whatever the machine could do.
 //!
@@ -51,13 +53,13 @@
 //! see the queue: when the service's threads wait in the kernel's run queue behind other
 //! processes, a yield is still polled at once. Requests piled on a slow dependency leave the
 //! workers idle and teach nothing. The shedder also learns the **served rate**: the highest mean
-//! admission rate of a second whose every interval was calm (level 0, load below the level-1
-//! threshold minus the hysteresis), decaying while full work goes on. At level 3, the last
+//! admission rate of a second whose every interval was calm (level 0, load and mean concurrency
+//! below the level-1 threshold minus the hysteresis), decaying while full work goes on. At level 3, the last
 //! second's mean admission rate (not completions: requests piling up complete little but are
 //! offered load) is compared with `max(saturated, served)`: more than `hysteresis` above it is
 //! full load, anything less holds nothing, so the hold ends once the offered load is back at a
-//! rate this instance has served calmly, with no margin fitted to a machine. It lasts at most [`MAX_HOLD_DWELLS`] dwells, after which one
-//! step down re-measures (a service that saturates again at level 2 relearns the rate and
+//! rate this instance has served calmly, with no margin fitted to a machine. It lasts at most
+//! [`MAX_HOLD_DWELLS`] dwells, after which one step down re-measures (a service that saturates again at level 2 relearns the rate and
 //! returns to 3; one that copes stays down).
 //!
 //! Evaluation is lazy: without traffic nothing is evaluated, so after a quiet spell the level
@@ -400,8 +402,8 @@ pub struct LoadShedder {
     saturated_rps_bits: AtomicU64,
     /// The workers' busy share the last evaluation used (f64 bits; negative = never reported).
     worker_busy_bits: AtomicU64,
-    /// The highest mean admission rate of a calm second (four intervals at level 0, each with a
-    /// load below the level-1 threshold minus the hysteresis), decaying with
+    /// The highest mean admission rate of a calm second (four intervals at level 0, each with
+    /// load and mean concurrency below the level-1 threshold minus the hysteresis), decaying with
     /// [`SERVED_HALF_LIFE_SECS`] while full work goes on; f64 bits, 0 = none yet.
     served_rps_bits: AtomicU64,
     /// Consecutive calm intervals up to the last evaluation (written by the evaluator alone).
@@ -999,7 +1001,7 @@ pub struct ShedSnapshot {
     /// Completions per second over the last interval.
     pub throughput_rps: f64,
     /// Admissions per second over the last interval: completions plus the growth of the
-    /// in-flight count. Level 3 is held while this is above the rate known to be served.
+    /// in-flight count.
     pub offered_rps: f64,
     /// The offered rate's mean over the last second (four intervals): what the level-3 hold
     /// compares with the rate this instance is known to serve.
