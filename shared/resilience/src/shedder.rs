@@ -12,8 +12,11 @@
 //!   a worker of the runtime ([`LoadShedder::record_queue_delay`], every `queue_probe_every`).
 //!   The interval's *minimum* counts, as in CoDel: a burst the service absorbs leaves some
 //!   samples low and sheds nothing; only a standing queue, where every sample waited, does.
-//!   An interval without any report keeps the last one's delay (a starved probe reports its
-//!   lateness when it runs again).
+//!   And only once it stood for two intervals (the lower of this interval's minimum and the
+//!   previous one's), as the mean concurrency below: a stall of one interval, the cores taken by
+//!   other processes for a moment, queues every probe in it and drains by itself. An interval
+//!   without any report keeps the last one's delay (a starved probe reports its lateness when
+//!   it runs again).
 //! - **standing in-flight**: the larger of two readings. One is the *mean* concurrency (the time
 //!   completed requests spent in flight within an interval, over its length: Little's law), the
 //!   lower of this interval's and the previous one's, so a slow spell of one interval that drains
@@ -53,14 +56,22 @@
 //! see the queue: when the service's threads wait in the kernel's run queue behind other
 //! processes, a yield is still polled at once. Requests piled on a slow dependency leave the
 //! workers idle and teach nothing. The shedder also learns the **served rate**: the highest mean
-//! admission rate of a second whose every interval was calm (level 0, load and mean concurrency
-//! below the level-1 threshold minus the hysteresis), decaying while full work goes on. At level 3, the last
-//! second's mean admission rate (not completions: requests piling up complete little but are
-//! offered load) is compared with `max(saturated, served)`: more than `hysteresis` above it is
-//! full load, anything less holds nothing, so the hold ends once the offered load is back at a
-//! rate this instance has served calmly, with no margin fitted to a machine. It lasts at most
-//! [`MAX_HOLD_DWELLS`] dwells, after which one step down re-measures (a service that saturates again at level 2 relearns the rate and
-//! returns to 3; one that copes stays down).
+//! admission rate of a second whose every interval was calm (level 0, load and mean
+//! concurrency below the level-1 threshold minus the hysteresis), decaying while full work goes
+//! on. At level 3, the last second's mean admission rate (not completions: requests piling up
+//! complete little but are offered load) is full load when it is above both
+//! `saturated × (1 − hysteresis)` and `served × (1 + hysteresis)`, and holds nothing otherwise:
+//! a load near the rate full work queued at is overload, one near a rate served calmly is not,
+//! and the served rate wins where the two meet. So the hold ends once the offered load is back
+//! at a rate this instance has served calmly, with no margin fitted to a machine. It lasts at
+//! most [`MAX_HOLD_DWELLS`] dwells, after which one step down re-measures (a service that
+//! saturates again at level 2 relearns the rate and returns to 3; one that copes stays down).
+//!
+//! The hold aside, level 3 is left only after a second (the window the hold compares) in which
+//! every interval's measured load stayed below the level-3 threshold minus the hysteresis: at
+//! level 3 the signals flicker between cheap answers, and one low interval inside a burst is no
+//! more a reason to resume full work than one high interval is to stop it. The second runs
+//! alongside the hold's, so it adds nothing to a recovery the hold already waits for.
 //!
 //! Evaluation is lazy: without traffic nothing is evaluated, so after a quiet spell the level
 //! steps down from the first request on, one level per dwell as always.
@@ -396,8 +407,12 @@ pub struct LoadShedder {
     mean_in_flight_bits: AtomicU64,
     /// Written by the queue-delay probe.
     probe: ProbeCounters,
-    /// The queue delay the last evaluation used, in nanoseconds (as f64 bits).
+    /// The last interval's queue delay, in nanoseconds (as f64 bits): the minimum the probe
+    /// reported in it, or the interval before's when it reported nothing.
     queue_delay_nanos_bits: AtomicU64,
+    /// The queue delay the last evaluation compared with the target: the lower of the last two
+    /// intervals' (f64 bits, nanoseconds).
+    standing_queue_delay_nanos_bits: AtomicU64,
     /// The learned saturated rate in requests/s (0 = not learned yet), as f64 bits.
     saturated_rps_bits: AtomicU64,
     /// The workers' busy share the last evaluation used (f64 bits; negative = never reported).
@@ -408,6 +423,9 @@ pub struct LoadShedder {
     served_rps_bits: AtomicU64,
     /// Consecutive calm intervals up to the last evaluation (written by the evaluator alone).
     calm_streak: AtomicU64,
+    /// When an evaluation last measured a load at or above level 3's leave threshold (the hold
+    /// aside), in ticker nanoseconds.
+    last_full_load_nanos: AtomicU64,
 }
 
 /// The probe's reports since the last evaluation.
@@ -465,10 +483,12 @@ impl LoadShedder {
                 available_nanos: AtomicU64::new(0),
             },
             queue_delay_nanos_bits: AtomicU64::new(0.0_f64.to_bits()),
+            standing_queue_delay_nanos_bits: AtomicU64::new(0.0_f64.to_bits()),
             saturated_rps_bits: AtomicU64::new(0.0_f64.to_bits()),
             worker_busy_bits: AtomicU64::new((-1.0_f64).to_bits()),
             served_rps_bits: AtomicU64::new(0.0_f64.to_bits()),
             calm_streak: AtomicU64::new(0),
+            last_full_load_nanos: AtomicU64::new(0),
             config,
         }
     }
@@ -578,7 +598,8 @@ impl LoadShedder {
             baseline_latency_ms: load_f64(&self.long_latency_nanos_bits) / 1e6,
             level_since_ms: now_nanos.saturating_sub(packed.since_nanos) / 1_000_000,
             thresholds: self.config.thresholds,
-            queue_delay_ms: load_f64(&self.queue_delay_nanos_bits) / 1e6,
+            queue_delay_ms: load_f64(&self.standing_queue_delay_nanos_bits) / 1e6,
+            interval_queue_delay_ms: load_f64(&self.queue_delay_nanos_bits) / 1e6,
             queue_delay_target_ms: self.config.queue_delay_target.as_secs_f64() * 1e3,
             saturated_rps: Some(load_f64(&self.saturated_rps_bits)).filter(|rps| *rps > 0.0),
             worker_busy: Some(load_f64(&self.worker_busy_bits)).filter(|busy| *busy >= 0.0),
@@ -631,11 +652,19 @@ impl LoadShedder {
             self.update_latency_and_limit(latency_sum_nanos as f64 / completed as f64);
         }
 
+        // The queue delay counts once it held for two intervals, as the mean concurrency does:
+        // a stall of one interval (the machine's other processes took the cores) queues every
+        // probe of that interval and drains by itself once the cores are back; overload queues
+        // both.
+        let previous_queue_delay_nanos = load_f64(&self.queue_delay_nanos_bits);
         let queue_delay_nanos = self.interval_queue_delay();
         self.queue_delay_nanos_bits
             .store(queue_delay_nanos.to_bits(), Ordering::Relaxed);
+        let standing_queue_delay_nanos = queue_delay_nanos.min(previous_queue_delay_nanos);
+        self.standing_queue_delay_nanos_bits
+            .store(standing_queue_delay_nanos.to_bits(), Ordering::Relaxed);
         let queue_ratio =
-            queue_delay_nanos / saturating_nanos(self.config.queue_delay_target) as f64;
+            standing_queue_delay_nanos / saturating_nanos(self.config.queue_delay_target) as f64;
         let concurrency_ratio = standing_in_flight / load_f64(&self.limit_bits);
         let cap_ratio = if self.config.capacity_rps == 0 {
             0.0
@@ -662,7 +691,8 @@ impl LoadShedder {
             self.saturated_rps_bits
                 .store(saturated.to_bits(), Ordering::Relaxed);
         }
-        let mut load = overload.max(cap_ratio);
+        let measured_load = overload.max(cap_ratio);
+        let mut load = measured_load;
         // Calm: full work (extras included) and no level would be entered. Its throughput is a
         // rate this instance serves without shedding, whatever its workers' busy share.
         let calm_below = self.config.thresholds[0] - self.config.hysteresis;
@@ -694,18 +724,36 @@ impl LoadShedder {
         if packed.measured == ShedLevel::CacheOnly && saturated > 0.0 && held_nanos < max_hold_nanos
         {
             // Cheap answers hide the offered load; the rate that saturated full work does not.
-            // Never below what the instance has served calmly: a rate learned while it thrashed
-            // would otherwise hold level 3 after the load is back to normal. The hold is all or
-            // nothing: an offered load clearly above that rate (by more than the hysteresis) is
-            // full load, one within it holds nothing. The served rate was measured calm (load
-            // under the level-1 threshold), so a load within the hysteresis of it is one this
-            // instance serves; and the retries of the 503s level 3 itself answers lift the
-            // offered load a few per cent above what came before the burst, which a hold
-            // without that allowance would take for load that has not dropped.
-            let servable = saturated.max(served);
-            if mean_offered_rps > servable * (1.0 + self.config.hysteresis) {
-                load = load.max(full_load.max(mean_offered_rps / servable));
+            // The hold is all or nothing, and the hysteresis counts towards each rate's own
+            // side: an offered load within it of the saturated rate is full load (that rate is
+            // where full work queued, and a burst at just the rate the instance saturates at
+            // saturated it again at level 2 after every step down), and one within it of the
+            // served rate holds nothing (it was measured calm, and the retries of the 503s
+            // level 3 itself answers lift the offered load a few per cent above what came
+            // before the burst). The served rate wins where the two meet: a rate learned while
+            // the instance thrashed must not hold level 3 after the load is back to normal.
+            let hold_above = (saturated * (1.0 - self.config.hysteresis))
+                .max(served * (1.0 + self.config.hysteresis));
+            if mean_offered_rps > hold_above {
+                load = load.max(full_load.max(mean_offered_rps / saturated.max(served)));
             }
+        }
+        // Level 3 is left only once the measured load (the hold aside) has been below its leave
+        // threshold for a second, the window the hold compares: cache-only answers make the
+        // signals at level 3 flicker (in a burst the machine could not even admit, one interval
+        // read 0.74 between 1.3 and 1.7 and resumed full work into the burst), and one low
+        // interval is no more a reason to resume full work than one high one is to stop it.
+        let leave_cache_only_below = full_load - self.config.hysteresis;
+        if measured_load >= leave_cache_only_below {
+            self.last_full_load_nanos
+                .store(now_nanos, Ordering::Relaxed);
+        }
+        let quiet_nanos =
+            now_nanos.saturating_sub(self.last_full_load_nanos.load(Ordering::Relaxed));
+        if packed.measured == ShedLevel::CacheOnly
+            && quiet_nanos < self.interval_nanos.saturating_mul(OFFERED_WINDOW as u64)
+        {
+            load = load.max(leave_cache_only_below);
         }
         self.load_bits.store(load.to_bits(), Ordering::Relaxed);
         self.apply_load(load, now_nanos);
@@ -1013,8 +1061,11 @@ pub struct ShedSnapshot {
     /// How long the measured level has been held (a forced level does not reset it).
     pub level_since_ms: u64,
     pub thresholds: [f64; 3],
-    /// The runtime queue delay the last evaluation used (the interval's minimum probe report).
+    /// The runtime queue delay the last evaluation compared with the target: the lower of the
+    /// last two intervals' minimum probe reports (a queue that stood for both).
     pub queue_delay_ms: f64,
+    /// The last interval's minimum probe report alone.
+    pub interval_queue_delay_ms: f64,
     /// The queue delay that is full load.
     pub queue_delay_target_ms: f64,
     /// The throughput at which the service last saturated while doing full work; holds level 3
@@ -1557,7 +1608,7 @@ mod tests {
     }
 
     #[test]
-    fn a_standing_queue_sheds_within_one_interval_and_an_absorbed_burst_does_not() {
+    fn a_queue_standing_for_two_intervals_sheds_and_a_burst_or_a_stall_does_not() {
         let (shedder, ticker) = manual_shedder(ShedConfig {
             interval: INTERVAL,
             ..ShedConfig::default()
@@ -1571,15 +1622,34 @@ mod tests {
         drop(shedder.admit());
         assert_eq!(shedder.level(), Normal, "{:?}", shedder.snapshot());
 
-        // A standing queue: every probe of the interval waited at least the target.
-        for delay_ms in [6, 9, 12] {
-            shedder.record_queue_delay(Duration::from_millis(delay_ms));
-        }
-        interval_of_traffic(&shedder, &ticker, 10, Duration::from_millis(1));
-        drop(shedder.admit());
+        // A stall: every probe of one interval waited at least the target, and the next found a
+        // free worker again.
+        let queued_interval = |delays: &[u64]| {
+            for delay_ms in delays {
+                shedder.record_queue_delay(Duration::from_millis(*delay_ms));
+            }
+            interval_of_traffic(&shedder, &ticker, 10, Duration::from_millis(1));
+            drop(shedder.admit());
+        };
+        queued_interval(&[6, 9, 12]);
+        let snapshot = shedder.snapshot();
+        assert_eq!(snapshot.interval_queue_delay_ms, 6.0);
+        assert_eq!(
+            snapshot.queue_delay_ms, 0.0,
+            "the interval before found a free worker"
+        );
+        assert_eq!(snapshot.level, Normal, "{snapshot:?}");
+        queued_interval(&[0]);
+        assert_eq!(shedder.level(), Normal, "{:?}", shedder.snapshot());
+
+        // A standing queue: every probe of two intervals in a row waited at least the target.
+        queued_interval(&[6, 9, 12]);
+        assert_eq!(shedder.level(), Normal, "{:?}", shedder.snapshot());
+        queued_interval(&[7, 8]);
         let snapshot = shedder.snapshot();
         assert_eq!(snapshot.level, CacheOnly, "{snapshot:?}");
-        assert_eq!(snapshot.queue_delay_ms, 6.0);
+        assert_eq!(snapshot.queue_delay_ms, 6.0, "the lower of the two");
+        assert_eq!(snapshot.interval_queue_delay_ms, 7.0);
         assert_eq!(snapshot.load, 1.2);
         assert_eq!(
             snapshot.saturated_rps,
@@ -1606,12 +1676,20 @@ mod tests {
         shedder.record_queue_delay(Duration::from_millis(4));
         ticker.advance(INTERVAL);
         drop(shedder.admit());
-        assert_eq!(shedder.snapshot().queue_delay_ms, 4.0);
-        assert_eq!(shedder.level(), DropExtras, "0.8 of the target");
-        // A starved probe reports nothing for an interval: the queue is not taken to be gone.
+        assert_eq!(shedder.snapshot().interval_queue_delay_ms, 4.0);
+        assert_eq!(
+            shedder.snapshot().queue_delay_ms,
+            0.0,
+            "one interval so far"
+        );
+        assert_eq!(shedder.level(), Normal);
+        // A starved probe reports nothing for an interval: the queue is not taken to be gone,
+        // so it has now stood for two.
         ticker.advance(INTERVAL);
         drop(shedder.admit());
+        assert_eq!(shedder.snapshot().interval_queue_delay_ms, 4.0);
         assert_eq!(shedder.snapshot().queue_delay_ms, 4.0);
+        assert_eq!(shedder.level(), DropExtras, "0.8 of the target");
         shedder.record_queue_delay(Duration::from_millis(1));
         ticker.advance(INTERVAL);
         drop(shedder.admit());
@@ -1631,7 +1709,8 @@ mod tests {
             shedder.record_queue_delay(Duration::from_millis(delay_ms));
             interval_of_traffic(shedder, ticker, requests, Duration::from_millis(1));
         };
-        // Saturated at 100 requests per interval (400 rps) doing full work.
+        // Saturated at 100 requests per interval (400 rps) doing full work, for two intervals.
+        busy(&shedder, &ticker, 100, 20);
         busy(&shedder, &ticker, 100, 20);
         drop(shedder.admit());
         assert_eq!(shedder.level(), CacheOnly);
@@ -1804,6 +1883,35 @@ mod tests {
         );
     }
 
+    /// A burst at just the rate full work saturated at (the interval that taught it completed a
+    /// little more than arrives on average, draining what had queued) is still full load: it is
+    /// held through, not left and re-entered after every dwell.
+    #[test]
+    fn a_burst_within_the_hysteresis_below_the_saturated_rate_is_held() {
+        let (shedder, ticker) = limited_shedder();
+        for _ in 0..8 {
+            spare_interval(&shedder, &ticker, 60);
+        }
+        saturated_intervals(&shedder, &ticker, 100);
+        drop(shedder.admit());
+        assert_eq!(shedder.snapshot().saturated_rps, Some(400.0));
+        // 97 an interval plus the admission that reads the level: 392 rps, 2 % under 400.
+        for _ in 0..40 {
+            shedder.record_worker_busy(INTERVAL / 5, INTERVAL);
+            interval_of_traffic(&shedder, &ticker, 97, Duration::from_millis(1));
+            assert_eq!(
+                shedder.admit().level(),
+                CacheOnly,
+                "{:?}",
+                shedder.snapshot()
+            );
+        }
+        assert_eq!(
+            levels_over(&shedder, &ticker, 60, 20),
+            [CacheOnly, ShortTimeouts, DropExtras, Normal]
+        );
+    }
+
     /// Thrashing lowers what a saturated interval completes: a rate learned then would hold
     /// level 3 after the load is back to what the instance served before. It is never taken
     /// below that.
@@ -1858,10 +1966,13 @@ mod tests {
         for _ in 0..8 {
             spare_interval(&shedder, &ticker, 60);
         }
-        drop(shedder.admit());
-        shedder.record_queue_delay(Duration::from_millis(20));
-        shedder.record_worker_busy(INTERVAL, INTERVAL);
-        interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(1));
+        // A queue that stands for two intervals.
+        for _ in 0..2 {
+            drop(shedder.admit());
+            shedder.record_queue_delay(Duration::from_millis(20));
+            shedder.record_worker_busy(INTERVAL, INTERVAL);
+            interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(1));
+        }
         drop(shedder.admit());
         let saturated = shedder.snapshot();
         assert_eq!(saturated.level, CacheOnly);
@@ -1883,6 +1994,50 @@ mod tests {
             "{held:?}"
         );
         assert!(held.standing_in_flight < 0.3 * 1_000.0, "{held:?}");
+    }
+
+    #[test]
+    fn level_three_is_left_only_after_a_second_of_low_load() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            max_in_flight: 10,
+            min_in_flight: 1,
+            adaptive: false,
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        let evaluate = || {
+            ticker.advance(INTERVAL);
+            drop(shedder.admit());
+            shedder.level()
+        };
+        // 12 in flight against 10 at every evaluation, for longer than the dwell; the workers
+        // idle, so no saturated rate and no hold.
+        let stuck: Vec<_> = (0..12).map(|_| shedder.admit()).collect();
+        for _ in 0..6 {
+            evaluate();
+        }
+        assert_eq!(shedder.level(), CacheOnly);
+        assert_eq!(shedder.snapshot().saturated_rps, None);
+        drop(stuck);
+        // One low interval, then one high again: still level 3, and the second starts anew.
+        assert_eq!(evaluate(), CacheOnly, "{:?}", shedder.snapshot());
+        let stuck: Vec<_> = (0..12).map(|_| shedder.admit()).collect();
+        evaluate();
+        assert_eq!(evaluate(), CacheOnly, "{:?}", shedder.snapshot());
+        drop(stuck);
+        let levels: Vec<_> = (0..6).map(|_| evaluate()).collect();
+        assert_eq!(
+            levels,
+            [
+                CacheOnly,
+                CacheOnly,
+                CacheOnly,
+                ShortTimeouts,
+                ShortTimeouts,
+                ShortTimeouts
+            ],
+            "a second after the last high interval, then one level per dwell"
+        );
     }
 
     #[test]
@@ -1926,8 +2081,10 @@ mod tests {
             interval: INTERVAL,
             ..ShedConfig::default()
         });
-        shedder.record_queue_delay(Duration::from_millis(20));
-        interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(1));
+        for _ in 0..2 {
+            shedder.record_queue_delay(Duration::from_millis(20));
+            interval_of_traffic(&shedder, &ticker, 100, Duration::from_millis(1));
+        }
         drop(shedder.admit());
         assert_eq!(shedder.level(), CacheOnly);
         // The rate stays above what saturated it (by more than the hysteresis), but nothing
@@ -1948,14 +2105,16 @@ mod tests {
             "{held:?}"
         );
         // Full work saturates again, at a higher rate: back to 3, the rate relearned.
-        shedder.record_queue_delay(Duration::from_millis(20));
-        interval_of_traffic(&shedder, &ticker, 120, Duration::from_millis(1));
+        for _ in 0..2 {
+            shedder.record_queue_delay(Duration::from_millis(20));
+            interval_of_traffic(&shedder, &ticker, 120, Duration::from_millis(1));
+        }
         drop(shedder.admit());
         assert_eq!(shedder.level(), CacheOnly);
         assert_eq!(
             shedder.snapshot().saturated_rps,
-            Some(442.0),
-            "halfway from 400 to 484 (121 completions in the saturated interval)"
+            Some(440.0),
+            "halfway from 400 to 480 (120 completions in the interval the queue stood for two)"
         );
     }
 
@@ -2017,6 +2176,7 @@ mod tests {
                 level_since_ms: 300,
                 thresholds: [0.70, 0.85, 1.00],
                 queue_delay_ms: 0.0,
+                interval_queue_delay_ms: 0.0,
                 queue_delay_target_ms: 5.0,
                 saturated_rps: None,
                 worker_busy: None,
