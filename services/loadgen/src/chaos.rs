@@ -433,6 +433,9 @@ impl Timing {
 pub struct CapacityStep {
     pub offered_rps: f64,
     pub ok_share: f64,
+    /// The median latency: at a rate the service keeps up with it stays near the unloaded
+    /// figure, while a queue that grows through the step lifts it with the rest.
+    pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
     pub received_503: u64,
     /// The generator's dispatch lag: past 20 ms (`GENERATOR_LAG_MS`) the generator,
@@ -453,6 +456,8 @@ impl CapacityStep {
     const UP: f64 = 1.15;
     const DOWN: f64 = 0.85;
     const MAX_STEPS: usize = 10;
+    /// Steps after the search that confirm its figure ([`CapacityStep::to_confirm`]).
+    const MAX_CONFIRMATIONS: usize = 4;
 
     /// What the search does after a step. A refused step after a served one is run once more
     /// at the same rate before the search ends: on a shared machine one stall in a 5 s step
@@ -467,6 +472,54 @@ impl CapacityStep {
         }
     }
 
+    /// The capacity a search's steps measured: the highest rate served in more of its steps
+    /// than it was refused in (0 when none was). A rate is compared by its exact value: every
+    /// step at a rate repeats the same figure.
+    fn capacity_of(steps: &[CapacityStep]) -> f64 {
+        steps
+            .iter()
+            .map(|step| step.offered_rps)
+            .filter(|rate| {
+                let (served, refused) = steps.iter().filter(|step| step.offered_rps == *rate).fold(
+                    (0, 0),
+                    |(served, refused), step| {
+                        if step.served {
+                            (served + 1, refused)
+                        } else {
+                            (served, refused + 1)
+                        }
+                    },
+                );
+                served > refused
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// The rate the search must try before it ends, if any: the capacity its steps measured
+    /// when that rate was tried only once; or, when every rate served lost its majority (a
+    /// confirmation refused), the rate one step below the lowest tried. On a shared machine a
+    /// 5 s step can be served in a lucky spell, as one can be refused in a stall (which
+    /// [`CapacityStep::next`] retries): a capacity read high makes "80 %" an overload for the
+    /// instance that must then serve it.
+    fn to_confirm(steps: &[CapacityStep]) -> Option<f64> {
+        let capacity = Self::capacity_of(steps);
+        if capacity > 0.0 {
+            let tries = steps
+                .iter()
+                .filter(|step| step.offered_rps == capacity)
+                .count();
+            return (tries == 1).then_some(capacity);
+        }
+        if !steps.iter().any(|step| step.served) {
+            return None;
+        }
+        let lowest = steps
+            .iter()
+            .map(|step| step.offered_rps)
+            .fold(f64::INFINITY, f64::min);
+        Some(lowest * Self::DOWN)
+    }
+
     fn judge(offered_rps: f64, run: &RunOutput) -> Self {
         let total = &run.recorded.total;
         let ok_share = if total.logical() == 0 {
@@ -474,11 +527,13 @@ impl CapacityStep {
         } else {
             total.ok_2xx() as f64 / total.logical() as f64
         };
+        let p50_ms = total.quantile_ms(0.5);
         let p99_ms = total.quantile_ms(0.99);
         let served = ok_share >= Self::OK_SHARE && p99_ms.is_some_and(|p99| p99 <= Self::P99_MS);
         Self {
             offered_rps,
             ok_share,
+            p50_ms,
             p99_ms,
             received_503: total.summary().received_503,
             dispatch_lag_p99_ms: run.dispatch.lag_p99_ms,
@@ -496,6 +551,9 @@ enum SearchMove {
     Again,
     Stop,
 }
+
+/// Keys per batch request of the warm-up's pass over the whole catalogue (the API's maximum).
+const WARM_BATCH: usize = 50;
 
 /// What every phase needs.
 struct Suite {
@@ -693,11 +751,17 @@ async fn run_with(
             .search_capacity(&probe_service, &workload, probe.ok_rps)
             .await?;
         probe_service.stop().await;
-        let served: Vec<&CapacityStep> = steps.iter().filter(|step| step.served).collect();
-        suite.capacity = served
-            .iter()
-            .map(|step| step.offered_rps)
-            .fold(0.0, f64::max);
+        suite.capacity = CapacityStep::capacity_of(&steps);
+        if suite.capacity < 1.0 {
+            // Served, but never in most of a rate's tries within the confirmations: the lowest
+            // rate served, rather than the closed-loop figure (which can be higher).
+            suite.capacity = steps
+                .iter()
+                .filter(|step| step.served)
+                .map(|step| step.offered_rps)
+                .reduce(f64::min)
+                .unwrap_or(0.0);
+        }
         capacity_source = if suite.capacity < 1.0 {
             // A machine too busy to serve even the lowest step: the closed-loop figure, said so.
             suite.capacity = probe.ok_rps;
@@ -930,56 +994,23 @@ struct FaultOutcome {
 }
 
 impl Suite {
-    /// Asks for the 300 hottest catalogue keys (two passes, 16 at a time) so that the phases
-    /// start from a warm cache; returns a note.
     /// Finds the highest open-loop rate the service serves: steps of `search_step` from
     /// `start_rps` up by [`CapacityStep::UP`] while each is served, or down by
     /// [`CapacityStep::DOWN`] until one is; a step refused after a served one is tried once more
     /// before the search ends ([`CapacityStep::next`]); at most [`CapacityStep::MAX_STEPS`].
-    /// Stops early when the generator falls behind its own schedule.
+    /// Stops early when the generator falls behind its own schedule. The highest rate served is
+    /// then tried once more if it was tried only once ([`CapacityStep::to_confirm`]), so the
+    /// capacity ([`CapacityStep::capacity_of`]) is a rate served in most of its tries.
     async fn search_capacity(
         &self,
         service: &ServiceProcess,
         workload: &Workload,
         start_rps: f64,
     ) -> anyhow::Result<Vec<CapacityStep>> {
-        let lead_in = secs(self.timing.lead_in_s);
         let mut steps: Vec<CapacityStep> = Vec::new();
         let mut rate = start_rps;
         for index in 0..CapacityStep::MAX_STEPS {
-            // Each step from level 0: a step that starts on the last one's shedding measures
-            // its hold, not the rate.
-            self.settle(service).await;
-            let plan = OpenLoop {
-                schedule: Schedule::new(vec![
-                    Segment::constant(rate, lead_in),
-                    Segment::constant(rate, self.timing.search_step),
-                ])?,
-                measure_from: lead_in,
-                phases: vec![Phase {
-                    name: "search".to_owned(),
-                    start: Duration::ZERO,
-                }],
-                max_in_flight: self.options.max_in_flight,
-                drain_timeout: self.timing.drain,
-                window: Duration::from_secs(1),
-                seed: self.options.seed.wrapping_add(500 + index as u64),
-            };
-            let run = run_open_loop(
-                &self.client,
-                &service.api,
-                workload,
-                &plan,
-                Instant::now() + Duration::from_millis(20),
-            )
-            .await;
-            let step = CapacityStep::judge(rate, &run);
-            eprintln!(
-                "chaos: capacity search {rate:.0} rps: {:.2} % 2xx, p99 {:?} ms, {}",
-                step.ok_share * 100.0,
-                step.p99_ms,
-                if step.served { "served" } else { "not served" }
-            );
+            let step = self.capacity_step(service, workload, rate, index).await?;
             let (served, generator_bound) = (
                 step.served,
                 step.dispatch_lag_p99_ms > CapacityStep::GENERATOR_LAG_MS,
@@ -1001,7 +1032,64 @@ impl Suite {
             // Let the queues of a step the service did not serve drain before the next.
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
+        for index in 0..CapacityStep::MAX_CONFIRMATIONS {
+            let Some(rate) = CapacityStep::to_confirm(&steps) else {
+                break;
+            };
+            eprintln!("chaos: capacity search: confirming {rate:.0} rps");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let step = self
+                .capacity_step(service, workload, rate, CapacityStep::MAX_STEPS + index)
+                .await?;
+            steps.push(step);
+        }
         Ok(steps)
+    }
+
+    /// One step of the capacity search: `rate` for `search_step` after a lead-in, from level 0.
+    async fn capacity_step(
+        &self,
+        service: &ServiceProcess,
+        workload: &Workload,
+        rate: f64,
+        index: usize,
+    ) -> anyhow::Result<CapacityStep> {
+        let lead_in = secs(self.timing.lead_in_s);
+        // Each step from level 0: a step that starts on the last one's shedding measures its
+        // hold, not the rate.
+        self.settle(service).await;
+        let plan = OpenLoop {
+            schedule: Schedule::new(vec![
+                Segment::constant(rate, lead_in),
+                Segment::constant(rate, self.timing.search_step),
+            ])?,
+            measure_from: lead_in,
+            phases: vec![Phase {
+                name: "search".to_owned(),
+                start: Duration::ZERO,
+            }],
+            max_in_flight: self.options.max_in_flight,
+            drain_timeout: self.timing.drain,
+            window: Duration::from_secs(1),
+            seed: self.options.seed.wrapping_add(500 + index as u64),
+        };
+        let run = run_open_loop(
+            &self.client,
+            &service.api,
+            workload,
+            &plan,
+            Instant::now() + Duration::from_millis(20),
+        )
+        .await;
+        let step = CapacityStep::judge(rate, &run);
+        eprintln!(
+            "chaos: capacity search {rate:.0} rps: {:.2} % 2xx, p50 {:?} ms, p99 {:?} ms, {}",
+            step.ok_share * 100.0,
+            step.p50_ms,
+            step.p99_ms,
+            if step.served { "served" } else { "not served" }
+        );
+        Ok(step)
     }
 
     /// Brings a freshly started service to the phases' load the way a load balancer's slow
@@ -1046,6 +1134,9 @@ impl Suite {
         ))
     }
 
+    /// Asks for the 300 hottest catalogue keys (two passes, 16 at a time), then for the whole
+    /// catalogue once in batches of [`WARM_BATCH`] (8 at a time), so that the phases start from
+    /// a warm cache; returns a note.
     async fn warm(&self, service: &ServiceProcess) -> String {
         let keys = self.catalogue.hottest(300).to_vec();
         let started = Instant::now();
@@ -1076,9 +1167,42 @@ impl Suite {
                 }
             }
         }
+        // Then the whole catalogue once, in batches: the capacity search's instance has served
+        // its long tail for a minute before its figure is taken, and an instance that meets the
+        // phases' 80 % with the tail missing from L1 (an L2 read for each miss) is not the
+        // instance that figure was measured on.
+        let all = self.catalogue.hottest(self.catalogue.len());
+        let mut batches_ok = 0;
+        let mut tasks = JoinSet::new();
+        let batches: Vec<Vec<ItemKey>> = all.chunks(WARM_BATCH).map(<[ItemKey]>::to_vec).collect();
+        for (index, batch) in batches.iter().enumerate() {
+            while tasks.len() >= 8 {
+                if let Some(Ok(true)) = tasks.join_next().await {
+                    batches_ok += 1;
+                }
+            }
+            let (client, target, request) = (
+                self.client.clone(),
+                service.api.clone(),
+                RequestKind::Batch(batch.clone()),
+            );
+            let client_id = format!("loadgen-warmup-batch-{index}");
+            tasks.spawn(async move {
+                let attempt = client.attempt(&target, &request, &client_id).await;
+                matches!(attempt, Attempt::Response(response) if response.status == 200)
+            });
+        }
+        while let Some(joined) = tasks.join_next().await {
+            if let Ok(true) = joined {
+                batches_ok += 1;
+            }
+        }
         format!(
-            "warm-up: {ok} of {} hottest keys answered 200 on the second pass, {:.1} s",
+            "warm-up: {ok} of {} hottest keys answered 200 on the second pass, then {batches_ok} \
+             of {} batches of up to {WARM_BATCH} over the whole catalogue ({} keys), {:.1} s",
             keys.len(),
+            batches.len(),
+            all.len(),
             started.elapsed().as_secs_f64()
         )
     }
@@ -2156,9 +2280,11 @@ pub fn markdown(report: &ChaosReport) -> String {
             .iter()
             .map(|step| {
                 format!(
-                    "{:.0} rps → {:.2} % 2xx, p99 {} ms{}",
+                    "{:.0} rps → {:.2} % 2xx, p50 {} ms, p99 {} ms{}",
                     step.offered_rps,
                     step.ok_share * 100.0,
+                    step.p50_ms
+                        .map_or("–".to_owned(), |p50| format!("{p50:.1}")),
                     step.p99_ms
                         .map_or("–".to_owned(), |p99| format!("{p99:.0}")),
                     if step.served { "" } else { " (not served)" }
@@ -2422,6 +2548,67 @@ mod tests {
         );
         assert_eq!(CapacityStep::next(false, true, false), Again);
         assert_eq!(CapacityStep::next(false, true, true), Stop);
+    }
+
+    #[test]
+    fn the_capacity_is_a_rate_served_in_most_of_its_tries_and_the_highest_is_tried_twice() {
+        let step = |offered_rps: f64, served: bool| CapacityStep {
+            offered_rps,
+            ok_share: if served { 1.0 } else { 0.9 },
+            p50_ms: Some(1.0),
+            p99_ms: Some(10.0),
+            received_503: 0,
+            dispatch_lag_p99_ms: 1.0,
+            served,
+        };
+        assert_eq!(CapacityStep::capacity_of(&[]), 0.0);
+        assert_eq!(CapacityStep::to_confirm(&[]), None);
+        let refused = [step(1000.0, false), step(850.0, false)];
+        assert_eq!(CapacityStep::capacity_of(&refused), 0.0);
+        assert_eq!(CapacityStep::to_confirm(&refused), None);
+
+        // Up to 1322.5, refused twice at the next rate: 1322.5 was tried once.
+        let mut search = vec![
+            step(1000.0, true),
+            step(1150.0, true),
+            step(1322.5, true),
+            step(1520.875, false),
+            step(1520.875, false),
+        ];
+        assert_eq!(CapacityStep::capacity_of(&search), 1322.5);
+        assert_eq!(CapacityStep::to_confirm(&search), Some(1322.5));
+        // Served again: confirmed, nothing more to try.
+        search.push(step(1322.5, true));
+        assert_eq!(CapacityStep::capacity_of(&search), 1322.5);
+        assert_eq!(CapacityStep::to_confirm(&search), None);
+        // Refused on the second try instead: a tie is no majority, the rate below counts, and
+        // it is confirmed in turn.
+        search.pop();
+        search.push(step(1322.5, false));
+        assert_eq!(CapacityStep::capacity_of(&search), 1150.0);
+        assert_eq!(CapacityStep::to_confirm(&search), Some(1150.0));
+
+        // No rate served in most of its tries: one step below the lowest tried.
+        let lost = [
+            step(1000.0, false),
+            step(850.0, true),
+            step(977.5, false),
+            step(977.5, false),
+            step(850.0, false),
+        ];
+        assert_eq!(CapacityStep::capacity_of(&lost), 0.0);
+        assert_eq!(CapacityStep::to_confirm(&lost), Some(850.0 * 0.85));
+
+        // Refused once, served on the retry, and once more: two of three.
+        let retried = [
+            step(1000.0, true),
+            step(1150.0, false),
+            step(1150.0, true),
+            step(1322.5, false),
+            step(1322.5, false),
+            step(1150.0, true),
+        ];
+        assert_eq!(CapacityStep::capacity_of(&retried), 1150.0);
     }
 
     #[test]
