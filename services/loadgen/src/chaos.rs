@@ -472,43 +472,61 @@ impl CapacityStep {
         }
     }
 
+    /// How often `rate` was served and refused in `steps`. A refusal while the generator fell
+    /// behind its schedule says nothing about the service and is not counted. A rate is
+    /// compared by its exact value: every step at a rate repeats the same figure.
+    fn tally(steps: &[CapacityStep], rate: f64) -> (usize, usize) {
+        steps.iter().filter(|step| step.offered_rps == rate).fold(
+            (0, 0),
+            |(served, refused), step| {
+                if step.served {
+                    (served + 1, refused)
+                } else if step.dispatch_lag_p99_ms > Self::GENERATOR_LAG_MS {
+                    (served, refused)
+                } else {
+                    (served, refused + 1)
+                }
+            },
+        )
+    }
+
     /// The capacity a search's steps measured: the highest rate served in more of its steps
-    /// than it was refused in (0 when none was). A rate is compared by its exact value: every
-    /// step at a rate repeats the same figure.
+    /// than it was refused in (0 when none was).
     fn capacity_of(steps: &[CapacityStep]) -> f64 {
         steps
             .iter()
             .map(|step| step.offered_rps)
             .filter(|rate| {
-                let (served, refused) = steps.iter().filter(|step| step.offered_rps == *rate).fold(
-                    (0, 0),
-                    |(served, refused), step| {
-                        if step.served {
-                            (served + 1, refused)
-                        } else {
-                            (served, refused + 1)
-                        }
-                    },
-                );
+                let (served, refused) = Self::tally(steps, *rate);
                 served > refused
             })
             .fold(0.0, f64::max)
     }
 
-    /// The rate the search must try before it ends, if any: the capacity its steps measured
-    /// when that rate was tried only once; or, when every rate served lost its majority (a
-    /// confirmation refused), the rate one step below the lowest tried. On a shared machine a
-    /// 5 s step can be served in a lucky spell, as one can be refused in a stall (which
-    /// [`CapacityStep::next`] retries): a capacity read high makes "80 %" an overload for the
-    /// instance that must then serve it.
+    /// The rate the search must try before it ends, if any: a rate above the capacity its steps
+    /// measured that was served as often as refused (a refusal then a served retry), for the
+    /// tie's decider; else that capacity when it was tried only once; or, when every rate served
+    /// lost its majority (a confirmation refused), the rate one step below the lowest tried. On
+    /// a shared machine a 5 s step can be served in a lucky spell, as one can be refused in a
+    /// stall (which [`CapacityStep::next`] retries): a capacity read high makes "80 %" an
+    /// overload for the instance that must then serve it, one read low makes "150 %" none.
     fn to_confirm(steps: &[CapacityStep]) -> Option<f64> {
         let capacity = Self::capacity_of(steps);
+        let tied = steps
+            .iter()
+            .map(|step| step.offered_rps)
+            .filter(|rate| *rate > capacity)
+            .filter(|rate| {
+                let (served, refused) = Self::tally(steps, *rate);
+                served > 0 && served == refused
+            })
+            .fold(0.0, f64::max);
+        if tied > 0.0 {
+            return Some(tied);
+        }
         if capacity > 0.0 {
-            let tries = steps
-                .iter()
-                .filter(|step| step.offered_rps == capacity)
-                .count();
-            return (tries == 1).then_some(capacity);
+            let (served, refused) = Self::tally(steps, capacity);
+            return (served + refused == 1).then_some(capacity);
         }
         if !steps.iter().any(|step| step.served) {
             return None;
@@ -754,13 +772,21 @@ async fn run_with(
         suite.capacity = CapacityStep::capacity_of(&steps);
         if suite.capacity < 1.0 {
             // Served, but never in most of a rate's tries within the confirmations: the lowest
-            // rate served, rather than the closed-loop figure (which can be higher).
+            // rate served, rather than the closed-loop figure (which can be higher), said so.
             suite.capacity = steps
                 .iter()
                 .filter(|step| step.served)
                 .map(|step| step.offered_rps)
                 .reduce(f64::min)
                 .unwrap_or(0.0);
+            if suite.capacity >= 1.0 {
+                notes.push(format!(
+                    "no rate of the capacity search was served in most of its tries ({} steps): \
+                     the capacity is the lowest rate served at all, {:.0} rps",
+                    steps.len(),
+                    suite.capacity
+                ));
+            }
         }
         capacity_source = if suite.capacity < 1.0 {
             // A machine too busy to serve even the lowest step: the closed-loop figure, said so.
@@ -780,7 +806,8 @@ async fn run_with(
             )
         } else {
             format!(
-                "the highest open-loop rate served ({}) in a search from the closed-loop figure \
+                "the highest open-loop rate served ({}) in most of its tries, in a search from \
+                 the closed-loop figure \
              ({:.0} 2xx/s, ×{} for {:.0} s after {:.0} s uncounted), {} steps of {:.0} s on a \
              separate instance of the same profile ({warmed})",
                 CapacityStep::SERVED_MEANS,
@@ -998,9 +1025,10 @@ impl Suite {
     /// `start_rps` up by [`CapacityStep::UP`] while each is served, or down by
     /// [`CapacityStep::DOWN`] until one is; a step refused after a served one is tried once more
     /// before the search ends ([`CapacityStep::next`]); at most [`CapacityStep::MAX_STEPS`].
-    /// Stops early when the generator falls behind its own schedule. The highest rate served is
-    /// then tried once more if it was tried only once ([`CapacityStep::to_confirm`]), so the
-    /// capacity ([`CapacityStep::capacity_of`]) is a rate served in most of its tries.
+    /// Stops early when the generator falls behind its own schedule. Then the steps
+    /// [`CapacityStep::to_confirm`] names are run (a tie above the figure decided, the figure
+    /// confirmed when tried once), so the capacity ([`CapacityStep::capacity_of`]) is a rate
+    /// served in most of its tries.
     async fn search_capacity(
         &self,
         service: &ServiceProcess,
@@ -2551,7 +2579,7 @@ mod tests {
     }
 
     #[test]
-    fn the_capacity_is_a_rate_served_in_most_of_its_tries_and_the_highest_is_tried_twice() {
+    fn the_capacity_is_a_rate_served_in_most_of_its_tries_and_a_tie_is_decided() {
         let step = |offered_rps: f64, served: bool| CapacityStep {
             offered_rps,
             ok_share: if served { 1.0 } else { 0.9 },
@@ -2582,14 +2610,18 @@ mod tests {
         assert_eq!(CapacityStep::capacity_of(&search), 1322.5);
         assert_eq!(CapacityStep::to_confirm(&search), None);
         // Refused on the second try instead: a tie is no majority, the rate below counts, and
-        // it is confirmed in turn.
+        // a third try decides the tie; refused again, the rate below is confirmed in turn.
         search.pop();
+        search.push(step(1322.5, false));
+        assert_eq!(CapacityStep::capacity_of(&search), 1150.0);
+        assert_eq!(CapacityStep::to_confirm(&search), Some(1322.5));
         search.push(step(1322.5, false));
         assert_eq!(CapacityStep::capacity_of(&search), 1150.0);
         assert_eq!(CapacityStep::to_confirm(&search), Some(1150.0));
 
-        // No rate served in most of its tries: one step below the lowest tried.
-        let lost = [
+        // No rate served in most of its tries: the tie at 850 is decided first; lost there
+        // too, one step below the lowest tried.
+        let mut lost = vec![
             step(1000.0, false),
             step(850.0, true),
             step(977.5, false),
@@ -2597,18 +2629,33 @@ mod tests {
             step(850.0, false),
         ];
         assert_eq!(CapacityStep::capacity_of(&lost), 0.0);
+        assert_eq!(CapacityStep::to_confirm(&lost), Some(850.0));
+        lost.push(step(850.0, false));
         assert_eq!(CapacityStep::to_confirm(&lost), Some(850.0 * 0.85));
 
-        // Refused once, served on the retry, and once more: two of three.
-        let retried = [
+        // Refused once and served on the retry, then the next rate refused twice: the search's
+        // own steps leave 1150 tied above 1000, and a third try decides it.
+        let mut retried = vec![
             step(1000.0, true),
             step(1150.0, false),
             step(1150.0, true),
             step(1322.5, false),
             step(1322.5, false),
-            step(1150.0, true),
         ];
+        assert_eq!(CapacityStep::capacity_of(&retried), 1000.0);
+        assert_eq!(CapacityStep::to_confirm(&retried), Some(1150.0));
+        retried.push(step(1150.0, true));
         assert_eq!(CapacityStep::capacity_of(&retried), 1150.0);
+        assert_eq!(CapacityStep::to_confirm(&retried), None);
+
+        // A refusal while the generator fell behind is not the service's and does not count.
+        let generator_bound = CapacityStep {
+            dispatch_lag_p99_ms: CapacityStep::GENERATOR_LAG_MS * 2.0,
+            ..step(1322.5, false)
+        };
+        let lagged = [step(1000.0, true), step(1322.5, true), generator_bound];
+        assert_eq!(CapacityStep::capacity_of(&lagged), 1322.5);
+        assert_eq!(CapacityStep::to_confirm(&lagged), Some(1322.5));
     }
 
     #[test]

@@ -649,7 +649,7 @@ impl StateCollector {
             single_gauge(
                 encoder,
                 "rebate_shed_queue_delay_seconds",
-                "The runtime queue delay the shedder last measured (the interval's minimum probe).",
+                "The runtime queue delay the shedder compares: the lower of the last two intervals' minimum probe reports.",
                 snapshot.queue_delay_ms / 1e3,
             )?;
             if let Some(busy) = snapshot.worker_busy {

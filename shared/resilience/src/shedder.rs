@@ -141,8 +141,9 @@ pub struct ShedConfig {
     /// An optional cap in requests per second: throughput over it counts as load. 0 (the
     /// default) leaves it out; overload is then seen from queueing and latency alone.
     pub capacity_rps: u32,
-    /// The standing queue delay that is full load (CoDel's target): the interval's minimum
-    /// runtime queue delay divided by this is the queue signal.
+    /// The standing queue delay that is full load (CoDel's target): the runtime queue delay
+    /// that stood for two intervals (the lower of their minimums) divided by this is the queue
+    /// signal.
     pub queue_delay_target: Duration,
     /// How often the caller's probe measures the runtime queue delay; an interval without a
     /// report means the probe itself was starved.
@@ -732,9 +733,9 @@ impl LoadShedder {
             // level 3 itself answers lift the offered load a few per cent above what came
             // before the burst). The served rate wins where the two meet: a rate learned while
             // the instance thrashed must not hold level 3 after the load is back to normal.
-            let hold_above = (saturated * (1.0 - self.config.hysteresis))
+            let hold_above = (saturated * (1.0 - self.config.hysteresis).max(0.0))
                 .max(served * (1.0 + self.config.hysteresis));
-            if mean_offered_rps > hold_above {
+            if mean_offered_rps > 0.0 && mean_offered_rps > hold_above {
                 load = load.max(full_load.max(mean_offered_rps / saturated.max(served)));
             }
         }
@@ -746,7 +747,7 @@ impl LoadShedder {
         let leave_cache_only_below = full_load - self.config.hysteresis;
         if measured_load >= leave_cache_only_below {
             self.last_full_load_nanos
-                .store(now_nanos, Ordering::Relaxed);
+                .fetch_max(now_nanos, Ordering::Relaxed);
         }
         let quiet_nanos =
             now_nanos.saturating_sub(self.last_full_load_nanos.load(Ordering::Relaxed));
