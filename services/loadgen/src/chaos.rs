@@ -1168,53 +1168,54 @@ impl Suite {
     async fn warm(&self, service: &ServiceProcess) -> String {
         let keys = self.catalogue.hottest(300).to_vec();
         let started = Instant::now();
-        let mut ok = 0;
-        for _pass in 0..2 {
-            ok = 0;
-            let mut tasks = JoinSet::new();
-            for (index, key) in keys.iter().enumerate() {
-                while tasks.len() >= 16 {
-                    if let Some(Ok(true)) = tasks.join_next().await {
-                        ok += 1;
-                    }
-                }
-                let (client, target, key) = (self.client.clone(), service.api.clone(), *key);
-                // One client id per key: the per-client limit (on in production) would refuse
-                // a single id asking 300 times at once.
-                let client_id = format!("loadgen-warmup-{index}");
-                tasks.spawn(async move {
-                    let attempt = client
-                        .attempt(&target, &RequestKind::Single(key), &client_id)
-                        .await;
-                    matches!(attempt, Attempt::Response(response) if response.status == 200)
-                });
-            }
-            while let Some(joined) = tasks.join_next().await {
-                if let Ok(true) = joined {
-                    ok += 1;
-                }
-            }
-        }
+        // One client id per request: the per-client limit (on in production) would refuse a
+        // single id asking 300 times at once.
+        let singles = || {
+            keys.iter()
+                .enumerate()
+                .map(|(index, key)| (RequestKind::Single(*key), format!("loadgen-warmup-{index}")))
+        };
+        self.count_answered(service, singles(), 16).await;
+        let ok = self.count_answered(service, singles(), 16).await;
         // Then the whole catalogue once, in batches: the capacity search's instance has served
         // its long tail for a minute before its figure is taken, and an instance that meets the
         // phases' 80 % with the tail missing from L1 (an L2 read for each miss) is not the
         // instance that figure was measured on.
         let all = self.catalogue.hottest(self.catalogue.len());
-        let mut batches_ok = 0;
+        let batches = all.chunks(WARM_BATCH).enumerate().map(|(index, batch)| {
+            (
+                RequestKind::Batch(batch.to_vec()),
+                format!("loadgen-warmup-batch-{index}"),
+            )
+        });
+        let batches_ok = self.count_answered(service, batches, 8).await;
+        format!(
+            "warm-up: {ok} of {} hottest keys answered 200 on the second pass, then {batches_ok} \
+             of {} batches of up to {WARM_BATCH} over the whole catalogue ({} keys), {:.1} s",
+            keys.len(),
+            all.len().div_ceil(WARM_BATCH),
+            all.len(),
+            started.elapsed().as_secs_f64()
+        )
+    }
+
+    /// Sends `requests` (each with its client id), `concurrency` at a time; returns how many
+    /// were answered 200.
+    async fn count_answered(
+        &self,
+        service: &ServiceProcess,
+        requests: impl Iterator<Item = (RequestKind, String)>,
+        concurrency: usize,
+    ) -> usize {
+        let mut ok = 0;
         let mut tasks = JoinSet::new();
-        let batches: Vec<Vec<ItemKey>> = all.chunks(WARM_BATCH).map(<[ItemKey]>::to_vec).collect();
-        for (index, batch) in batches.iter().enumerate() {
-            while tasks.len() >= 8 {
+        for (request, client_id) in requests {
+            while tasks.len() >= concurrency {
                 if let Some(Ok(true)) = tasks.join_next().await {
-                    batches_ok += 1;
+                    ok += 1;
                 }
             }
-            let (client, target, request) = (
-                self.client.clone(),
-                service.api.clone(),
-                RequestKind::Batch(batch.clone()),
-            );
-            let client_id = format!("loadgen-warmup-batch-{index}");
+            let (client, target) = (self.client.clone(), service.api.clone());
             tasks.spawn(async move {
                 let attempt = client.attempt(&target, &request, &client_id).await;
                 matches!(attempt, Attempt::Response(response) if response.status == 200)
@@ -1222,17 +1223,10 @@ impl Suite {
         }
         while let Some(joined) = tasks.join_next().await {
             if let Ok(true) = joined {
-                batches_ok += 1;
+                ok += 1;
             }
         }
-        format!(
-            "warm-up: {ok} of {} hottest keys answered 200 on the second pass, then {batches_ok} \
-             of {} batches of up to {WARM_BATCH} over the whole catalogue ({} keys), {:.1} s",
-            keys.len(),
-            batches.len(),
-            all.len(),
-            started.elapsed().as_secs_f64()
-        )
+        ok
     }
 
     /// Waits (bounded) for shed level 0; returns the seconds it took.

@@ -735,7 +735,7 @@ impl LoadShedder {
             // the instance thrashed must not hold level 3 after the load is back to normal.
             let hold_above = (saturated * (1.0 - self.config.hysteresis).max(0.0))
                 .max(served * (1.0 + self.config.hysteresis));
-            if mean_offered_rps > 0.0 && mean_offered_rps > hold_above {
+            if mean_offered_rps > hold_above {
                 load = load.max(full_load.max(mean_offered_rps / saturated.max(served)));
             }
         }
@@ -1834,6 +1834,26 @@ mod tests {
         walked
     }
 
+    /// `intervals` intervals of `requests` quick ones answered on idle workers (cheap cache-only
+    /// answers), each followed by an admission that must find level 3.
+    fn assert_held_through(
+        shedder: &LoadShedder,
+        ticker: &ManualTicker,
+        requests: usize,
+        intervals: usize,
+    ) {
+        for _ in 0..intervals {
+            shedder.record_worker_busy(INTERVAL / 5, INTERVAL);
+            interval_of_traffic(shedder, ticker, requests, Duration::from_millis(1));
+            assert_eq!(
+                shedder.admit().level(),
+                CacheOnly,
+                "{:?}",
+                shedder.snapshot()
+            );
+        }
+    }
+
     fn limited_shedder() -> (LoadShedder, ManualTicker) {
         manual_shedder(ShedConfig {
             max_in_flight: 40,
@@ -1867,16 +1887,7 @@ mod tests {
             "100 completions in the second saturated interval, 250 ms"
         );
         // 150 % offered for 10 s, answered cheaply and with idle workers: held throughout.
-        for _ in 0..40 {
-            shedder.record_worker_busy(INTERVAL / 5, INTERVAL);
-            interval_of_traffic(&shedder, &ticker, 150, Duration::from_millis(1));
-            assert_eq!(
-                shedder.admit().level(),
-                CacheOnly,
-                "{:?}",
-                shedder.snapshot()
-            );
-        }
+        assert_held_through(&shedder, &ticker, 150, 40);
         // The load drops to 80 %: down one level per dwell.
         assert_eq!(
             levels_over(&shedder, &ticker, 80, 20),
@@ -1897,16 +1908,7 @@ mod tests {
         drop(shedder.admit());
         assert_eq!(shedder.snapshot().saturated_rps, Some(400.0));
         // 97 an interval plus the admission that reads the level: 392 rps, 2 % under 400.
-        for _ in 0..40 {
-            shedder.record_worker_busy(INTERVAL / 5, INTERVAL);
-            interval_of_traffic(&shedder, &ticker, 97, Duration::from_millis(1));
-            assert_eq!(
-                shedder.admit().level(),
-                CacheOnly,
-                "{:?}",
-                shedder.snapshot()
-            );
-        }
+        assert_held_through(&shedder, &ticker, 97, 40);
         assert_eq!(
             levels_over(&shedder, &ticker, 60, 20),
             [CacheOnly, ShortTimeouts, DropExtras, Normal]
