@@ -30,7 +30,8 @@ pub const SEARCH_WORDS: [&str; 16] = [
     "咖啡豆",
 ];
 
-/// Body of `GET /v1/coupons/{platform}/{item_id}`.
+/// Body of `GET /v1/coupons/{platform}/{item_id}`, and each element of a `POST /v1/coupons:batch`
+/// answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CouponsResponse {
     pub platform: Platform,
@@ -41,7 +42,8 @@ pub struct CouponsResponse {
     pub coupons: Vec<Coupon>,
 }
 
-/// Body of `GET /v1/extras/{platform}/{item_id}`: the key, then the [`Extras`] fields inline.
+/// Body of `GET /v1/extras/{platform}/{item_id}`, and each element of a `POST /v1/extras:batch`
+/// answer: the key, then the [`Extras`] fields inline.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExtrasResponse {
     pub platform: Platform,

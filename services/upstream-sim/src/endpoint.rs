@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Endpoint {
-    /// `GET /v1/coupons/{platform}/{item_id}`.
+    /// `GET /v1/coupons/{platform}/{item_id}` and `POST /v1/coupons:batch`.
     Coupons,
-    /// `GET /v1/extras/{platform}/{item_id}`.
+    /// `GET /v1/extras/{platform}/{item_id}` and `POST /v1/extras:batch`.
     Extras,
 }
 

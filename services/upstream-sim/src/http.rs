@@ -1,24 +1,38 @@
 //! The HTTP edge: routes, handlers, and the one place errors become responses.
+//!
+//! The single-item and batch routes of an endpoint share one handler each, generic over the
+//! endpoint's body type ([`ItemBody`]), so a batch element is built exactly as a single answer is.
 
 use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use rebate_domain::{ItemKey, KeyError, Timestamp};
+use serde::Serialize;
 use serde_json::json;
 
+use crate::batch::{BatchError, BatchRequest, BatchResponse, MAX_BODY_BYTES};
 use crate::catalog::{self, CouponsResponse, ExtrasResponse};
 use crate::endpoint::{Endpoint, PerEndpoint, UnknownEndpoint};
 use crate::fault::{Fault, FaultError};
-use crate::state::{CounterSnapshot, Refusal, SimState};
+use crate::state::{Call, CounterSnapshot, Refusal, SimState};
 
-/// The simulator's routes: data endpoints, control routes under `/_sim`, and `/healthz`.
+/// The simulator's routes: data endpoints (single and batch), control routes under `/_sim`, and
+/// `/healthz`. Request bodies over [`MAX_BODY_BYTES`] are refused with 413.
 pub fn router(state: SimState) -> Router {
     Router::new()
-        .route("/v1/coupons/{platform}/{item_id}", get(get_coupons))
-        .route("/v1/extras/{platform}/{item_id}", get(get_extras))
+        .route(
+            "/v1/coupons/{platform}/{item_id}",
+            get(answer_one::<CouponsResponse>),
+        )
+        .route("/v1/coupons:batch", post(answer_batch::<CouponsResponse>))
+        .route(
+            "/v1/extras/{platform}/{item_id}",
+            get(answer_one::<ExtrasResponse>),
+        )
+        .route("/v1/extras:batch", post(answer_batch::<ExtrasResponse>))
         .route("/_sim/faults", get(list_faults).delete(reset_faults))
         .route(
             "/_sim/faults/{endpoint}",
@@ -28,6 +42,7 @@ pub fn router(state: SimState) -> Router {
         .route("/healthz", get(healthz))
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 
@@ -41,9 +56,18 @@ enum SimError {
     /// 400 `invalid_item`: the path could not be decoded at all (e.g. bad percent-encoding).
     #[error("{0}")]
     InvalidPath(String),
-    /// 400 `invalid_body`: the body is not JSON, or not a fault (the message names the field).
+    /// 400 `invalid_body`: the body is not JSON, or not a fault or batch request (the message
+    /// names the field).
     #[error("{0}")]
     InvalidBody(String),
+    /// A well-formed batch body that cannot be served: 400 `invalid_body` for an empty list,
+    /// 400 `too_many_items` over the batch size limit, 400 `invalid_item` for an invalid key (the
+    /// message names its index, `items[k]`).
+    #[error(transparent)]
+    InvalidBatch(#[from] BatchError),
+    /// 413 `payload_too_large`: the body is over [`MAX_BODY_BYTES`].
+    #[error("the request body is over {MAX_BODY_BYTES} bytes")]
+    PayloadTooLarge,
     /// 415 `unsupported_media_type`: the body was not sent as `application/json`.
     #[error("{0}")]
     UnsupportedMediaType(String),
@@ -79,7 +103,16 @@ impl SimError {
             SimError::InvalidItem(_) | SimError::InvalidPath(_) => {
                 (StatusCode::BAD_REQUEST, "invalid_item")
             }
-            SimError::InvalidBody(_) => (StatusCode::BAD_REQUEST, "invalid_body"),
+            SimError::InvalidBody(_) | SimError::InvalidBatch(BatchError::Empty) => {
+                (StatusCode::BAD_REQUEST, "invalid_body")
+            }
+            SimError::InvalidBatch(BatchError::TooManyItems { .. }) => {
+                (StatusCode::BAD_REQUEST, "too_many_items")
+            }
+            SimError::InvalidBatch(BatchError::InvalidItem { .. }) => {
+                (StatusCode::BAD_REQUEST, "invalid_item")
+            }
+            SimError::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             SimError::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
@@ -127,6 +160,8 @@ impl From<JsonRejection> for SimError {
             JsonRejection::MissingJsonContentType(_) => {
                 SimError::UnsupportedMediaType(rejection.body_text())
             }
+            // Over `DefaultBodyLimit`: axum reports it as a body it failed to buffer.
+            _ if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => SimError::PayloadTooLarge,
             _ => SimError::InvalidBody(rejection.body_text()),
         }
     }
@@ -145,32 +180,68 @@ fn parse_endpoint(path: Result<Path<String>, PathRejection>) -> Result<Endpoint,
     Ok(name.parse()?)
 }
 
-async fn get_coupons(
-    State(state): State<SimState>,
-    path: ItemPath,
-) -> Result<Json<CouponsResponse>, SimError> {
-    let key = parse_item(path)?;
-    state.apply_fault(Endpoint::Coupons).await?;
-    let version = state.coupon_version(key);
-    Ok(Json(CouponsResponse {
-        platform: key.platform,
-        item_id: key.item_id,
-        version,
-        coupons: catalog::coupons(key, version, Timestamp::now()),
-    }))
+/// The body a data endpoint answers for one key: the one place it is built, for the single route
+/// and for every element of the batch route alike.
+trait ItemBody: Serialize + Send + 'static {
+    /// Whose faults and counters a call for this body goes through.
+    const ENDPOINT: Endpoint;
+
+    /// The body for `key` as of `now` (one `now` for a whole batch).
+    fn build(state: &SimState, key: ItemKey, now: Timestamp) -> Self;
 }
 
-async fn get_extras(
+impl ItemBody for CouponsResponse {
+    const ENDPOINT: Endpoint = Endpoint::Coupons;
+
+    fn build(state: &SimState, key: ItemKey, now: Timestamp) -> Self {
+        let version = state.coupon_version(key);
+        CouponsResponse {
+            platform: key.platform,
+            item_id: key.item_id,
+            version,
+            coupons: catalog::coupons(key, version, now),
+        }
+    }
+}
+
+impl ItemBody for ExtrasResponse {
+    const ENDPOINT: Endpoint = Endpoint::Extras;
+
+    fn build(_state: &SimState, key: ItemKey, _now: Timestamp) -> Self {
+        ExtrasResponse {
+            platform: key.platform,
+            item_id: key.item_id,
+            extras: catalog::extras(key),
+        }
+    }
+}
+
+/// `GET /v1/{endpoint}/{platform}/{item_id}`: parse the key, one fault draw, one body.
+async fn answer_one<Answer: ItemBody>(
     State(state): State<SimState>,
     path: ItemPath,
-) -> Result<Json<ExtrasResponse>, SimError> {
+) -> Result<Json<Answer>, SimError> {
     let key = parse_item(path)?;
-    state.apply_fault(Endpoint::Extras).await?;
-    Ok(Json(ExtrasResponse {
-        platform: key.platform,
-        item_id: key.item_id,
-        extras: catalog::extras(key),
-    }))
+    state.apply_fault(Answer::ENDPOINT, Call::Single).await?;
+    Ok(Json(Answer::build(&state, key, Timestamp::now())))
+}
+
+/// `POST /v1/{endpoint}:batch`: parse every key (nothing is counted if one is invalid), one fault
+/// draw for the whole batch, then one body per key in request order.
+async fn answer_batch<Answer: ItemBody>(
+    State(state): State<SimState>,
+    request: Result<Json<BatchRequest>, JsonRejection>,
+) -> Result<Json<BatchResponse<Answer>>, SimError> {
+    let Json(request) = request?;
+    let keys = request.parse(state.max_batch_items())?;
+    let call = Call::Batch { items: keys.len() };
+    state.apply_fault(Answer::ENDPOINT, call).await?;
+    let now = Timestamp::now();
+    let items = keys
+        .into_iter()
+        .map(|key| Answer::build(&state, key, now))
+        .collect();
+    Ok(Json(BatchResponse { items }))
 }
 
 async fn list_faults(State(state): State<SimState>) -> Json<PerEndpoint<Fault>> {

@@ -1,7 +1,8 @@
-//! The simulator's shared state: faults, call counters and coupon versions.
+//! The simulator's shared state: faults, call counters (with the peak call rate), the batch
+//! size limit and coupon versions.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -10,9 +11,11 @@ use rebate_domain::ItemKey;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::batch::{BatchLimitError, MAX_BATCH_ITEMS, MAX_BATCH_ITEMS_BOUNDS};
 use crate::catalog::INITIAL_COUPON_VERSION;
 use crate::endpoint::{Endpoint, PerEndpoint};
 use crate::fault::{Fault, FaultError};
+use crate::peak::PeakRate;
 
 /// Everything the simulator knows, shared by the HTTP handlers and in-process tests.
 ///
@@ -22,12 +25,14 @@ pub struct SimState {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     /// Read once per call and copied out; the lock is never held across an `.await`.
     faults: RwLock<PerEndpoint<Fault>>,
     /// Atomics so that counting never contends with concurrent calls.
     counters: PerEndpoint<Counters>,
+    /// The most items one batch call may carry; an atomic so a test can change it while serving.
+    max_batch_items: AtomicUsize,
     /// Only items whose coupon version was bumped; every other item is at version 1.
     coupon_versions: RwLock<HashMap<ItemKey, u64>>,
     /// Cancelled at shutdown so that hung and delayed calls finish and graceful shutdown can
@@ -35,24 +40,73 @@ struct Inner {
     release: CancellationToken,
 }
 
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            faults: RwLock::default(),
+            counters: PerEndpoint::default(),
+            max_batch_items: AtomicUsize::new(MAX_BATCH_ITEMS),
+            coupon_versions: RwLock::default(),
+            release: CancellationToken::new(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counters {
     calls: AtomicU64,
+    items: AtomicU64,
+    batch_calls: AtomicU64,
     ok: AtomicU64,
     errors: AtomicU64,
     hung: AtomicU64,
     rate_limited: AtomicU64,
     outage: AtomicU64,
+    /// Behind a short lock rather than atomics: a sliding window needs the arrival times.
+    peak: PeakRate,
+}
+
+/// What kind of call [`SimState::apply_fault`] is counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    /// `GET /v1/{endpoint}/{platform}/{item_id}`: one item.
+    Single,
+    /// `POST /v1/{endpoint}:batch` with this many items (at least one).
+    Batch { items: usize },
+}
+
+impl Call {
+    fn items(self) -> u64 {
+        match self {
+            Call::Single => 1,
+            Call::Batch { items } => items as u64,
+        }
+    }
 }
 
 /// How the calls of one endpoint ended, since start or the last reset.
 ///
-/// Once no call is in flight, `calls == ok + errors + hung + rate_limited + outage`; calls still
-/// waiting out their latency are counted in `calls` only.
+/// A batch call is one call, whatever its length: its one fault draw decides one outcome. Once no
+/// call is in flight:
+/// - `calls == ok + errors + hung + rate_limited + outage`; calls still waiting out their latency
+///   are counted in `calls` only;
+/// - `batch_calls <= calls` and `items >= calls` (a call carries at least one item), and
+///   `items - (calls - batch_calls)` items came in batches, so `items / calls` is the batch factor;
+/// - `peak_calls_per_sec <= calls`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct CounterSnapshot {
-    /// Every call with a valid item key (invalid keys are refused before counting).
+    /// Every call with a valid request (invalid keys and batch bodies are refused before
+    /// counting), single or batch, whatever its outcome.
     pub calls: u64,
+    /// Item keys answered or attempted: 1 per single call, its length per batch call, counted
+    /// when the call is, whatever its outcome.
+    pub items: u64,
+    /// How many of `calls` were batch calls.
+    pub batch_calls: u64,
+    /// The most calls (single and batch, every outcome) that arrived within any sliding
+    /// one-second window: the outbound rate a client's quota must allow. Exact up to a million
+    /// calls a second, where it saturates.
+    pub peak_calls_per_sec: u64,
     /// Answered 200 with data.
     pub ok: u64,
     /// Answered 500 by `error_rate`.
@@ -118,6 +172,9 @@ impl SimState {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         CounterSnapshot {
             calls: load(&counters.calls),
+            items: load(&counters.items),
+            batch_calls: load(&counters.batch_calls),
+            peak_calls_per_sec: counters.peak.peak(),
             ok: load(&counters.ok),
             errors: load(&counters.errors),
             hung: load(&counters.hung),
@@ -131,12 +188,16 @@ impl SimState {
         PerEndpoint::from_fn(|endpoint| self.counters(endpoint))
     }
 
-    /// Zeroes every counter, so a test can measure only its own calls.
+    /// Zeroes every counter and forgets the peak rate and the arrivals behind it, so a test can
+    /// measure only its own calls.
     pub fn reset_counters(&self) {
         for endpoint in Endpoint::ALL {
             let counters = self.inner.counters.get(endpoint);
+            counters.peak.reset();
             for counter in [
                 &counters.calls,
+                &counters.items,
+                &counters.batch_calls,
                 &counters.ok,
                 &counters.errors,
                 &counters.hung,
@@ -146,6 +207,25 @@ impl SimState {
                 counter.store(0, Ordering::Relaxed);
             }
         }
+    }
+
+    /// The most items a batch call may carry now ([`MAX_BATCH_ITEMS`] unless changed).
+    pub fn max_batch_items(&self) -> usize {
+        self.inner.max_batch_items.load(Ordering::Relaxed)
+    }
+
+    /// Changes the most items a batch call may carry, to mimic another API's limit; a value
+    /// outside [`MAX_BATCH_ITEMS_BOUNDS`] is refused and the previous one stays. Not a fault:
+    /// resetting the faults leaves it.
+    pub fn set_max_batch_items(&self, max_items: usize) -> Result<(), BatchLimitError> {
+        if !MAX_BATCH_ITEMS_BOUNDS.contains(&max_items) {
+            return Err(BatchLimitError { value: max_items });
+        }
+        self.inner
+            .max_batch_items
+            .store(max_items, Ordering::Relaxed);
+        tracing::info!(max_items, "batch size limit set");
+        Ok(())
     }
 
     /// The version the coupon API reports for `key`.
@@ -182,10 +262,18 @@ impl SimState {
         self.inner.release.cancel();
     }
 
-    /// Counts one call of `endpoint` and applies its fault, in the documented order.
-    pub(crate) async fn apply_fault(&self, endpoint: Endpoint) -> Result<(), Refusal> {
+    /// Counts one call of `endpoint` (its items, whether it is a batch, its arrival for the peak
+    /// rate) and applies its fault, in the documented order: once per call, so a batch has one
+    /// outcome for all of its items.
+    pub(crate) async fn apply_fault(&self, endpoint: Endpoint, call: Call) -> Result<(), Refusal> {
         let counters = self.inner.counters.get(endpoint);
         counters.calls.fetch_add(1, Ordering::Relaxed);
+        counters.items.fetch_add(call.items(), Ordering::Relaxed);
+        if matches!(call, Call::Batch { .. }) {
+            counters.batch_calls.fetch_add(1, Ordering::Relaxed);
+        }
+        // Before any `.await`: the peak's lock is released when `record` returns.
+        counters.peak.record(tokio::time::Instant::now());
         let fault = self.fault(endpoint);
         if fault.outage {
             counters.outage.fetch_add(1, Ordering::Relaxed);
@@ -295,14 +383,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn outcomes_are_counted_and_reset() {
         let state = SimState::new();
-        assert_eq!(state.apply_fault(Endpoint::Coupons).await, Ok(()));
+        assert_eq!(
+            state.apply_fault(Endpoint::Coupons, Call::Single).await,
+            Ok(())
+        );
         let failing = Fault {
             error_rate: 1.0,
             ..Fault::NONE
         };
         state.set_fault(Endpoint::Coupons, failing).unwrap();
         assert_eq!(
-            state.apply_fault(Endpoint::Coupons).await,
+            state.apply_fault(Endpoint::Coupons, Call::Single).await,
             Err(Refusal::InjectedError)
         );
         // Outage wins over rate limiting, which wins over everything else.
@@ -314,7 +405,7 @@ mod tests {
         };
         state.set_fault(Endpoint::Coupons, everything).unwrap();
         assert_eq!(
-            state.apply_fault(Endpoint::Coupons).await,
+            state.apply_fault(Endpoint::Coupons, Call::Single).await,
             Err(Refusal::Outage)
         );
         state
@@ -327,13 +418,16 @@ mod tests {
             )
             .unwrap();
         assert_eq!(
-            state.apply_fault(Endpoint::Coupons).await,
+            state.apply_fault(Endpoint::Coupons, Call::Single).await,
             Err(Refusal::RateLimited)
         );
         assert_eq!(
             state.counters(Endpoint::Coupons),
             CounterSnapshot {
                 calls: 4,
+                items: 4,
+                batch_calls: 0,
+                peak_calls_per_sec: 4,
                 ok: 1,
                 errors: 1,
                 hung: 0,
@@ -360,7 +454,7 @@ mod tests {
             .unwrap();
         let hung = tokio::spawn({
             let state = state.clone();
-            async move { state.apply_fault(Endpoint::Extras).await }
+            async move { state.apply_fault(Endpoint::Extras, Call::Single).await }
         });
         tokio::time::sleep(Duration::from_secs(24 * 3600)).await;
         assert!(!hung.is_finished());
@@ -381,7 +475,10 @@ mod tests {
         let mut distinct = std::collections::HashSet::new();
         for _ in 0..50 {
             let started = tokio::time::Instant::now();
-            state.apply_fault(Endpoint::Coupons).await.unwrap();
+            state
+                .apply_fault(Endpoint::Coupons, Call::Single)
+                .await
+                .unwrap();
             let waited = started.elapsed().as_millis();
             assert!((100..=151).contains(&waited), "{waited}");
             distinct.insert(waited);
@@ -390,5 +487,101 @@ mod tests {
             distinct.len() > 5,
             "jitter should spread latencies: {distinct:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_is_one_call_of_many_items_with_one_outcome() {
+        let state = SimState::new();
+        state
+            .apply_fault(Endpoint::Extras, Call::Batch { items: 7 })
+            .await
+            .unwrap();
+        state
+            .apply_fault(Endpoint::Extras, Call::Single)
+            .await
+            .unwrap();
+        state
+            .set_fault(
+                Endpoint::Extras,
+                Fault {
+                    rate_limited: true,
+                    ..Fault::NONE
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            state
+                .apply_fault(Endpoint::Extras, Call::Batch { items: 40 })
+                .await,
+            Err(Refusal::RateLimited)
+        );
+        assert_eq!(
+            state.counters(Endpoint::Extras),
+            CounterSnapshot {
+                calls: 3,
+                items: 48,
+                batch_calls: 2,
+                peak_calls_per_sec: 3,
+                ok: 2,
+                rate_limited: 1,
+                ..CounterSnapshot::default()
+            }
+        );
+    }
+
+    /// `count` calls of `endpoint` at `offset` after `start`, on the paused clock.
+    async fn calls_at(state: &SimState, start: tokio::time::Instant, offset_ms: u64, count: usize) {
+        tokio::time::advance(
+            (start + Duration::from_millis(offset_ms)).duration_since(tokio::time::Instant::now()),
+        )
+        .await;
+        for _ in 0..count {
+            state
+                .apply_fault(Endpoint::Coupons, Call::Single)
+                .await
+                .unwrap();
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn peak_rate_is_a_sliding_window_per_endpoint() {
+        let state = SimState::new();
+        let start = tokio::time::Instant::now();
+        // Two bursts 0.8 s apart straddle the 1 s boundary: one window holds both.
+        calls_at(&state, start, 600, 30).await;
+        calls_at(&state, start, 1_400, 30).await;
+        assert_eq!(state.counters(Endpoint::Coupons).peak_calls_per_sec, 60);
+        // Bursts more than a second apart never share a window.
+        calls_at(&state, start, 2_500, 50).await;
+        calls_at(&state, start, 3_600, 50).await;
+        assert_eq!(state.counters(Endpoint::Coupons).peak_calls_per_sec, 60);
+        calls_at(&state, start, 4_500, 20).await;
+        assert_eq!(state.counters(Endpoint::Coupons).peak_calls_per_sec, 70);
+        assert_eq!(state.counters(Endpoint::Extras).peak_calls_per_sec, 0);
+
+        state.reset_counters();
+        assert_eq!(state.all_counters(), PerEndpoint::default());
+        // The calls before the reset are forgotten, not just the peak.
+        calls_at(&state, start, 4_600, 1).await;
+        assert_eq!(state.counters(Endpoint::Coupons).peak_calls_per_sec, 1);
+    }
+
+    #[test]
+    fn batch_limit_is_validated_and_survives_fault_resets() {
+        let state = SimState::new();
+        assert_eq!(state.max_batch_items(), MAX_BATCH_ITEMS);
+        for refused in [0, 1_001, usize::MAX] {
+            let error = state.set_max_batch_items(refused).unwrap_err();
+            assert_eq!(error, BatchLimitError { value: refused });
+            assert!(error.to_string().contains("between 1 and 1000"), "{error}");
+        }
+        assert_eq!(state.max_batch_items(), MAX_BATCH_ITEMS);
+        for accepted in [1, 1_000, 100] {
+            state.set_max_batch_items(accepted).unwrap();
+            assert_eq!(state.clone().max_batch_items(), accepted);
+        }
+        state.reset_faults();
+        state.reset_counters();
+        assert_eq!(state.max_batch_items(), 100);
     }
 }

@@ -8,7 +8,10 @@ use axum::http::{Method, Request, StatusCode, header};
 use rebate_domain::{Coupon, Timestamp};
 use serde_json::{Value, json};
 use tower::ServiceExt;
-use upstream_sim::{CouponsResponse, Endpoint, ExtrasResponse, Fault, SimState, router};
+use upstream_sim::{
+    BatchResponse, CounterSnapshot, CouponsResponse, Endpoint, ExtrasResponse, Fault,
+    MAX_BATCH_ITEMS, MAX_BODY_BYTES, SimState, router,
+};
 
 /// What a test looks at in an answer.
 #[derive(Debug)]
@@ -96,6 +99,24 @@ async fn put_fault(app: &Router, endpoint: &str, fault: Value) -> Answer {
 fn app() -> (SimState, Router) {
     let state = SimState::new();
     (state.clone(), router(state))
+}
+
+/// `(platform, item_id)` pairs as batch items; invalid ones are kept as they are.
+fn keys(pairs: &[(&str, &str)]) -> Vec<Value> {
+    pairs
+        .iter()
+        .map(|(platform, item_id)| json!({"platform": platform, "item_id": item_id}))
+        .collect()
+}
+
+async fn post_batch(app: &Router, endpoint: &str, items: &[Value]) -> Answer {
+    send(
+        app,
+        Method::POST,
+        &format!("/v1/{endpoint}:batch"),
+        Some(json!({ "items": items })),
+    )
+    .await
 }
 
 #[tokio::test]
@@ -426,7 +447,8 @@ async fn unknown_endpoints_routes_and_methods_are_json_errors() {
     assert_eq!(answer.error_code(), "method_not_allowed");
 }
 
-#[tokio::test]
+// Paused, so that every call arrives at the same instant and the peak rate is exact.
+#[tokio::test(start_paused = true)]
 async fn counters_count_each_outcome_and_reset() {
     let (state, app) = app();
     for _ in 0..3 {
@@ -438,12 +460,25 @@ async fn counters_count_each_outcome_and_reset() {
     get(&app, "/v1/extras/jd/1").await;
     get(&app, "/v1/extras/jd/1").await;
 
+    post_batch(
+        &app,
+        "extras",
+        &keys(&[("jd", "1"), ("jd", "2"), ("pdd", "3")]),
+    )
+    .await;
+
     let counters = get(&app, "/_sim/counters").await.json();
     assert_eq!(
         counters,
         json!({
-            "coupons": {"calls": 4, "ok": 3, "errors": 1, "hung": 0, "rate_limited": 0, "outage": 0},
-            "extras": {"calls": 2, "ok": 0, "errors": 0, "hung": 0, "rate_limited": 0, "outage": 2},
+            "coupons": {
+                "calls": 4, "items": 4, "batch_calls": 0, "peak_calls_per_sec": 4,
+                "ok": 3, "errors": 1, "hung": 0, "rate_limited": 0, "outage": 0
+            },
+            "extras": {
+                "calls": 3, "items": 5, "batch_calls": 1, "peak_calls_per_sec": 3,
+                "ok": 0, "errors": 0, "hung": 0, "rate_limited": 0, "outage": 3
+            },
         })
     );
     // Control routes are not counted.
@@ -451,7 +486,10 @@ async fn counters_count_each_outcome_and_reset() {
 
     let reset = send(&app, Method::DELETE, "/_sim/counters", None).await;
     assert_eq!(reset.status, StatusCode::OK);
-    let zero = json!({"calls": 0, "ok": 0, "errors": 0, "hung": 0, "rate_limited": 0, "outage": 0});
+    let zero = json!({
+        "calls": 0, "items": 0, "batch_calls": 0, "peak_calls_per_sec": 0,
+        "ok": 0, "errors": 0, "hung": 0, "rate_limited": 0, "outage": 0
+    });
     assert_eq!(
         get(&app, "/_sim/counters").await.json(),
         json!({"coupons": zero, "extras": zero})
@@ -482,4 +520,343 @@ async fn healthz_says_ok() {
     let answer = get(&app, "/healthz").await;
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(answer.body, b"ok");
+}
+
+#[tokio::test]
+async fn batch_answers_equal_the_single_answers_in_request_order() {
+    let (state, app) = app();
+    let pairs = [
+        ("taobao", "100001"),
+        ("jd", "100002"),
+        ("pdd", "007"),
+        ("taobao", "100001"),
+        ("jd", "12345678901234567890"),
+    ];
+    // A bumped version shows in the batch as in the single answer.
+    state.bump_coupon_version(rebate_domain::ItemKey::parse("jd", "100002").unwrap());
+    for endpoint in ["coupons", "extras"] {
+        let answer = post_batch(&app, endpoint, &keys(&pairs)).await;
+        assert_eq!(answer.status, StatusCode::OK, "{endpoint}");
+        assert_eq!(answer.content_type.as_deref(), Some("application/json"));
+        let batch = answer.json();
+        assert_eq!(batch.as_object().unwrap().len(), 1, "{batch}");
+        let items = batch["items"].as_array().unwrap();
+        assert_eq!(
+            items.len(),
+            pairs.len(),
+            "duplicates are answered each time"
+        );
+        for ((platform, item_id), item) in pairs.iter().zip(items) {
+            let single = get(&app, &format!("/v1/{endpoint}/{platform}/{item_id}")).await;
+            assert_eq!(*item, single.json(), "{endpoint} {platform}/{item_id}");
+        }
+    }
+    // The typed bodies read back as the single routes' types.
+    let coupons: BatchResponse<CouponsResponse> =
+        serde_json::from_slice(&post_batch(&app, "coupons", &keys(&pairs)).await.body).unwrap();
+    assert_eq!(coupons.items[1].version, 2);
+    assert_eq!(coupons.items[2].item_id.as_str(), "007");
+    let extras: BatchResponse<ExtrasResponse> =
+        serde_json::from_slice(&post_batch(&app, "extras", &keys(&pairs)).await.body).unwrap();
+    assert_eq!(extras.items[0], extras.items[3]);
+}
+
+#[tokio::test]
+async fn batch_routes_match_only_their_exact_path_and_method() {
+    let (state, app) = app();
+    let one = keys(&[("jd", "1")]);
+    assert_eq!(
+        post_batch(&app, "coupons", &one).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post_batch(&app, "extras", &one).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(state.counters(Endpoint::Coupons).batch_calls, 1);
+    assert_eq!(state.counters(Endpoint::Extras).batch_calls, 1);
+
+    let answer = get(&app, "/v1/coupons:batch").await;
+    assert_eq!(answer.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(answer.error_code(), "method_not_allowed");
+    for uri in [
+        "/v1/coupons:batches",
+        "/v1/coupons/batch",
+        "/v1/products:batch",
+        "/v1/:batch",
+    ] {
+        let body = Some(json!({ "items": one }));
+        let answer = send(&app, Method::POST, uri, body).await;
+        assert_eq!(answer.status, StatusCode::NOT_FOUND, "{uri}");
+        assert_eq!(answer.error_code(), "route_not_found", "{uri}");
+    }
+    // The single-item routes are untouched by the literal colon next to them.
+    assert_eq!(get(&app, "/v1/coupons/jd/1").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn invalid_batches_are_refused_naming_the_problem_and_not_counted() {
+    let (state, app) = app();
+    let cases = [
+        (
+            keys(&[("jd", "1"), ("taobao", "2"), ("amazon", "3")]),
+            "invalid_item",
+            r#"items[2]: unknown platform "amazon""#,
+        ),
+        (
+            keys(&[("jd", "12a"), ("amazon", "3")]),
+            "invalid_item",
+            "items[0]: item id must contain only ASCII digits",
+        ),
+        (
+            keys(&[("jd", "1"), ("jd", "123456789012345678901")]),
+            "invalid_item",
+            "items[1]: item id is 21 bytes long",
+        ),
+        (
+            keys(&[("jd", "1"), ("pdd", "")]),
+            "invalid_item",
+            "items[1]: item id must not be empty",
+        ),
+        (Vec::new(), "invalid_body", "items must not be empty"),
+        (
+            vec![json!({"platform": "jd"})],
+            "invalid_body",
+            "missing field `item_id`",
+        ),
+        (
+            vec![json!({"platform": "jd", "item_id": 100001})],
+            "invalid_body",
+            "item_id",
+        ),
+    ];
+    for (items, code, message) in cases {
+        for endpoint in ["coupons", "extras"] {
+            let answer = post_batch(&app, endpoint, &items).await;
+            assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{items:?}");
+            assert_eq!(answer.error_code(), code, "{items:?}");
+            assert!(
+                answer.error_message().contains(message),
+                "{items:?}: {}",
+                answer.error_message()
+            );
+        }
+    }
+
+    for body in [r#"{"items": [{"platform": "jd", "#, r#"{"keys": []}"#, "[]"] {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri("/v1/coupons:batch")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body))
+            .unwrap();
+        let answer = send_request(&app, request).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(answer.error_code(), "invalid_body", "{body}");
+    }
+
+    let without_content_type = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/extras:batch")
+        .body(Body::from(
+            json!({ "items": keys(&[("jd", "1")]) }).to_string(),
+        ))
+        .unwrap();
+    let answer = send_request(&app, without_content_type).await;
+    assert_eq!(answer.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(answer.error_code(), "unsupported_media_type");
+
+    assert_eq!(state.all_counters().coupons, CounterSnapshot::default());
+    assert_eq!(state.all_counters().extras, CounterSnapshot::default());
+}
+
+/// `count` distinct valid keys.
+fn many_keys(count: usize) -> Vec<Value> {
+    (0..count)
+        .map(|number| json!({"platform": "pdd", "item_id": (100_000 + number).to_string()}))
+        .collect()
+}
+
+#[tokio::test]
+async fn batches_over_the_limit_are_refused_and_the_limit_can_change() {
+    let (state, app) = app();
+    assert_eq!(MAX_BATCH_ITEMS, 40);
+    let answer = post_batch(&app, "coupons", &many_keys(41)).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert_eq!(answer.error_code(), "too_many_items");
+    assert_eq!(
+        answer.error_message(),
+        "41 items in one call; at most 40 are allowed"
+    );
+    assert_eq!(state.counters(Endpoint::Coupons).calls, 0);
+    let answer = post_batch(&app, "coupons", &many_keys(40)).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.json()["items"].as_array().unwrap().len(), 40);
+
+    state.set_max_batch_items(5).unwrap();
+    assert_eq!(
+        post_batch(&app, "extras", &many_keys(6)).await.error_code(),
+        "too_many_items"
+    );
+    assert_eq!(
+        post_batch(&app, "extras", &many_keys(5)).await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn the_largest_batch_is_served_and_larger_bodies_get_413() {
+    let (state, app) = app();
+    state.set_max_batch_items(1_000).unwrap();
+    let longest: Vec<Value> = (0..1_000u64)
+        .map(|number| json!({"platform": "taobao", "item_id": format!("{:020}", number)}))
+        .collect();
+    let answer = post_batch(&app, "extras", &longest).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.json()["items"].as_array().unwrap().len(), 1_000);
+    assert_eq!(state.counters(Endpoint::Extras).items, 1_000);
+
+    // Valid JSON padded past the cap: refused before it is parsed, let alone counted.
+    let padded = format!(
+        r#"{{"items": [{{"platform": "jd", "item_id": "1"}}]{}}}"#,
+        " ".repeat(MAX_BODY_BYTES)
+    );
+    for uri in ["/v1/coupons:batch", "/_sim/faults/coupons"] {
+        let method = if uri.starts_with("/_sim") {
+            Method::PUT
+        } else {
+            Method::POST
+        };
+        let request = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(padded.clone()))
+            .unwrap();
+        let answer = send_request(&app, request).await;
+        assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE, "{uri}");
+        assert_eq!(answer.error_code(), "payload_too_large", "{uri}");
+        assert_eq!(
+            answer.error_message(),
+            format!("the request body is over {MAX_BODY_BYTES} bytes")
+        );
+    }
+    assert_eq!(state.counters(Endpoint::Coupons).calls, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fault_applies_once_per_batch() {
+    let (state, app) = app();
+    let items = many_keys(12);
+
+    put_fault(&app, "coupons", json!({"error_rate": 1.0})).await;
+    let answer = post_batch(&app, "coupons", &items).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(answer.error_code(), "injected_error");
+    assert_eq!(
+        state.counters(Endpoint::Coupons),
+        CounterSnapshot {
+            calls: 1,
+            items: 12,
+            batch_calls: 1,
+            peak_calls_per_sec: 1,
+            errors: 1,
+            ..CounterSnapshot::default()
+        }
+    );
+
+    put_fault(&app, "coupons", json!({"rate_limited": true})).await;
+    let answer = post_batch(&app, "coupons", &items).await;
+    assert_eq!(answer.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(answer.retry_after.as_deref(), Some("1"));
+    put_fault(&app, "coupons", json!({"outage": true})).await;
+    let answer = post_batch(&app, "coupons", &items).await;
+    assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(answer.error_code(), "outage");
+    let counters = state.counters(Endpoint::Coupons);
+    assert_eq!(
+        (counters.calls, counters.items, counters.batch_calls),
+        (3, 36, 3)
+    );
+    assert_eq!((counters.rate_limited, counters.outage), (1, 1));
+
+    // The latency is waited once for the whole batch, not once per item.
+    put_fault(&app, "extras", json!({"latency_ms": 2_000})).await;
+    let started = tokio::time::Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_millis(2_001),
+        post_batch(&app, "extras", &items),
+    )
+    .await
+    .expect("one latency for the whole batch");
+    assert_eq!(answer.status, StatusCode::OK);
+    assert!(started.elapsed() >= Duration::from_millis(2_000));
+
+    // A hang holds the whole batch.
+    put_fault(&app, "extras", json!({"hang_rate": 1.0})).await;
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(24 * 3600),
+        post_batch(&app, "extras", &items),
+    )
+    .await;
+    assert!(outcome.is_err(), "a hung batch must not answer");
+    let counters = state.counters(Endpoint::Extras);
+    assert_eq!(
+        (counters.calls, counters.items, counters.batch_calls),
+        (2, 24, 2)
+    );
+    assert_eq!((counters.ok, counters.hung), (1, 1));
+}
+
+/// Moves the paused clock to `offset_ms` after `start`, then makes `singles` single calls and
+/// `batches` batch calls of three items to the coupon API, whatever they are answered.
+async fn burst_at(
+    app: &Router,
+    start: tokio::time::Instant,
+    offset_ms: u64,
+    singles: usize,
+    batches: usize,
+) {
+    let target = start + Duration::from_millis(offset_ms);
+    tokio::time::advance(target.duration_since(tokio::time::Instant::now())).await;
+    for _ in 0..singles {
+        get(app, "/v1/coupons/jd/1").await;
+    }
+    let three = keys(&[("jd", "1"), ("jd", "2"), ("jd", "3")]);
+    for _ in 0..batches {
+        post_batch(app, "coupons", &three).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn peak_rate_counts_calls_in_a_sliding_second() {
+    let (state, app) = app();
+    let start = tokio::time::Instant::now();
+    let peak = |state: &SimState| state.counters(Endpoint::Coupons).peak_calls_per_sec;
+
+    // 30 calls at 0.6 s and 30 at 1.4 s: one sliding second holds all 60, though no aligned
+    // second holds more than 30. A batch counts once, however many items it carries.
+    burst_at(&app, start, 600, 20, 10).await;
+    burst_at(&app, start, 1_400, 10, 20).await;
+    assert_eq!(peak(&state), 60);
+    // Bursts more than a second apart are never counted together.
+    burst_at(&app, start, 3_000, 40, 0).await;
+    burst_at(&app, start, 4_100, 0, 40).await;
+    assert_eq!(peak(&state), 60);
+    let counters = state.counters(Endpoint::Coupons);
+    assert_eq!(counters.calls, 140);
+    assert_eq!(counters.items, 70 + 70 * 3);
+    assert_eq!(counters.batch_calls, 70);
+    assert_eq!(counters.ok, 140);
+    // Every outcome counts, refusals included.
+    put_fault(&app, "coupons", json!({"outage": true})).await;
+    burst_at(&app, start, 4_500, 25, 0).await;
+    assert_eq!(state.counters(Endpoint::Coupons).outage, 25);
+    assert_eq!(peak(&state), 65);
+
+    let reset = send(&app, Method::DELETE, "/_sim/counters", None).await;
+    assert_eq!(reset.json()["coupons"]["peak_calls_per_sec"], 0);
+    // The arrivals before the reset are forgotten too.
+    burst_at(&app, start, 4_600, 3, 0).await;
+    assert_eq!(peak(&state), 3);
 }

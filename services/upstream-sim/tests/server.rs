@@ -4,9 +4,12 @@ use rebate_testkit::wait_until;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use rebate_domain::ItemKey;
 use rebate_domain::Timestamp;
 use tokio_util::sync::CancellationToken;
-use upstream_sim::{CouponsResponse, Endpoint, Fault, RunningSimulator};
+use upstream_sim::{
+    BatchRequest, BatchResponse, CouponsResponse, Endpoint, ExtrasResponse, Fault, RunningSimulator,
+};
 
 const LOOPBACK_ANY_PORT: &str = "127.0.0.1:0";
 
@@ -153,4 +156,52 @@ async fn shutdown_cuts_long_latency_short() {
     assert_eq!(response.status(), 503);
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(body["error"]["code"], "shutting_down");
+}
+
+#[tokio::test]
+async fn batch_routes_answer_over_real_http() {
+    let (simulator, shutdown) = start().await;
+    let client = reqwest::Client::new();
+    let base = simulator.base_url();
+    let keys = [
+        ItemKey::parse("pdd", "100003").unwrap(),
+        ItemKey::parse("taobao", "100001").unwrap(),
+    ];
+
+    // The literal colon survives a real client's URL handling and reaches the batch route.
+    let coupons: BatchResponse<CouponsResponse> = client
+        .post(format!("{base}/v1/coupons:batch"))
+        .json(&BatchRequest::new(keys))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let extras: BatchResponse<ExtrasResponse> = client
+        .post(format!("{base}/v1/extras:batch"))
+        .json(&BatchRequest::new(keys))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for (index, key) in keys.iter().enumerate() {
+        assert_eq!(coupons.items[index].platform, key.platform);
+        assert_eq!(coupons.items[index].item_id, key.item_id);
+        assert_eq!(extras.items[index].item_id, key.item_id);
+        assert_eq!(
+            extras.items[index].extras,
+            upstream_sim::catalog::extras(*key)
+        );
+    }
+    let counters = simulator.state().counters(Endpoint::Coupons);
+    assert_eq!(
+        (counters.calls, counters.items, counters.batch_calls),
+        (1, 2, 1)
+    );
+
+    shutdown.cancel();
+    simulator.stopped().await;
 }
