@@ -30,10 +30,12 @@ use rebate_domain::PartKind;
 use rebate_engine::QueryEngine;
 use rebate_guard::{CallObserver, CallOutcome};
 use rebate_resilience::BreakerState;
+use rebate_sources::BatchStats;
 
 use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
 use crate::protection::Protection;
+use crate::state::UpstreamClients;
 
 /// What `/metrics` answers with: the OpenMetrics text format that `prometheus-client` encodes
 /// (Prometheus scrapes it natively).
@@ -325,6 +327,7 @@ pub struct StateCollector {
     protection: Arc<Protection>,
     events: EventBus,
     consistency: Arc<ConsistencyObserver>,
+    upstreams: UpstreamClients,
 }
 
 impl StateCollector {
@@ -333,12 +336,14 @@ impl StateCollector {
         protection: Arc<Protection>,
         events: EventBus,
         consistency: Arc<ConsistencyObserver>,
+        upstreams: UpstreamClients,
     ) -> Self {
         Self {
             consistency,
             engine,
             protection,
             events,
+            upstreams,
         }
     }
 
@@ -609,6 +614,24 @@ impl StateCollector {
                 let retry = snapshot.retry.as_ref()?;
                 Some(([("dependency", snapshot.name)], retry.refused))
             }),
+        )?;
+        let batches = self.upstreams.batch_stats();
+        let by_api = |read: fn(&BatchStats) -> u64| {
+            [("coupons", batches.coupons), ("extras", batches.extras)]
+                .into_iter()
+                .filter_map(move |(api, stats)| Some(([("dependency", api)], read(&stats?))))
+        };
+        counters(
+            encoder,
+            "rebate_upstream_batch_calls",
+            "Batch calls made to an external API (APIs with batching on only).",
+            by_api(|stats| stats.calls),
+        )?;
+        counters(
+            encoder,
+            "rebate_upstream_batch_items",
+            "Item ids sent in batch calls: items / calls is the mean batch size.",
+            by_api(|stats| stats.items),
         )
     }
 

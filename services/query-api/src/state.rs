@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use rebate_engine::QueryEngine;
 use rebate_redis_tier::RedisTier;
-use rebate_sources::LoadLimiter;
+use rebate_sources::{BatchStats, CouponClient, ExtrasClient, LoadLimiter};
 use rebate_store::CatalogRepository;
+use serde::Serialize;
 
 use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
@@ -62,6 +63,32 @@ pub struct AppShared {
     pub connections: Arc<ConnectionStats>,
     /// Checks that applied events hold in L1 and L2 (`crate::consistency`).
     pub consistency: Arc<ConsistencyObserver>,
+    /// The coupon and extras API clients, for their batch counters.
+    pub upstreams: UpstreamClients,
+}
+
+/// The clients of the external APIs, kept beside the caches that own them as loaders so that
+/// the status page and the metrics can read how their loads were batched.
+#[derive(Debug, Clone)]
+pub struct UpstreamClients {
+    pub coupons: Arc<CouponClient>,
+    pub extras: Arc<ExtrasClient>,
+}
+
+/// Each API's batch counters; `None` where batching is off.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct UpstreamBatchStats {
+    pub coupons: Option<BatchStats>,
+    pub extras: Option<BatchStats>,
+}
+
+impl UpstreamClients {
+    pub fn batch_stats(&self) -> UpstreamBatchStats {
+        UpstreamBatchStats {
+            coupons: self.coupons.batch_stats(),
+            extras: self.extras.batch_stats(),
+        }
+    }
 }
 
 /// The request limits handlers and middleware enforce, resolved once from the settings.

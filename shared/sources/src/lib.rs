@@ -11,13 +11,21 @@
 //! # Layout
 //! - [`catalogue`]: [`CatalogLoader`] (products and rates) over a [`CatalogRepository`], behind a
 //!   [`LoadLimiter`].
-//! - [`upstream`]: [`CouponClient`], [`ExtrasClient`] over the external HTTP/JSON APIs.
+//! - [`upstream`]: [`CouponClient`], [`ExtrasClient`] over the external HTTP/JSON APIs (one
+//!   generic [`UpstreamClient`] over each API's [`UpstreamApi`]).
+//! - [`batch`]: the [`BatchConfig`] by which concurrent loads of one API are coalesced into its
+//!   batch calls, and their [`BatchStats`].
 
+pub mod batch;
 pub mod catalogue;
 pub mod upstream;
 
+pub use batch::{BatchConfig, BatchStats};
 pub use catalogue::{CatalogLoader, LoadLimiter};
-pub use upstream::{CouponClient, ExtrasClient, UpstreamError, http_client};
+pub use upstream::{
+    CouponApi, CouponClient, ExtrasApi, ExtrasClient, UpstreamApi, UpstreamClient, UpstreamError,
+    http_client,
+};
 
 pub use rebate_cache::LoadFailure;
 pub use rebate_store::CatalogRepository;

@@ -8,7 +8,7 @@ use rebate_cache::{FailureKind, LoadContext, Loader};
 use rebate_domain::ItemKey;
 use rebate_guard::{DependencyConfig, DependencyGuard};
 use rebate_resilience::{BreakerConfig, MonotonicTicker, RetryConfig};
-use rebate_sources::{CouponClient, ExtrasClient, http_client};
+use rebate_sources::{BatchConfig, CouponClient, ExtrasClient, http_client};
 use tokio_util::sync::CancellationToken;
 use upstream_sim::{Endpoint, Fault, RunningSimulator};
 
@@ -24,19 +24,25 @@ async fn simulator() -> (RunningSimulator, CancellationToken) {
 fn guard(retry: Option<RetryConfig>) -> Arc<DependencyGuard> {
     Arc::new(DependencyGuard::new(
         "coupons",
-        DependencyConfig {
-            breaker: BreakerConfig {
-                min_calls: 1_000_000,
-                ..BreakerConfig::default()
-            },
-            max_concurrent: 1_000,
-            quota: None,
-            retry,
-            timeout: Some(Duration::from_secs(2)),
-        },
+        guard_config(retry),
         Arc::new(MonotonicTicker::new()),
     ))
 }
+
+fn guard_config(retry: Option<RetryConfig>) -> DependencyConfig {
+    DependencyConfig {
+        breaker: BreakerConfig {
+            min_calls: 1_000_000,
+            ..BreakerConfig::default()
+        },
+        max_concurrent: 1_000,
+        quota: None,
+        retry,
+        timeout: Some(Duration::from_secs(2)),
+    }
+}
+
+const SINGLE: BatchConfig = BatchConfig::SINGLE;
 
 fn key() -> ItemKey {
     ItemKey::parse("jd", "100002").unwrap()
@@ -46,8 +52,9 @@ fn key() -> ItemKey {
 async fn decodes_coupons_and_extras_with_versions() {
     let (simulator, token) = simulator().await;
     let client = http_client(Duration::from_secs(1)).unwrap();
-    let coupons = CouponClient::new(client.clone(), &simulator.base_url(), guard(None)).unwrap();
-    let extras = ExtrasClient::new(client, &simulator.base_url(), guard(None)).unwrap();
+    let coupons =
+        CouponClient::new(client.clone(), &simulator.base_url(), guard(None), SINGLE).unwrap();
+    let extras = ExtrasClient::new(client, &simulator.base_url(), guard(None), SINGLE).unwrap();
 
     let loaded = coupons.load(key()).await.unwrap();
     assert_eq!(loaded.version, simulator.state().coupon_version(key()));
@@ -65,7 +72,7 @@ async fn decodes_coupons_and_extras_with_versions() {
 async fn upstream_failures_are_errors_not_values() {
     let (simulator, token) = simulator().await;
     let client = http_client(Duration::from_secs(1)).unwrap();
-    let coupons = CouponClient::new(client, &simulator.base_url(), guard(None)).unwrap();
+    let coupons = CouponClient::new(client, &simulator.base_url(), guard(None), SINGLE).unwrap();
     for (fault, kind) in [
         (
             Fault {
@@ -110,8 +117,13 @@ async fn an_unreachable_api_is_an_error() {
         .unwrap()
         .port();
     let client = http_client(Duration::from_millis(200)).unwrap();
-    let coupons =
-        CouponClient::new(client, &format!("http://127.0.0.1:{port}"), guard(None)).unwrap();
+    let coupons = CouponClient::new(
+        client,
+        &format!("http://127.0.0.1:{port}"),
+        guard(None),
+        SINGLE,
+    )
+    .unwrap();
     let failure = coupons.load(key()).await.unwrap_err();
     assert_eq!(failure.kind, FailureKind::Error);
 }
@@ -138,6 +150,7 @@ async fn a_failing_api_is_retried_at_most_twice_per_request_and_a_tenth_overall(
             max_backoff: Duration::from_millis(2),
             ..RetryConfig::default()
         })),
+        SINGLE,
     )
     .unwrap();
     let requests = 200u64;
@@ -161,6 +174,132 @@ async fn a_failing_api_is_retried_at_most_twice_per_request_and_a_tenth_overall(
     );
     // The budget is spent, not unused: the 10 % share was retried.
     assert!(calls >= requests + requests / 10 - 1, "{calls} calls");
+    token.cancel();
+    simulator.stopped().await;
+}
+
+fn keys(count: u64) -> Vec<ItemKey> {
+    (100_001..100_001 + count)
+        .map(|id| ItemKey::parse("taobao", &id.to_string()).unwrap())
+        .collect()
+}
+
+/// Loads every key at once, each in its own task (as the part caches' loads run).
+async fn load_concurrently<L, T>(loader: &Arc<L>, keys: &[ItemKey]) -> Vec<rebate_cache::Loaded<T>>
+where
+    L: Loader<T>,
+    T: Send + 'static,
+{
+    let loads: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let loader = Arc::clone(loader);
+            let key = *key;
+            tokio::spawn(async move { loader.load(key).await })
+        })
+        .collect();
+    let mut loaded = Vec::new();
+    for load in loads {
+        loaded.push(load.await.unwrap().unwrap());
+    }
+    loaded
+}
+
+#[tokio::test]
+async fn concurrent_loads_go_out_as_one_batch_call_with_one_quota_token() {
+    let (simulator, token) = simulator().await;
+    let client = http_client(Duration::from_secs(1)).unwrap();
+    // One call a second: without batching, nineteen of the twenty loads would be refused.
+    let quota_guard = Arc::new(DependencyGuard::new(
+        "coupons",
+        DependencyConfig {
+            quota: Some(rebate_resilience::RateConfig {
+                per_second: 1.0,
+                burst: 1,
+            }),
+            ..guard_config(None)
+        },
+        Arc::new(MonotonicTicker::new()),
+    ));
+    let batch = BatchConfig {
+        max_items: 40,
+        window: Duration::from_millis(50),
+    };
+    let coupons = Arc::new(
+        CouponClient::new(
+            client.clone(),
+            &simulator.base_url(),
+            Arc::clone(&quota_guard),
+            batch,
+        )
+        .unwrap(),
+    );
+    let extras =
+        Arc::new(ExtrasClient::new(client, &simulator.base_url(), guard(None), batch).unwrap());
+
+    let keys = keys(20);
+    let now = rebate_domain::Timestamp::now();
+    for (key, loaded) in keys.iter().zip(load_concurrently(&coupons, &keys).await) {
+        assert_eq!(loaded.version, 1);
+        assert_eq!(
+            loaded.value.unwrap(),
+            upstream_sim::catalog::coupons(*key, 1, now)
+        );
+    }
+    for (key, loaded) in keys.iter().zip(load_concurrently(&extras, &keys).await) {
+        assert_eq!(loaded.value.unwrap(), upstream_sim::catalog::extras(*key));
+    }
+    let counters = simulator.state().counters(Endpoint::Coupons);
+    assert_eq!(
+        (counters.calls, counters.items, counters.batch_calls),
+        (1, 20, 1)
+    );
+    assert_eq!(quota_guard.snapshot().quota.unwrap().granted, 1);
+    assert_eq!(simulator.state().counters(Endpoint::Extras).calls, 1);
+    let stats = coupons.batch_stats().unwrap();
+    assert_eq!((stats.calls, stats.items), (1, 20));
+    token.cancel();
+    simulator.stopped().await;
+}
+
+#[tokio::test]
+async fn a_batch_is_never_larger_than_the_api_takes_and_fails_as_a_whole() {
+    let (simulator, token) = simulator().await;
+    let client = http_client(Duration::from_secs(1)).unwrap();
+    let batch = BatchConfig {
+        max_items: 40,
+        window: Duration::from_millis(50),
+    };
+    let coupons =
+        Arc::new(CouponClient::new(client, &simulator.base_url(), guard(None), batch).unwrap());
+    let keys = keys(50);
+    assert_eq!(load_concurrently(&coupons, &keys).await.len(), 50);
+    let counters = simulator.state().counters(Endpoint::Coupons);
+    assert_eq!((counters.calls, counters.items), (2, 50));
+    assert_eq!(coupons.batch_stats().unwrap().sent_full, 1);
+
+    simulator
+        .state()
+        .set_fault(
+            Endpoint::Coupons,
+            Fault {
+                outage: true,
+                ..Fault::default()
+            },
+        )
+        .unwrap();
+    let loads: Vec<_> = keys[..5]
+        .iter()
+        .map(|key| {
+            let coupons = Arc::clone(&coupons);
+            let key = *key;
+            tokio::spawn(async move { coupons.load(key).await })
+        })
+        .collect();
+    for load in loads {
+        assert_eq!(load.await.unwrap().unwrap_err().kind, FailureKind::Error);
+    }
+    assert_eq!(simulator.state().counters(Endpoint::Coupons).calls, 3);
     token.cancel();
     simulator.stopped().await;
 }

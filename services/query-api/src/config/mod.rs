@@ -364,6 +364,54 @@ pub struct UpstreamSettings {
     pub coupons_url: String,
     pub extras_url: String,
     pub connect_timeout_ms: u64,
+    /// The most item ids in one batch call of each API (its own limit); 1 sends one call per
+    /// item (an API without a batch route).
+    pub coupons_batch_max_items: u32,
+    pub extras_batch_max_items: u32,
+    /// How long a batch waits for concurrent loads to join it (never past a caller's budget).
+    pub batch_window_ms: u64,
+}
+
+impl UpstreamSettings {
+    /// The most item ids one call may carry.
+    pub const MAX_BATCH_ITEMS: u32 = 1_000;
+    /// The longest a batch may wait for loads to join: batching is for concurrent loads, and
+    /// a longer wait would only add to every cold answer.
+    pub const MAX_BATCH_WINDOW_MS: u64 = 100;
+
+    /// How the loads of the API whose batches carry at most `max_items` ids are coalesced.
+    pub fn batch(&self, max_items: u32) -> rebate_sources::BatchConfig {
+        rebate_sources::BatchConfig {
+            max_items: max_items as usize,
+            window: std::time::Duration::from_millis(self.batch_window_ms),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.simulate && !cfg!(feature = "simulator") {
+            return Err(invalid("upstreams.simulate", NO_SIMULATOR));
+        }
+        ensure_in(
+            "upstreams.connect_timeout_ms",
+            self.connect_timeout_ms,
+            1..=60_000,
+        )?;
+        ensure_in(
+            "upstreams.coupons_batch_max_items",
+            self.coupons_batch_max_items,
+            1..=Self::MAX_BATCH_ITEMS,
+        )?;
+        ensure_in(
+            "upstreams.extras_batch_max_items",
+            self.extras_batch_max_items,
+            1..=Self::MAX_BATCH_ITEMS,
+        )?;
+        ensure_in(
+            "upstreams.batch_window_ms",
+            self.batch_window_ms,
+            0..=Self::MAX_BATCH_WINDOW_MS,
+        )
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -562,14 +610,7 @@ impl Settings {
             sqlite.acquire_timeout_ms,
             1..=60_000,
         )?;
-        if self.upstreams.simulate && !cfg!(feature = "simulator") {
-            return Err(invalid("upstreams.simulate", NO_SIMULATOR));
-        }
-        ensure_in(
-            "upstreams.connect_timeout_ms",
-            self.upstreams.connect_timeout_ms,
-            1..=60_000,
-        )?;
+        self.upstreams.validate()?;
         for (field, value) in [
             ("timeouts.core_ms", self.timeouts.core_ms),
             ("timeouts.normal_ms", self.timeouts.normal_ms),

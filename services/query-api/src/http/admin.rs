@@ -207,6 +207,7 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
         "cache_only_loads": state.engine.cache_only_loads(),
         "bloom": state.engine.item_filter().map(|filter| filter.stats()),
         "store_loads_max_in_flight": state.load_limiter.max_in_flight(),
+        "upstream_batches": state.upstreams.batch_stats(),
         "connections": state.connections.snapshot(),
         "memory": crate::memory::MemoryStats::read(),
         "consistency": state.consistency.report(),

@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 
 use crate::config::{PartSettings, Settings};
 use crate::protection::Protection;
+use crate::state::UpstreamClients;
 
 /// What the engine's sources read from: the catalogue store, the L2 tier, and the coupon and
 /// extras APIs (the embedded simulator's, when it runs).
@@ -28,21 +29,33 @@ pub(super) struct Sources<'a> {
 }
 
 /// Builds the engine: one cache per part over its guarded loader, every L2 command through the
-/// Redis breaker, the Bloom filter when enabled.
+/// Redis breaker, the Bloom filter when enabled. The upstream clients come back too, for their
+/// batch counters.
 pub(super) fn build(
     settings: &Settings,
     sources: Sources<'_>,
     protection: &Protection,
     clock: Arc<dyn Clock>,
-) -> anyhow::Result<QueryEngine> {
+) -> anyhow::Result<(QueryEngine, UpstreamClients)> {
     let timeouts = settings.part_timeouts();
     let client = http_client(Duration::from_millis(settings.upstreams.connect_timeout_ms))?;
-    let coupons = CouponClient::new(
+    let upstreams = &settings.upstreams;
+    let coupons = Arc::new(CouponClient::new(
         client.clone(),
         sources.coupons_url,
         Arc::clone(&protection.coupons),
-    )?;
-    let extras = ExtrasClient::new(client, sources.extras_url, Arc::clone(&protection.extras))?;
+        upstreams.batch(upstreams.coupons_batch_max_items),
+    )?);
+    let extras = Arc::new(ExtrasClient::new(
+        client,
+        sources.extras_url,
+        Arc::clone(&protection.extras),
+        upstreams.batch(upstreams.extras_batch_max_items),
+    )?);
+    let clients = UpstreamClients {
+        coupons: Arc::clone(&coupons),
+        extras: Arc::clone(&extras),
+    };
 
     // Every L2 command goes through the Redis breaker: while it is open, misses go straight to
     // the source instead of paying a command timeout each.
@@ -80,13 +93,13 @@ pub(super) fn build(
             PartKind::Coupons,
             &settings.parts.coupons,
             timeouts.coupons,
-            Arc::new(coupons),
+            coupons,
         ),
         extras: builder.build(
             PartKind::Extras,
             &settings.parts.extras,
             timeouts.extras,
-            Arc::new(extras),
+            extras,
         ),
     };
     let filter = if settings.bloom.enabled {
@@ -104,12 +117,8 @@ pub(super) fn build(
             "engine.mode = naive: no cache, parts fetched one after another (a load-test baseline)"
         );
     }
-    Ok(QueryEngine::with_settings(
-        parts,
-        engine_settings(settings),
-        clock,
-        filter,
-    ))
+    let engine = QueryEngine::with_settings(parts, engine_settings(settings), clock, filter);
+    Ok((engine, clients))
 }
 
 /// The engine's timeouts (and the shorter ones it uses while shedding), retry budget and

@@ -99,7 +99,7 @@ impl Application {
         let mut metrics = Metrics::new();
         let protection = build_protection(&settings, Arc::clone(&ticker), &metrics);
         let load_limiter = LoadLimiter::new(settings.store.max_concurrent_loads);
-        let engine = engine::build(
+        let (engine, upstream_clients) = engine::build(
             &settings,
             engine::Sources {
                 store: &store,
@@ -139,6 +139,7 @@ impl Application {
             Arc::clone(&protection),
             events.clone(),
             Arc::clone(&consistency),
+            upstream_clients.clone(),
         ));
 
         let listener = crate::server::bind(settings.http.listen, settings.http.listen_backlog)
@@ -162,6 +163,7 @@ impl Application {
             metrics: Arc::new(metrics),
             lifecycle: Arc::new(Lifecycle::default()),
             connections: Arc::new(ConnectionStats::default()),
+            upstreams: upstream_clients,
         });
         Ok(Self {
             listener,
