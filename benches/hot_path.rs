@@ -51,6 +51,7 @@ where
                 not_found: Duration::from_secs(60),
             },
             load_timeout: Duration::from_secs(1),
+            refresh_lead: Duration::ZERO,
         },
         Arc::new(Constant(value)),
         Arc::new(SystemClock),

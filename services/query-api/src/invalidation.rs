@@ -226,6 +226,7 @@ mod tests {
                 max_entries: 100,
                 ttl,
                 load_timeout: Duration::from_secs(1),
+                refresh_lead: Duration::ZERO,
             },
             L2Config {
                 tier: Arc::clone(tier) as Arc<dyn SharedTier>,

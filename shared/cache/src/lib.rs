@@ -20,6 +20,7 @@
 //! - [`envelope`]: [`Envelope`] and [`TtlPolicy`] (jitter).
 //! - [`part`]: [`PartCache`], [`Loader`], [`CacheOutcome`], [`LoadFailure`]; [`PartView`], a
 //!   part cache with its value type erased.
+//! - [`refresh`]: [`refresh_due`], when a read refreshes an entry ahead of its expiry (XFetch).
 //! - [`shared`]: [`SharedTier`], the contract of the L2 tier (version-fenced writes, leases).
 //! - [`memory`]: [`MemoryTier`], an in-process L2 for unit tests and benchmarks.
 
@@ -29,6 +30,7 @@ pub mod context;
 pub mod envelope;
 pub mod memory;
 pub mod part;
+pub mod refresh;
 pub mod shared;
 
 pub use bloom::{BuildReport, FilterError, FilterStats, ItemFilter};
@@ -40,7 +42,7 @@ pub use part::{
     CacheOutcome, CacheStats, CacheStatsSnapshot, FailureKind, L2Config, L2Entry, LoadFailure,
     Loaded, Loader, PartCache, PartCacheConfig, PartView,
 };
-
+pub use refresh::refresh_due;
 pub use shared::{FenceOutcome, SharedTier, TierEntry, TierError, TierKey};
 
 pub use rebate_domain::ItemKey;

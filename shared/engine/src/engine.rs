@@ -5,7 +5,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::future::join_all;
-use rebate_cache::{CacheOutcome, Clock, ItemFilter, LoadContext, PartCache, TierError, TierKey};
+use rebate_cache::refresh::uniform_draw;
+use rebate_cache::{
+    CacheOutcome, Clock, ItemFilter, LoadContext, PartCache, TierError, TierKey, refresh_due,
+};
 use rebate_domain::{ItemKey, PartKind, Timestamp};
 use rebate_resilience::ShedLevel;
 use rebate_telemetry::record_stage;
@@ -18,7 +21,7 @@ use crate::error::{DegradeReason, QueryError};
 use crate::naive;
 use crate::parts::EngineParts;
 use crate::quote::{PartResult, Quote, assemble};
-use crate::rendered::{QuoteAnswer, RenderTicket, RenderedQuotes, RenderedStats};
+use crate::rendered::{QuoteAnswer, RenderTicket, RenderedQuote, RenderedQuotes, RenderedStats};
 #[cfg(test)]
 use crate::timeout_class::ClassTimeouts;
 use crate::timeout_class::PartTimeouts;
@@ -88,6 +91,8 @@ pub struct EngineConfig {
     /// 2's timeouts), so that a cold instance under load warms instead of refusing every miss
     /// for as long as the load lasts. 0 is strict cache-only.
     pub cache_only_loads: usize,
+    /// Refresh ahead for kept renderings: the longest of the parts' `refresh_lead`s (zero: off).
+    pub refresh_lead: Duration,
 }
 
 impl EngineConfig {
@@ -107,6 +112,7 @@ impl EngineConfig {
             retries_per_request: 2,
             rendered_capacity_bytes: Self::DEFAULT_RENDERED_CAPACITY_BYTES,
             cache_only_loads: Self::DEFAULT_CACHE_ONLY_LOADS,
+            refresh_lead: Duration::ZERO,
         }
     }
 }
@@ -204,12 +210,29 @@ impl QueryEngine {
                 .await
                 .map(|(quote, _)| QuoteAnswer::Assembled(Box::new(quote)));
         };
-        if let Some(hit) = rendered.get(&key, self.inner.clock.now()) {
+        let now = self.inner.clock.now();
+        if let Some(hit) = rendered.get(&key, now) {
+            self.refresh_ahead(key, &hit, now);
             return Ok(QuoteAnswer::Rendered(hit));
         }
         let ticket = rendered.begin();
         let (quote, fresh_until) = self.assemble_one(key, deadline, level).await?;
         Ok(self.keep(rendered, key, quote, fresh_until, ticket))
+    }
+
+    /// A read of a kept rendering near its end starts, once per rendering, the background
+    /// refresh of the parts it ends with ([`rebate_cache::refresh`]): the rendering's reads
+    /// never reach the part caches, whose own refresh ahead would never run for a hot key.
+    /// When the rendering ends, its parts are fresh in L1 again and the next read assembles
+    /// without waiting on a load.
+    fn refresh_ahead(&self, key: ItemKey, rendered: &RenderedQuote, now: Timestamp) {
+        let lead = self.inner.settings.refresh_lead;
+        if refresh_due(rendered.valid_until(), now, lead, uniform_draw) && rendered.claim_refresh()
+        {
+            for (_, part) in self.inner.parts.views().iter() {
+                part.refresh_ahead(key, rendered.valid_until());
+            }
+        }
     }
 
     /// Renders and keeps a complete quote whose four parts were fresh until `fresh_until`.
@@ -440,9 +463,10 @@ impl QueryEngine {
         let mut answers: Vec<Option<Result<QuoteAnswer, QueryError>>> = keys
             .iter()
             .map(|key| {
-                rendered
-                    .get(key, now)
-                    .map(|hit| Ok(QuoteAnswer::Rendered(hit)))
+                rendered.get(key, now).map(|hit| {
+                    self.refresh_ahead(*key, &hit, now);
+                    Ok(QuoteAnswer::Rendered(hit))
+                })
             })
             .collect();
         let missing: Vec<ItemKey> = keys
@@ -737,6 +761,7 @@ mod tests {
         name: &'static str,
         loader: Fixed<T>,
         clock: &ManualClock,
+        refresh_lead: Duration,
     ) -> PartCache<T> {
         PartCache::new(
             PartCacheConfig {
@@ -750,6 +775,7 @@ mod tests {
                     not_found: Duration::from_secs(30),
                 },
                 load_timeout: Duration::from_secs(5),
+                refresh_lead,
             },
             Arc::new(loader),
             Arc::new(clock.clone()),
@@ -771,6 +797,17 @@ mod tests {
         coupons: Vec<Coupon>,
         clock: &ManualClock,
     ) -> QueryEngine {
+        engine_refreshing(coupon_delay, rate_fails, coupons, clock, Duration::ZERO)
+    }
+
+    /// The engine of [`engine_with`], its parts and renderings refreshed ahead at `lead`.
+    fn engine_refreshing(
+        coupon_delay: Duration,
+        rate_fails: bool,
+        coupons: Vec<Coupon>,
+        clock: &ManualClock,
+        lead: Duration,
+    ) -> QueryEngine {
         let product = Product {
             platform: Platform::Jd,
             item_id: ItemId::from_u64(100_001),
@@ -789,6 +826,7 @@ mod tests {
                     fail: false,
                 },
                 clock,
+                lead,
             ),
             rate: part(
                 "rate",
@@ -800,6 +838,7 @@ mod tests {
                     fail: rate_fails,
                 },
                 clock,
+                lead,
             ),
             coupons: part(
                 "coupons",
@@ -809,6 +848,7 @@ mod tests {
                     fail: false,
                 },
                 clock,
+                lead,
             ),
             extras: part(
                 "extras",
@@ -821,13 +861,14 @@ mod tests {
                     fail: false,
                 },
                 clock,
+                lead,
             ),
         };
-        QueryEngine::new(
-            parts,
-            ClassTimeouts::default().part_timeouts(),
-            Arc::new(clock.clone()),
-        )
+        let settings = EngineConfig {
+            refresh_lead: lead,
+            ..EngineConfig::new(ClassTimeouts::default().part_timeouts())
+        };
+        QueryEngine::with_settings(parts, settings, Arc::new(clock.clone()), None)
     }
 
     fn deadline() -> Instant {
@@ -890,6 +931,59 @@ mod tests {
         );
         assert_eq!(engine.rendered_stats().unwrap().inserts, 2);
         assert_eq!(engine.parts().product.stats().misses, 2);
+    }
+
+    /// A hot key's reads all land on its rendering, which never asks the part caches; near the
+    /// rendering's end one read starts the refresh of the parts it ends with, so that when it
+    /// ends the next read assembles from fresh parts and no read waits on a load.
+    #[tokio::test(start_paused = true)]
+    async fn a_rendering_near_its_end_refreshes_its_parts_once() {
+        let clock = ManualClock::starting_now();
+        let lead = Duration::from_secs(1);
+        let engine = engine_refreshing(Duration::from_millis(5), false, Vec::new(), &clock, lead);
+        let QuoteAnswer::Rendered(rendering) = answer(&engine).await else {
+            panic!("assembled and kept");
+        };
+        // 50 ms before the rendering ends, each read is due with a chance of e^-0.05.
+        let left = rendering.valid_until().millis_since(clock.now());
+        clock.advance(Duration::from_millis(left - 50));
+        for _ in 0..20 {
+            assert!(matches!(answer(&engine).await, QuoteAnswer::Rendered(_)));
+        }
+        let refreshes = |engine: &QueryEngine| {
+            engine
+                .parts()
+                .views()
+                .iter()
+                .map(|(_, part)| part.stats().refreshes)
+                .sum::<u64>()
+        };
+        // The part that ends the rendering is refreshed, once, however many reads came.
+        assert!(
+            (1..=4).contains(&refreshes(&engine)),
+            "{}",
+            refreshes(&engine)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        clock.advance(Duration::from_millis(60));
+        // The rendering has ended; its parts are fresh again: assembled without a miss.
+        let misses = |engine: &QueryEngine| {
+            engine
+                .parts()
+                .views()
+                .iter()
+                .map(|(_, part)| part.stats().misses)
+                .sum::<u64>()
+        };
+        assert_eq!(misses(&engine), 4, "the first answer's four misses only");
+        let inserts = engine.rendered_stats().unwrap().inserts;
+        assert!(matches!(answer(&engine).await, QuoteAnswer::Rendered(_)));
+        assert_eq!(
+            engine.rendered_stats().unwrap().inserts,
+            inserts + 1,
+            "kept anew"
+        );
+        assert_eq!(misses(&engine), 4);
     }
 
     #[tokio::test(start_paused = true)]

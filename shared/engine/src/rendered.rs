@@ -16,7 +16,7 @@
 //! nanoseconds. The map is bounded by the bytes it holds.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use quick_cache::Weighter;
@@ -32,9 +32,23 @@ use crate::quote::Quote;
 pub struct RenderedQuote {
     json: Box<RawValue>,
     valid_until: Timestamp,
+    /// Set by the first read that starts the refresh of the parts this rendering ends with:
+    /// one refresh per rendering, however many reads come near its end.
+    refresh_claimed: AtomicBool,
 }
 
 impl RenderedQuote {
+    /// Until when the rendering may be served: the earliest end of its parts' freshness, or its
+    /// next coupon expiry.
+    pub fn valid_until(&self) -> Timestamp {
+        self.valid_until
+    }
+
+    /// True for the one caller that may start this rendering's refresh.
+    pub fn claim_refresh(&self) -> bool {
+        !self.refresh_claimed.swap(true, Ordering::Relaxed)
+    }
+
     /// The quote's JSON object, exactly as [`Quote`] serialises.
     pub fn json(&self) -> &RawValue {
         &self.json
@@ -209,7 +223,11 @@ impl RenderedQuotes {
                 return None;
             }
         };
-        let rendered = Arc::new(RenderedQuote { json, valid_until });
+        let rendered = Arc::new(RenderedQuote {
+            json,
+            valid_until,
+            refresh_claimed: AtomicBool::new(false),
+        });
         if self.epoch.load(Ordering::Acquire) != ticket.epoch {
             self.fenced.fetch_add(1, Ordering::Relaxed);
             return None;

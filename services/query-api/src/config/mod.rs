@@ -443,6 +443,10 @@ pub struct PartSettings {
     pub timeout_ms: Option<u64>,
     pub l1_max_entries: u64,
     pub fresh_secs: u64,
+    /// Refresh ahead: a read this long before an entry stops being fresh reloads it in the
+    /// background with probability 1/e (less when further), so hot keys never wait for their
+    /// reload. 0 turns it off.
+    pub refresh_ahead_ms: u64,
     pub jitter_ratio: f64,
     pub stale_secs: u64,
     pub not_found_secs: u64,
@@ -974,6 +978,18 @@ impl PartSettings {
         }
         if self.l1_max_entries == 0 {
             return Err(invalid(name, "l1_max_entries must be at least 1"));
+        }
+        // A read refreshes only within ten leads of the expiry; a lead past a tenth of the
+        // lifetime would reload nearly every entry on its first reads.
+        if self.refresh_ahead_ms > self.fresh_secs.saturating_mul(100) {
+            return Err(invalid(
+                name,
+                format!(
+                    "refresh_ahead_ms {} is more than a tenth of fresh_secs ({} ms)",
+                    self.refresh_ahead_ms,
+                    self.fresh_secs.saturating_mul(100)
+                ),
+            ));
         }
         if self.fresh_secs > 86_400 || self.stale_secs > 7 * 86_400 || self.not_found_secs > 86_400
         {

@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 
 use crate::config::{PartSettings, Settings};
 use crate::protection::Protection;
-use crate::state::UpstreamClients;
+use crate::upstreams::UpstreamClients;
 
 /// What the engine's sources read from: the catalogue store, the L2 tier, and the coupon and
 /// extras APIs (the embedded simulator's, when it runs).
@@ -138,6 +138,12 @@ fn engine_settings(settings: &Settings) -> EngineConfig {
         retries_per_request: settings.resilience.retry.max_per_request,
         rendered_capacity_bytes: settings.engine.rendered_max_bytes,
         cache_only_loads: settings.engine.cache_only_loads,
+        refresh_lead: settings
+            .parts
+            .iter()
+            .map(|(_, part)| Duration::from_millis(part.refresh_ahead_ms))
+            .max()
+            .unwrap_or_default(),
     }
 }
 
@@ -170,6 +176,7 @@ impl PartBuilder<'_> {
             // The dependency guard times each attempt out at the part's timeout and records it;
             // the cache's own cut comes a little later, as a backstop.
             load_timeout: load_timeout + LOAD_TIMEOUT_GRACE,
+            refresh_lead: Duration::from_millis(settings.refresh_ahead_ms),
         };
         let clock = Arc::clone(self.clock);
         match &self.tier {

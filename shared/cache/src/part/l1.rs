@@ -93,6 +93,24 @@ where
         Err(load)
     }
 
+    /// Registers the load `start` makes unless one for `key` is in flight already. Returns
+    /// whether it started one.
+    pub(super) fn start_if_idle(
+        &self,
+        key: ItemKey,
+        start: impl FnOnce(u64) -> SharedLoad<T>,
+    ) -> bool {
+        let mut in_flight = self.lock_in_flight();
+        if in_flight.contains_key(&key) {
+            return false;
+        }
+        bump(&self.stats.loads_started);
+        let load_id = self.next_load_id.fetch_add(1, Ordering::Relaxed);
+        let load = start(load_id);
+        in_flight.insert(key, (load_id, load));
+        true
+    }
+
     /// Takes a finished load out of `in_flight`, unless it was detached (and maybe replaced by a
     /// newer load) meanwhile.
     pub(super) fn finish_load(&self, key: ItemKey, load_id: u64) {

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rebate_domain::ItemKey;
+use rebate_domain::{ItemKey, Timestamp};
 use rebate_telemetry::record_stage;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -24,11 +24,14 @@ impl<T> Inner<T>
 where
     T: Serialize + DeserializeOwned + Send + Sync + 'static,
 {
-    /// L2, then (holding the key's lease, or after waiting for its holder) the source.
+    /// L2, then (holding the key's lease, or after waiting for its holder) the source. A
+    /// refresh of the L1 entry fresh until `refreshing` takes only an L2 copy fresh for longer:
+    /// near the end of both lives it is L2's copy that needs the reload.
     pub(super) async fn load_through_l2(
         self: &Arc<Self>,
         l2: &L2Config,
         key: ItemKey,
+        refreshing: Option<Timestamp>,
     ) -> LoadResult<T> {
         let tier_key = TierKey {
             item: key,
@@ -43,8 +46,12 @@ where
             .read_l2(l2, tier_key)
             .await
             .map(|found| found.filter(|envelope| envelope.version >= fence));
+        let newer = |envelope: &Envelope<T>| {
+            envelope.is_fresh(self.clock.now())
+                && refreshing.is_none_or(|fresh_until| envelope.fresh_until > fresh_until)
+        };
         let tier_up = match read {
-            Ok(Some(envelope)) if envelope.is_fresh(self.clock.now()) => {
+            Ok(Some(envelope)) if newer(&envelope) => {
                 bump(&self.stats.l2_hits);
                 return Ok(self.adopt_from_l2(key, envelope));
             }
@@ -71,7 +78,7 @@ where
                 }
                 Ok(false) => {
                     bump(&self.stats.leases_lost);
-                    let waited = self.wait_for_winner(l2, tier_key, fence).await;
+                    let waited = self.wait_for_winner(l2, tier_key, fence, &newer).await;
                     let outcome = if waited.is_some() {
                         "lost; the winner's value arrived"
                     } else {
@@ -155,20 +162,19 @@ where
         }
     }
 
-    /// Polls L2 for the lease winner's value for at most `lease_wait`.
+    /// Polls L2 for the lease winner's value (one `wanted` accepts) for at most `lease_wait`.
     async fn wait_for_winner(
         &self,
         l2: &L2Config,
         tier_key: TierKey,
         fence: u64,
+        wanted: impl Fn(&Envelope<T>) -> bool,
     ) -> Option<Envelope<T>> {
         let give_up = tokio::time::Instant::now() + l2.lease_wait;
         while tokio::time::Instant::now() < give_up {
             tokio::time::sleep(l2.lease_poll).await;
             match self.read_l2(l2, tier_key).await {
-                Ok(Some(envelope))
-                    if envelope.is_fresh(self.clock.now()) && envelope.version >= fence =>
-                {
+                Ok(Some(envelope)) if wanted(&envelope) && envelope.version >= fence => {
                     return Some(envelope);
                 }
                 Ok(_) => {}

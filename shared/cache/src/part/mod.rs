@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
-use rebate_domain::{ItemKey, PartKind};
+use rebate_domain::{ItemKey, PartKind, Timestamp};
 use rebate_telemetry::Timeline;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -49,6 +49,7 @@ use self::stats::bump;
 use crate::clock::Clock;
 use crate::context::LoadContext;
 use crate::envelope::Envelope;
+use crate::refresh::{refresh_due, uniform_draw};
 use crate::shared::{SharedTier, TierEntry, TierError};
 
 pub use self::load::{CacheOutcome, FailureKind, LoadFailure, Loaded, Loader};
@@ -137,18 +138,28 @@ where
         self.inner.l2.as_ref().map(|l2| &l2.tier)
     }
 
-    /// Reads through the cache, waiting at most `budget` for a load.
+    /// Reads through the cache, waiting at most `budget` for a load. A fresh entry near its
+    /// expiry may start its refresh in the background ([`crate::refresh`]).
     pub async fn get(&self, key: ItemKey, budget: Duration) -> CacheOutcome<T> {
         let inner = &self.inner;
-        if let Some(envelope) = inner.entries.get(&key)
-            && envelope.is_fresh(inner.clock.now())
-        {
-            bump(&inner.stats.hits);
-            return CacheOutcome::Hit(envelope);
+        if let Some(envelope) = inner.entries.get(&key) {
+            let now = inner.clock.now();
+            if envelope.is_fresh(now) {
+                bump(&inner.stats.hits);
+                if refresh_due(
+                    envelope.fresh_until,
+                    now,
+                    inner.settings.refresh_lead,
+                    uniform_draw,
+                ) {
+                    self.start_refresh(key, envelope.fresh_until);
+                }
+                return CacheOutcome::Hit(envelope);
+            }
         }
         bump(&inner.stats.misses);
 
-        let start = |load_id| self.start_load(key, load_id);
+        let start = |load_id| self.start_load(key, load_id, None);
         let load = match inner.join_or_start(key, start) {
             Ok(fresh) => return CacheOutcome::Loaded(fresh),
             Err(load) => load,
@@ -176,6 +187,42 @@ where
     /// baseline the load harness compares against ("no cache, parts one after another").
     pub async fn load_uncached(&self, key: ItemKey) -> Result<Loaded<T>, LoadFailure> {
         self.inner.load_from_source(key).await
+    }
+
+    /// Starts the background refresh of `key` when L1's entry is fresh but stops being fresh by
+    /// `horizon` (the engine asks when a kept rendering that this entry limits nears its end).
+    /// Returns whether a refresh started.
+    pub fn refresh_ahead(&self, key: ItemKey, horizon: Timestamp) -> bool {
+        let inner = &self.inner;
+        if inner.settings.refresh_lead.is_zero() {
+            return false;
+        }
+        match inner.entries.get(&key) {
+            Some(envelope)
+                if envelope.is_fresh(inner.clock.now()) && envelope.fresh_until <= horizon =>
+            {
+                self.start_refresh(key, envelope.fresh_until)
+            }
+            _ => false,
+        }
+    }
+
+    /// Reloads `key`, whose L1 entry is fresh until `fresh_until`, in the background unless a
+    /// load of it is in flight or its source would refuse now. The refresh is nobody's request:
+    /// it runs without a caller's deadline, retries or timeline, and takes an L2 copy only if
+    /// that copy stays fresh longer than L1's (else the source, under the key's lease).
+    fn start_refresh(&self, key: ItemKey, fresh_until: Timestamp) -> bool {
+        let inner = &self.inner;
+        if !inner.loader.ready() {
+            return false;
+        }
+        let started = inner.start_if_idle(key, |load_id| {
+            self.start_load(key, load_id, Some(fresh_until))
+        });
+        if started {
+            bump(&inner.stats.refreshes);
+        }
+        started
     }
 
     /// True when L1 has no fresh entry for `key`: a batch prefetches those from L2.
@@ -258,13 +305,25 @@ where
 
     /// The load for `key`, running in its own task: it outlives its caller, but keeps the
     /// caller's deadline, retry allowance and timeline, and its spans are children of the
-    /// caller's.
-    fn start_load(&self, key: ItemKey, load_id: u64) -> SharedLoad<T> {
+    /// caller's. A refresh (`refreshing` the entry fresh until then) keeps none of these.
+    fn start_load(
+        &self,
+        key: ItemKey,
+        load_id: u64,
+        refreshing: Option<Timestamp>,
+    ) -> SharedLoad<T> {
         let inner = &self.inner;
-        let span = tracing::debug_span!("load", part = inner.settings.name, %key);
-        let run = Inner::run_load(Arc::clone(inner), key, load_id).instrument(span);
-        let context = LoadContext::current();
-        let timeline = Timeline::current();
+        let span = match refreshing {
+            None => tracing::debug_span!("load", part = inner.settings.name, %key),
+            Some(_) => {
+                tracing::debug_span!(parent: None, "refresh", part = inner.settings.name, %key)
+            }
+        };
+        let run = Inner::run_load(Arc::clone(inner), key, load_id, refreshing).instrument(span);
+        let (context, timeline) = match refreshing {
+            None => (LoadContext::current(), Timeline::current()),
+            Some(_) => (None, None),
+        };
         let task = tokio::spawn(async move {
             let run = async move {
                 match timeline {
@@ -296,9 +355,15 @@ where
 {
     /// One load: through L2 when the cache has it, else from the source into L1. It leaves the
     /// in-flight map only once its result is cached, so that no caller in between misses both.
-    async fn run_load(self: Arc<Self>, key: ItemKey, load_id: u64) -> LoadResult<T> {
+    /// A refresh of the entry fresh until `refreshing` takes only an L2 copy fresh for longer.
+    async fn run_load(
+        self: Arc<Self>,
+        key: ItemKey,
+        load_id: u64,
+        refreshing: Option<Timestamp>,
+    ) -> LoadResult<T> {
         let result = match &self.l2 {
-            Some(l2) => self.load_through_l2(l2, key).await,
+            Some(l2) => self.load_through_l2(l2, key, refreshing).await,
             None => match self.load_from_source(key).await {
                 Ok(loaded) => {
                     let envelope = self.stamp(&self.settings.ttl, loaded);

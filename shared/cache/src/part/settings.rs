@@ -20,6 +20,10 @@ pub struct PartCacheConfig {
     /// Upper bound for one load, whatever the callers' budgets: loads run on after their callers
     /// give up, and must not pile up behind a hung source.
     pub load_timeout: Duration,
+    /// Refresh ahead ([`crate::refresh`]): a read this long before an entry stops being fresh
+    /// reloads it in the background with probability 1/e, sooner ones less likely, so a key
+    /// read often is reloaded before it expires. Zero turns it off.
+    pub refresh_lead: Duration,
 }
 
 /// The shared tier under one part's L1, and how this part uses it.

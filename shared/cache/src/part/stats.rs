@@ -23,6 +23,7 @@ pub struct CacheStats {
     pub(super) lease_waits_served: AtomicU64,
     pub(super) fenced_writes_refused: AtomicU64,
     pub(super) invalidations: AtomicU64,
+    pub(super) refreshes: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -43,6 +44,8 @@ pub struct CacheStatsSnapshot {
     pub lease_waits_served: u64,
     pub fenced_writes_refused: u64,
     pub invalidations: u64,
+    /// Refreshes started ahead of an entry's expiry (each is also one of `loads_started`).
+    pub refreshes: u64,
     pub entries: u64,
 }
 
@@ -67,6 +70,7 @@ impl CacheStats {
             lease_waits_served: read(&self.lease_waits_served),
             fenced_writes_refused: read(&self.fenced_writes_refused),
             invalidations: read(&self.invalidations),
+            refreshes: read(&self.refreshes),
             entries,
         }
     }

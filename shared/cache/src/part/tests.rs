@@ -95,6 +95,7 @@ fn settings() -> PartCacheConfig {
             not_found: Duration::from_secs(30),
         },
         load_timeout: Duration::from_secs(2),
+        refresh_lead: Duration::ZERO,
     }
 }
 
@@ -557,4 +558,177 @@ async fn invalidate_drops_the_copy() {
         cache.get(key(), BUDGET).await,
         CacheOutcome::Loaded(_)
     ));
+}
+
+/// The cache of [`cache`] with refresh ahead at `lead`.
+fn refreshing_cache(
+    source: &Arc<FakeSource>,
+    clock: &ManualClock,
+    lead: Duration,
+) -> PartCache<String> {
+    let loader: Arc<dyn Loader<String>> = source.clone();
+    let settings = PartCacheConfig {
+        refresh_lead: lead,
+        ..settings()
+    };
+    PartCache::new(settings, loader, Arc::new(clock.clone()))
+}
+
+/// Yields until `done` holds (background loads run on this runtime), at most 10,000 times.
+async fn until(mut done: impl FnMut() -> bool) {
+    for _ in 0..10_000 {
+        if done() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the background work did not finish");
+}
+
+/// Reads `key` until a read starts a refresh (each is due with a chance close to 1 this near
+/// the expiry), then waits for the refresh to land in L1. Returns the new `fresh_until`.
+async fn read_until_refreshed(cache: &PartCache<String>) -> Timestamp {
+    let before = cache.peek(&key()).unwrap().fresh_until;
+    let refreshes = cache.stats().refreshes;
+    for _ in 0..50 {
+        assert!(matches!(
+            cache.get(key(), BUDGET).await,
+            CacheOutcome::Hit(_)
+        ));
+        if cache.stats().refreshes > refreshes {
+            break;
+        }
+    }
+    assert_eq!(
+        cache.stats().refreshes,
+        refreshes + 1,
+        "one refresh started"
+    );
+    until(|| {
+        cache
+            .peek(&key())
+            .is_some_and(|entry| entry.fresh_until > before)
+    })
+    .await;
+    cache.peek(&key()).unwrap().fresh_until
+}
+
+#[tokio::test]
+async fn a_key_read_near_its_expiry_is_reloaded_before_it_expires() {
+    let source = Arc::new(FakeSource::default());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = refreshing_cache(&source, &clock, Duration::from_secs(1));
+    cache.get(key(), BUDGET).await;
+    let first_expiry = cache.peek(&key()).unwrap().fresh_until;
+    // Far from the expiry (≥ 54 s left, past ten leads): reads never refresh.
+    for _ in 0..1_000 {
+        cache.get(key(), BUDGET).await;
+    }
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    // 100 ms before it: a read refreshes with a chance of e^-0.1.
+    clock.advance(Duration::from_millis(
+        first_expiry.millis_since(clock.now()) - 100,
+    ));
+    let second_expiry = read_until_refreshed(&cache).await;
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+    assert!(second_expiry.millis_since(first_expiry) >= 50_000);
+    // Past the first expiry the key still answers from L1: no caller waited for the reload.
+    clock.advance(Duration::from_millis(200));
+    assert!(matches!(
+        cache.get(key(), BUDGET).await,
+        CacheOutcome::Hit(_)
+    ));
+    let stats = cache.stats();
+    assert_eq!((stats.misses, stats.refreshes), (1, 1), "{stats:?}");
+}
+
+#[tokio::test]
+async fn no_refresh_starts_for_a_source_that_would_refuse_or_without_a_lead() {
+    let source = Arc::new(FakeSource::default());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let refreshing = refreshing_cache(&source, &clock, Duration::from_secs(10));
+    let plain = cache(&source, &clock);
+    refreshing.get(key(), BUDGET).await;
+    plain.get(key(), BUDGET).await;
+    source.refusing.store(true, Ordering::SeqCst);
+    clock.advance(Duration::from_millis(53_900));
+    for _ in 0..100 {
+        refreshing.get(key(), BUDGET).await;
+        plain.get(key(), BUDGET).await;
+    }
+    assert_eq!(refreshing.stats().refreshes, 0);
+    assert!(!refreshing.refresh_ahead(key(), Timestamp::from_millis(i64::MAX)));
+    // Ready again, the engine's call starts one when the entry ends by its horizon, but the
+    // cache without a lead never refreshes.
+    source.refusing.store(false, Ordering::SeqCst);
+    assert!(!refreshing.refresh_ahead(key(), clock.now()));
+    assert!(refreshing.refresh_ahead(key(), Timestamp::from_millis(i64::MAX)));
+    assert!(!plain.refresh_ahead(key(), Timestamp::from_millis(i64::MAX)));
+    assert_eq!(plain.stats().refreshes, 0);
+}
+
+/// L1's copy of an L2 entry is never fresh past L2's: refreshing L1 takes L2's copy while that
+/// stays fresh longer, and once both end together the refresh reloads from the source (under
+/// the lease) and rewrites L2. No read in between misses.
+#[tokio::test]
+async fn a_refresh_reads_l2_until_l2_itself_needs_the_reload() {
+    let source = Arc::new(FakeSource::default());
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let loader: Arc<dyn Loader<String>> = source.clone();
+    let cache = PartCache::with_shared_tier(
+        PartCacheConfig {
+            refresh_lead: Duration::from_secs(10),
+            ..settings()
+        },
+        L2Config {
+            tier: tier.clone(),
+            // L2 outlives L1 by about half an L1 lifetime.
+            ttl: TtlPolicy {
+                fresh: Duration::from_secs(90),
+                jitter: Jitter::UpTo(Duration::ZERO),
+                stale: Duration::from_secs(600),
+                not_found: Duration::from_secs(30),
+            },
+            lease_ttl: Duration::from_secs(3),
+            lease_wait: Duration::from_millis(300),
+            lease_poll: Duration::from_millis(10),
+        },
+        loader,
+        Arc::new(clock.clone()),
+    );
+    cache.get(key(), BUDGET).await;
+    until(|| tier.version_of(tier_key()).is_some()).await;
+    let l2_expiry = Timestamp::from_millis(90_000);
+    // First refresh: L2's copy is fresh until 90 s, longer than L1's (54–66 s): taken as is.
+    let fresh_until = cache.peek(&key()).unwrap().fresh_until;
+    clock.advance(Duration::from_millis(
+        fresh_until.millis_since(clock.now()) - 100,
+    ));
+    let fresh_until = read_until_refreshed(&cache).await;
+    assert_eq!(fresh_until, l2_expiry, "L1's copy ends with L2's");
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    // Second: L2's copy ends with L1's, so the source reloads it and L2 gets the new value.
+    clock.advance(Duration::from_millis(
+        fresh_until.millis_since(clock.now()) - 100,
+    ));
+    let fresh_until = read_until_refreshed(&cache).await;
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+    assert!(fresh_until > l2_expiry);
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.misses, stats.refreshes, stats.leases_won),
+        (1, 2, 2),
+        "{stats:?}"
+    );
+    // The reload reached L2 too (written in the background).
+    for _ in 0..10_000 {
+        let entry = tier.get_many(&[tier_key()]).await.unwrap().pop().flatten();
+        let envelope = Envelope::<String>::decode(&entry.unwrap().bytes).unwrap();
+        if envelope.fresh_until > l2_expiry {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the reload never reached L2");
 }

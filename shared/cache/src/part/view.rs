@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rebate_domain::{ItemKey, PartKind};
+use rebate_domain::{ItemKey, PartKind, Timestamp};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -37,6 +37,8 @@ pub trait PartView: Send + Sync + fmt::Debug {
     fn absorb(&self, key: ItemKey, entry: &TierEntry) -> bool;
     /// See [`PartCache::forget_all`].
     fn forget_all(&self);
+    /// See [`PartCache::refresh_ahead`].
+    fn refresh_ahead(&self, key: ItemKey, horizon: Timestamp) -> bool;
     /// What L1 holds for `key`, fresh or not, without loading.
     fn l1_entry(&self, key: &ItemKey) -> Option<EntryMeta>;
     /// What L2 holds for `key` (one round trip), `Absent` without a shared tier.
@@ -78,6 +80,10 @@ where
 
     fn forget_all(&self) {
         PartCache::forget_all(self);
+    }
+
+    fn refresh_ahead(&self, key: ItemKey, horizon: Timestamp) -> bool {
+        PartCache::refresh_ahead(self, key, horizon)
     }
 
     fn l1_entry(&self, key: &ItemKey) -> Option<EntryMeta> {
