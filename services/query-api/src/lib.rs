@@ -29,6 +29,8 @@
 //! - [`slow`]: [`SlowLog`](slow::SlowLog), the last slow, failed or degraded requests with
 //!   their stages, by trace id.
 //! - [`http`]: the router, the error type and the middleware (trace id, request timeout).
+//! - [`upstreams`]: [`UpstreamClients`](upstreams::UpstreamClients), the coupon and extras API
+//!   clients kept for their batch counters.
 
 pub mod admin_token;
 pub mod background;
@@ -45,6 +47,7 @@ pub mod server;
 pub mod slow;
 pub mod startup;
 pub mod state;
+pub mod upstreams;
 
 pub use config::Settings;
 pub use startup::Application;

@@ -35,7 +35,7 @@ use rebate_sources::BatchStats;
 use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
 use crate::protection::Protection;
-use crate::state::UpstreamClients;
+use crate::upstreams::UpstreamClients;
 
 /// What `/metrics` answers with: the OpenMetrics text format that `prometheus-client` encodes
 /// (Prometheus scrapes it natively).

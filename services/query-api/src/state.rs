@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use rebate_engine::QueryEngine;
 use rebate_redis_tier::RedisTier;
-use rebate_sources::{BatchStats, CouponClient, ExtrasClient, LoadLimiter};
+use rebate_sources::LoadLimiter;
 use rebate_store::CatalogRepository;
-use serde::Serialize;
 
 use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
@@ -18,6 +17,7 @@ use crate::metrics::Metrics;
 use crate::protection::Protection;
 use crate::server::ConnectionStats;
 use crate::slow::SlowLog;
+use crate::upstreams::UpstreamClients;
 
 /// What every handler shares: one `Arc`, so the per-request clones axum makes of the state (one
 /// per `State` extractor) cost one reference count, not one per field. Derefs to [`AppShared`].
@@ -65,30 +65,6 @@ pub struct AppShared {
     pub consistency: Arc<ConsistencyObserver>,
     /// The coupon and extras API clients, for their batch counters.
     pub upstreams: UpstreamClients,
-}
-
-/// The clients of the external APIs, kept beside the caches that own them as loaders so that
-/// the status page and the metrics can read how their loads were batched.
-#[derive(Debug, Clone)]
-pub struct UpstreamClients {
-    pub coupons: Arc<CouponClient>,
-    pub extras: Arc<ExtrasClient>,
-}
-
-/// Each API's batch counters; `None` where batching is off.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct UpstreamBatchStats {
-    pub coupons: Option<BatchStats>,
-    pub extras: Option<BatchStats>,
-}
-
-impl UpstreamClients {
-    pub fn batch_stats(&self) -> UpstreamBatchStats {
-        UpstreamBatchStats {
-            coupons: self.coupons.batch_stats(),
-            extras: self.extras.batch_stats(),
-        }
-    }
 }
 
 /// The request limits handlers and middleware enforce, resolved once from the settings.

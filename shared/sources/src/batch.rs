@@ -127,6 +127,9 @@ struct Member<V> {
     reply: oneshot::Sender<Result<Loaded<V>, LoadFailure>>,
     /// The member's request records the batch call on its own timeline.
     timeline: Option<Arc<Timeline>>,
+    /// The member's span: the call's span is a child of the first member's and follows from
+    /// the others', so every request's trace shows the call that answered it.
+    span: tracing::Span,
 }
 
 impl<F: BatchFetch> Coalescer<F> {
@@ -179,6 +182,7 @@ impl<F: BatchFetch> Coalescer<F> {
             key,
             reply,
             timeline: Timeline::current(),
+            span: tracing::Span::current(),
         };
         self.join(member, send_by, context);
         answer.await.unwrap_or_else(|_| {
@@ -289,7 +293,15 @@ impl<F: BatchFetch> Coalescer<F> {
             .items
             .fetch_add(keys.len() as u64, Ordering::Relaxed);
         let name = self.fetcher.name();
-        let span = tracing::debug_span!("batch", api = name, items = keys.len());
+        let span = tracing::debug_span!(
+            parent: batch.members.first().map(|member| &member.span).and_then(tracing::Span::id),
+            "batch",
+            api = name,
+            items = keys.len(),
+        );
+        for member in batch.members.iter().skip(1) {
+            span.follows_from(&member.span);
+        }
         let started = Instant::now();
         let call = self.fetcher.fetch_many(&keys).instrument(span);
         let result = match batch.context {
