@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use query_api::Settings;
 use rebate_tests::{TestApp, spawn_app_with};
 use serde_json::{Value, json};
 use upstream_sim::{Endpoint, Fault};
@@ -58,6 +59,14 @@ async fn settled_breaker(app: &TestApp, state: &str) -> Value {
     coupon_breaker(app).await
 }
 
+/// One upstream call per item, as for an API without a batch route: the tests of a guard's
+/// per-call rules (a breaker counting calls, a bulkhead's slots) need concurrent loads to be
+/// concurrent calls rather than one batch.
+fn one_call_per_item(settings: &mut Settings) {
+    settings.upstreams.coupons_batch_max_items = 1;
+    settings.upstreams.extras_batch_max_items = 1;
+}
+
 /// Quotes `ids` concurrently (each a cold item) and returns each body with its latency.
 async fn quote_all(app: &TestApp, ids: impl Iterator<Item = u64>) -> Vec<(Value, Duration)> {
     join_all(ids.map(|id| async move {
@@ -72,6 +81,7 @@ async fn quote_all(app: &TestApp, ids: impl Iterator<Item = u64>) -> Vec<(Value,
 #[tokio::test]
 async fn a_slow_coupon_api_trips_its_breaker_relieves_it_and_recovers_without_a_second_trip() {
     let app = spawn_app_with(|settings| {
+        one_call_per_item(settings);
         settings.resilience.coupons.min_calls = Some(10);
     })
     .await;
@@ -162,6 +172,7 @@ async fn a_failing_api_costs_at_most_three_attempts_per_request_and_a_tenth_more
 #[tokio::test]
 async fn a_full_bulkhead_and_a_spent_quota_degrade_at_once() {
     let app = spawn_app_with(|settings| {
+        one_call_per_item(settings);
         settings.resilience.coupons.max_concurrent = 2;
         settings.resilience.extras.quota_per_sec = Some(1.0);
         settings.resilience.extras.quota_burst = Some(3);
@@ -448,6 +459,7 @@ async fn measured_load_walks_the_shed_levels_up_and_back_down_one_dwell_at_a_tim
 #[tokio::test]
 async fn a_batch_spends_one_request_allowance_of_retries() {
     let app = spawn_app_with(|settings| {
+        one_call_per_item(settings);
         // Only the per-request allowance may limit retries here.
         settings.resilience.retry.ratio = 1.0;
         settings.resilience.retry.max_saved = 1_000;
@@ -478,6 +490,7 @@ async fn a_batch_spends_one_request_allowance_of_retries() {
 #[tokio::test]
 async fn shortened_timeouts_still_count_against_the_breaker() {
     let app = spawn_app_with(|settings| {
+        one_call_per_item(settings);
         settings.resilience.coupons.min_calls = Some(5);
     })
     .await;
@@ -493,5 +506,45 @@ async fn shortened_timeouts_still_count_against_the_breaker() {
     }
     let breaker = settled_breaker(&app, "open").await;
     assert_eq!(breaker["state"], "open", "{breaker}");
+    app.stop().await;
+}
+
+/// Concurrent cold loads of one API are one batch call: a quota of one call a second answers
+/// twelve cold items, and a request batch of ten spends one call (and at most its two retries).
+#[tokio::test]
+async fn concurrent_cold_items_share_one_upstream_call_and_one_quota_token() {
+    let app = spawn_app_with(|settings| {
+        settings.resilience.extras.quota_per_sec = Some(1.0);
+        settings.resilience.extras.quota_burst = Some(1);
+        // Long enough on this shared machine for twelve requests' loads to meet.
+        settings.upstreams.batch_window_ms = 50;
+    })
+    .await;
+    let wave = quote_all(&app, 100_001..100_013).await;
+    for (quote, _) in &wave {
+        assert_core_intact(quote);
+        assert_eq!(quote["degraded"], false, "{quote}");
+    }
+    let extras = app.simulator.counters(Endpoint::Extras);
+    assert_eq!((extras.calls, extras.items), (1, 12), "{extras:?}");
+    let coupons = app.simulator.counters(Endpoint::Coupons);
+    assert!(coupons.calls <= 2 && coupons.items == 12, "{coupons:?}");
+    let status = json_of(app.admin_get("/admin/v1/status").await).await;
+    assert_eq!(
+        status["upstream_batches"]["extras"]["items"], 12,
+        "{status}"
+    );
+
+    app.break_upstream(Endpoint::Coupons);
+    let before = app.upstream_calls(Endpoint::Coupons);
+    let items: Vec<Value> = (100_101..100_111u64)
+        .map(|id| json!({"platform": "jd", "item_id": id.to_string()}))
+        .collect();
+    let batch = json_of(app.post_batch(&json!({ "items": items })).await).await;
+    for result in batch["results"].as_array().unwrap() {
+        assert_eq!(result["status"], 200);
+    }
+    let calls = app.upstream_calls(Endpoint::Coupons) - before;
+    assert!((1..=3).contains(&calls), "{calls} coupon calls");
     app.stop().await;
 }

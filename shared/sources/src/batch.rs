@@ -303,9 +303,22 @@ impl<F: BatchFetch> Coalescer<F> {
             span.follows_from(&member.span);
         }
         let started = Instant::now();
+        // The call's stages (each attempt, its outcome) go on a time line of its own, copied
+        // onto every member's afterwards.
+        let call_timeline = batch
+            .members
+            .iter()
+            .find_map(|member| member.timeline.as_ref())
+            .map(|timeline| Timeline::new(timeline.trace_id()));
         let call = self.fetcher.fetch_many(&keys).instrument(span);
-        let result = match batch.context {
-            Some(context) => context.scope(call).await,
+        let call = async {
+            match batch.context {
+                Some(context) => context.scope(call).await,
+                None => call.await,
+            }
+        };
+        let result = match &call_timeline {
+            Some(timeline) => Arc::clone(timeline).scope(call).await,
             None => call.await,
         };
         let (mut found, outcome) = match result {
@@ -326,6 +339,9 @@ impl<F: BatchFetch> Coalescer<F> {
                 Err(failure) => Err(failure.clone()),
             };
             if let Some(timeline) = member.timeline {
+                if let Some(call_timeline) = &call_timeline {
+                    timeline.record_from(call_timeline);
+                }
                 timeline.record("batch", name, stage.clone(), started, None);
             }
             // The caller may have given up; its load's result is then nobody's.

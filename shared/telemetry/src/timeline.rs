@@ -91,6 +91,25 @@ impl Timeline {
         }
     }
 
+    /// Appends every stage of `other` (work done on this request's behalf and others' at once,
+    /// such as one upstream call for several requests), placed on this request's time line.
+    pub fn record_from(&self, other: &Timeline) {
+        let offset_ms = if other.started >= self.started {
+            millis(other.started - self.started)
+        } else {
+            -millis(self.started - other.started)
+        };
+        let borrowed = other.stages();
+        let mut stages = self.stages.lock().unwrap_or_else(PoisonError::into_inner);
+        for mut stage in borrowed {
+            if stages.len() >= MAX_STAGES {
+                break;
+            }
+            stage.started_ms = ((stage.started_ms + offset_ms) * 1e3).round() / 1e3;
+            stages.push(stage);
+        }
+    }
+
     /// The stages so far, in the order they ended.
     pub fn stages(&self) -> Vec<Stage> {
         self.stages
@@ -120,6 +139,28 @@ fn millis(duration: std::time::Duration) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn stages_of_shared_work_are_placed_on_each_requests_time_line() {
+        let early = Timeline::new(TraceId::generate());
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let shared = Timeline::new(TraceId::generate());
+        let late = {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            Timeline::new(TraceId::generate())
+        };
+        let started = Instant::now();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        shared.record("dependency", "coupons", "success", started, Some(1));
+        early.record_from(&shared);
+        late.record_from(&shared);
+        let on_early = &early.stages()[0];
+        let on_late = &late.stages()[0];
+        assert_eq!((on_early.started_ms, on_early.elapsed_ms), (15.0, 20.0));
+        assert_eq!((on_late.started_ms, on_late.elapsed_ms), (0.0, 20.0));
+        assert_eq!(on_early.name, "coupons");
+        assert_eq!(on_early.attempt, Some(1));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn stages_are_recorded_only_inside_a_scope_and_bounded() {
