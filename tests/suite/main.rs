@@ -9,6 +9,7 @@
 mod api;
 mod edge;
 mod events;
+mod fleet;
 mod metrics;
 mod observability;
 mod production;

@@ -2,7 +2,6 @@
 //! sharing one database and one Redis prefix, with a Bloom filter, leases and version fences.
 //! Every test has its own database and key prefix, so tests run in parallel.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +10,10 @@ use rebate_cache::{Envelope, SharedTier, TierEntry, TierKey};
 use rebate_domain::{ItemKey, PartKind, Product, Timestamp};
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig};
 use rebate_store::CatalogRepository;
-use rebate_tests::{ProductionEnv, TestApp, event_for, unique_suffix, wait_until, wait_until_true};
+use rebate_tests::{
+    ProductionEnv, RedisServer, TestApp, event_for, free_port, unique_suffix, wait_until,
+    wait_until_true,
+};
 use serde_json::{Value, json};
 use upstream_sim::Endpoint;
 
@@ -351,55 +353,6 @@ async fn redis_outage_never_fails_a_request() {
     app.stop().await;
     env.clean_up().await;
     drop(redis);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A throw-away redis-server on a port of the test's own, keeping nothing on disk, killed when
-/// dropped (so a failing test leaks no server).
-struct RedisServer {
-    child: Child,
-}
-
-impl RedisServer {
-    fn start(port: u16) -> Self {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is installed");
-        let server = Self { child };
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return server;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        panic!("redis-server did not start on port {port}");
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Three instances on RabbitMQ serve a rate; the row changes and an event is published → all

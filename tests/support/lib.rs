@@ -10,6 +10,7 @@
 
 pub use rebate_testkit::{unique_suffix, wait_until, wait_until_true};
 use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use rebate_resilience::ManualTicker;
 use tempfile::TempDir;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use upstream_sim::{Endpoint, Fault, SimState};
+use upstream_sim::{Endpoint, Fault, RunningSimulator, SimState};
 
 /// A running service and the handles a test needs to steer and observe it.
 #[derive(Debug)]
@@ -33,6 +34,8 @@ pub struct TestApp {
     pub clock: ManualClock,
     /// The monotonic time of breakers, quotas and the load shedder; moves only when told to.
     pub ticker: ManualTicker,
+    /// The upstream simulator this instance calls: its own embedded one, or the one a
+    /// [`ProductionEnv`] shares between its instances.
     pub simulator: SimState,
     pub state: AppState,
     pub database_path: std::path::PathBuf,
@@ -45,6 +48,15 @@ pub struct TestApp {
 /// Starts an application with the embedded defaults adjusted for tests; `customise` may change
 /// any setting before the build.
 pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_app_calling(None, customise).await
+}
+
+/// [`spawn_app_with`], calling `shared` (a simulator of the test's own, already running) instead
+/// of an embedded one when given.
+async fn spawn_app_calling(
+    shared: Option<&RunningSimulator>,
+    customise: impl FnOnce(&mut Settings),
+) -> TestApp {
     let directory = tempfile::tempdir().expect("temporary directory");
     let database_path = directory.path().join("catalogue.sqlite");
     let mut settings = Settings::defaults().expect("embedded defaults are valid");
@@ -69,6 +81,11 @@ pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
         upstream.quota_per_sec = None;
         upstream.quota_burst = None;
     }
+    if let Some(shared) = shared {
+        settings.upstreams.simulate = false;
+        settings.upstreams.coupons_url = shared.base_url();
+        settings.upstreams.extras_url = shared.base_url();
+    }
     customise(&mut settings);
 
     let clock = ManualClock::starting_now();
@@ -79,9 +96,9 @@ pub async fn spawn_app_with(customise: impl FnOnce(&mut Settings)) -> TestApp {
             .expect("application builds");
     let address = application.local_addr();
     let admin_url = format!("http://{}", application.admin_addr());
-    let simulator = application
-        .simulator()
-        .expect("tests run with the embedded simulator")
+    let simulator = shared
+        .or(application.simulator())
+        .expect("tests run with the embedded simulator or a shared one")
         .state()
         .clone();
     let state = application.state().clone();
@@ -127,6 +144,9 @@ pub struct ProductionEnv {
     pub redis_url: String,
     pub prefix: String,
     database: Option<rebate_store::testing::TestDatabase>,
+    /// One upstream simulator for every instance, as the fleet shares the real APIs (see
+    /// [`ProductionEnv::share_simulator`]); else each instance embeds its own.
+    simulator: Option<(RunningSimulator, CancellationToken)>,
 }
 
 /// The Redis server integration tests use (`TEST_REDIS_URL`, default the local one).
@@ -159,7 +179,20 @@ impl ProductionEnv {
             redis_url,
             prefix,
             database: Some(database),
+            simulator: None,
         }
+    }
+
+    /// Makes every instance started from now on call one simulator, so that its counters are
+    /// the fleet's calls (an external API's contract counts them all).
+    pub async fn share_simulator(&mut self) -> SimState {
+        let token = CancellationToken::new();
+        let simulator = RunningSimulator::start("127.0.0.1:0".parse().unwrap(), token.clone())
+            .await
+            .expect("the shared simulator binds");
+        let state = simulator.state().clone();
+        self.simulator = Some((simulator, token));
+        state
     }
 
     /// An instance on these back ends; `customise` may change any setting before the build.
@@ -167,7 +200,8 @@ impl ProductionEnv {
         let database_url = self.database_url.clone();
         let redis_url = self.redis_url.clone();
         let prefix = self.prefix.clone();
-        spawn_app_with(move |settings| {
+        let shared = self.simulator.as_ref().map(|(simulator, _)| simulator);
+        spawn_app_calling(shared, move |settings| {
             settings.store.backend = query_api::config::StoreBackend::Mysql;
             settings.store.seed_demo = false;
             settings.store.mysql.url = query_api::config::Secret::new(database_url);
@@ -194,6 +228,10 @@ impl ProductionEnv {
 
     /// Drops the database and the prefix's Redis keys.
     pub async fn clean_up(mut self) {
+        if let Some((simulator, token)) = self.simulator.take() {
+            token.cancel();
+            simulator.stopped().await;
+        }
         if let Some(database) = self.database.take() {
             database
                 .drop_database()
@@ -365,4 +403,55 @@ pub fn event_for(
         rebate_domain::Timestamp::now(),
     )
     .expect("a valid event")
+}
+
+/// A loopback port nobody listens on (bound, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A throw-away redis-server on a port of the test's own, keeping nothing on disk, killed when
+/// dropped (so a failing test leaks no server).
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Child,
+}
+
+impl RedisServer {
+    pub fn start(port: u16) -> Self {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        let server = Self { child };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("redis-server did not start on port {port}");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -265,6 +265,7 @@ mod tests {
             },
             Arc::new(ManualTicker::new()),
             None,
+            None,
         ));
         Invalidator::new(
             engine,

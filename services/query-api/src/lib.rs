@@ -16,6 +16,8 @@
 //! - [`admin_token`]: the admin listener's bearer token and its file.
 //! - [`background`]: Bloom filter builds and warm-up, under the same shutdown token.
 //! - [`invalidation`]: applies operators' change events to the caches (fences, re-warm).
+//! - [`fleet`]: [`Fleet`](fleet::Fleet), this instance's heartbeat in the registry of live
+//!   instances and the fleet-wide quota buckets in Redis.
 //! - [`lifecycle`]: starting, serving, draining: what readiness reports.
 //! - [`protection`]: [`Protection`](protection::Protection), the guards of every dependency, the
 //!   load shedder and the per-client limiter, from `[resilience]`.
@@ -37,6 +39,7 @@ pub mod background;
 pub mod config;
 pub mod consistency;
 pub mod event_bus;
+pub mod fleet;
 pub mod http;
 pub mod invalidation;
 pub mod lifecycle;

@@ -5,7 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rebate_guard::{CallObserver, DependencyConfig, DependencyGuard, DependencySnapshot};
+use rebate_guard::{
+    CallObserver, DependencyConfig, DependencyGuard, DependencySnapshot, FleetQuotaConfig,
+    FleetTokens,
+};
 use rebate_resilience::{KeyedLimiter, LoadShedder, ShedLevel, ShedSnapshot, Ticker};
 use serde::Serialize;
 
@@ -38,12 +41,19 @@ impl Protection {
     /// Builds every guard; `settings` must have passed [`ResilienceSettings::validate`].
     /// `timeouts` are each dependency's attempt timeouts (the part tiers; none for Redis, whose
     /// client enforces its command timeout).
+    /// With `fleet`, the quotas of the external APIs are drawn from the fleet's buckets.
     pub fn new(
         settings: &ResilienceSettings,
         timeouts: DependencyTimeouts,
         ticker: Arc<dyn Ticker>,
         observer: Option<Arc<dyn CallObserver>>,
+        fleet: Option<Arc<dyn FleetTokens>>,
     ) -> Self {
+        let fleet_quota = fleet.map(|tokens| FleetQuotaConfig {
+            tokens,
+            max_lease: settings.fleet.max_lease,
+            retry_after_failure: Duration::from_millis(settings.fleet.retry_after_failure_ms),
+        });
         let guard = |name: &'static str, timeout: Option<Duration>| {
             let config = settings.dependency(name);
             let dependency = DependencyGuard::new(
@@ -52,6 +62,7 @@ impl Protection {
                     breaker: settings.breaker_config(config),
                     max_concurrent: config.max_concurrent,
                     quota: ResilienceSettings::quota(config),
+                    fleet_quota: fleet_quota.clone(),
                     retry: config.retry.then(|| settings.retry_config()),
                     timeout,
                 },

@@ -14,12 +14,14 @@ use std::time::Duration;
 use rebate_cache::{FailureKind, LoadContext, LoadFailure};
 use rebate_resilience::{
     Backoff, BreakerConfig, BreakerSnapshot, BreakerState, Bulkhead, BulkheadSnapshot,
-    CircuitBreaker, RateConfig, RetryBudget, RetryConfig, Ticker, TokenBucket,
+    CircuitBreaker, RateConfig, RetryBudget, RetryConfig, Ticker,
 };
 use rebate_telemetry::record_stage;
 use serde::Serialize;
 use tokio::time::Instant;
 use tracing::Instrument;
+
+use crate::quota::{FleetQuotaConfig, Quota, QuotaSnapshot};
 
 /// How one dependency is protected.
 #[derive(Debug, Clone)]
@@ -29,6 +31,8 @@ pub struct DependencyConfig {
     pub max_concurrent: u32,
     /// Outbound quota (external APIs); `None` for our own stores.
     pub quota: Option<RateConfig>,
+    /// With a quota: draw it from the fleet's bucket instead of this instance's own.
+    pub fleet_quota: Option<FleetQuotaConfig>,
     /// Retries of idempotent reads; `None` never retries.
     pub retry: Option<RetryConfig>,
     /// Each attempt's own timeout (or the part's, if shorter), measured from the attempt's start
@@ -105,7 +109,7 @@ pub struct DependencyGuard {
     name: &'static str,
     breaker: CircuitBreaker,
     bulkhead: Bulkhead,
-    quota: Option<(RateConfig, TokenBucket)>,
+    quota: Option<Quota>,
     retry: Option<(RetryConfig, RetryBudget, Backoff)>,
     timeout: Option<Duration>,
     ticker: Arc<dyn Ticker>,
@@ -151,7 +155,9 @@ impl DependencyGuard {
             name,
             breaker: CircuitBreaker::new(name, settings.breaker, Arc::clone(&ticker)),
             bulkhead: Bulkhead::new(name, settings.max_concurrent),
-            quota: settings.quota.map(|rate| (rate, TokenBucket::new(rate))),
+            quota: settings
+                .quota
+                .map(|rate| Quota::new(rate, settings.fleet_quota, name)),
             retry: settings
                 .retry
                 .map(|config| (config, RetryBudget::new(&config), Backoff::from(&config))),
@@ -200,7 +206,7 @@ impl DependencyGuard {
             && self
                 .quota
                 .as_ref()
-                .is_none_or(|(_, bucket)| bucket.has_token_at(self.ticker.now_nanos()))
+                .is_none_or(|quota| quota.ready(self.ticker.now_nanos()))
     }
 
     /// Runs `attempt` under the guard, retrying transient failures while the request's
@@ -309,8 +315,8 @@ impl DependencyGuard {
                 Arc::clone(&refusals.bulkhead_full),
             ))
         })?;
-        if let Some((_, bucket)) = &self.quota
-            && bucket.try_acquire_at(self.ticker.now_nanos()).is_err()
+        if let Some(quota) = &self.quota
+            && !quota.acquire(self.ticker.as_ref()).await
         {
             bump(&counters.rejected_quota);
             self.observe(CallOutcome::Quota, Duration::ZERO);
@@ -410,15 +416,7 @@ impl DependencyGuard {
                 probe_stages: config.probe_stages,
             },
             bulkhead: self.bulkhead.snapshot(),
-            quota: self.quota.as_ref().map(|(rate, bucket)| {
-                let (granted, refused) = bucket.counts();
-                QuotaSnapshot {
-                    per_second: rate.per_second,
-                    burst: rate.burst,
-                    granted,
-                    refused,
-                }
-            }),
+            quota: self.quota.as_ref().map(Quota::snapshot),
             retry: self.retry.as_ref().map(|(config, budget, _)| {
                 let (first_attempts, retries, refused) = budget.counts();
                 RetrySnapshot {
@@ -482,14 +480,6 @@ pub struct BreakerThresholds {
     pub cool_down_ms: u64,
     pub max_cool_down_ms: u64,
     pub probe_stages: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct QuotaSnapshot {
-    pub per_second: f64,
-    pub burst: u32,
-    pub granted: u64,
-    pub refused: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -9,16 +9,20 @@
 //!
 //! # Layout
 //! - [`dependency`]: [`DependencyGuard`], its settings, snapshot and [`CallObserver`].
+//! - [`quota`]: the outbound quota, this instance's or drawn from a fleet-wide bucket
+//!   ([`FleetTokens`], [`FleetQuotaConfig`]) with the instance's share as fallback.
 //! - [`tier`]: [`GuardedTier`], the shared L2 tier behind the Redis guard.
 //!
 //! The guards themselves (breaker, bulkhead, token bucket, retry budget, backoff) are
 //! `rebate-resilience`'s, clock-injected and free of I/O; this crate puts them in front of a call.
 
 pub mod dependency;
+pub mod quota;
 pub mod tier;
 
 pub use dependency::{
     AttemptFailure, CallObserver, CallOutcome, DependencyConfig, DependencyGuard,
     DependencySnapshot,
 };
+pub use quota::{FleetGrant, FleetQuotaConfig, FleetTokens, QuotaScope, QuotaSnapshot};
 pub use tier::GuardedTier;

@@ -14,9 +14,10 @@ use rebate_cache::{
     TierEntry, TierError, TierKey,
 };
 use rebate_domain::PartKind;
-use rebate_guard::dependency::{QuotaSnapshot, RetrySnapshot};
+use rebate_guard::dependency::RetrySnapshot;
 use rebate_guard::{
     AttemptFailure, CallObserver, CallOutcome, DependencyConfig, DependencyGuard, GuardedTier,
+    QuotaScope, QuotaSnapshot,
 };
 use rebate_resilience::{BreakerConfig, BreakerState, ManualTicker, RateConfig, RetryConfig};
 use rebate_telemetry::{Timeline, TraceId};
@@ -87,6 +88,7 @@ fn settings() -> DependencyConfig {
         breaker: breaker(4),
         max_concurrent: 16,
         quota: None,
+        fleet_quota: None,
         retry: None,
         timeout: None,
     }
@@ -413,6 +415,7 @@ async fn calls_past_the_quota_burst_are_refused_until_the_ticker_brings_a_token_
                 per_second: 2.0,
                 burst: 3,
             }),
+            fleet_quota: None,
             ..settings()
         },
     );
@@ -452,10 +455,12 @@ async fn calls_past_the_quota_burst_are_refused_until_the_ticker_brings_a_token_
     assert_eq!(
         snapshot.quota,
         Some(QuotaSnapshot {
+            scope: QuotaScope::Instance,
             per_second: 2.0,
             burst: 3,
             granted: 4,
             refused: 3,
+            fleet: None,
         })
     );
     assert_eq!(snapshot.rejected_quota, 3);
@@ -839,6 +844,7 @@ async fn the_guards_refusals_are_never_retried() {
                 per_second: 1.0,
                 burst: 4,
             }),
+            fleet_quota: None,
             ..settings()
         },
     );
@@ -886,6 +892,7 @@ async fn the_observer_sees_every_attempt_and_refusal_with_its_outcome() {
                 per_second: 1.0,
                 burst: 5,
             }),
+            fleet_quota: None,
             timeout: Some(Duration::from_millis(100)),
             ..settings()
         },
@@ -1037,6 +1044,7 @@ async fn the_snapshot_reports_the_configuration_it_judges_by() {
                 per_second: 45.0,
                 burst: 10,
             }),
+            fleet_quota: None,
             retry: Some(retries(2)),
             timeout: Some(Duration::from_millis(250)),
             max_concurrent: 7,

@@ -16,21 +16,26 @@
 //! - [`settings`]: [`RedisTierConfig`] and [`RedisTarget`], with a `Debug` that masks passwords.
 //! - `tier`: [`RedisTier`], its connection handling and the batch split by cluster node.
 //! - `codec`: the stored form `{version}:{bytes}`.
-//! - `scripts`: the fenced `SET` and the lease compare-and-delete.
+//! - `scripts`: the fenced `SET`, the lease compare-and-delete, the token grant and the
+//!   heartbeat.
 //! - `slots`: the key → slot → node map used to group a batch by node.
+//! - `fleet`: fleet-wide token buckets ([`TokenGrant`]) and the registry of live instances.
 //! - [`stats`]: [`RedisTierStats`], lock-free counters (round trips, hits, refused writes, …).
 //!
 //! # Keys
 //! `{prefix}:v1:{platform}:{item_id}:{part}` (e.g. `rebate:v1:taobao:100001:coupons`) and the
 //! same with `:lease` appended for the rebuild lease. No hash tags: keys spread over all slots.
+//! `{prefix}:quota:{api}` holds a fleet-wide token bucket, `{prefix}:instances` the registry.
 
 mod codec;
+mod fleet;
 mod scripts;
 pub mod settings;
 mod slots;
 pub mod stats;
 mod tier;
 
+pub use fleet::TokenGrant;
 pub use settings::{RedisTarget, RedisTierConfig};
 pub use stats::RedisTierStats;
 pub use tier::RedisTier;

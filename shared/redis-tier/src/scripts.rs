@@ -1,5 +1,6 @@
 //! The server-side scripts. Each touches exactly one key, so each runs on the node that owns
-//! that key in Redis Cluster and stays atomic there.
+//! that key in Redis Cluster and stays atomic there. The fleet's scripts read the server's
+//! clock (`TIME`; Redis 5 and later replicate a script's effects, not the script).
 
 use redis::Script;
 
@@ -41,12 +42,55 @@ end
 return 0
 "#;
 
+/// Takes up to `ARGV[3]` tokens from a fleet-wide token bucket, the same GCRA as the service's
+/// local `TokenBucket`: `KEYS[1]` holds the bucket's theoretical arrival time (microseconds on
+/// the server's clock, so instances need no synchronised clocks); `ARGV[1]` is the interval
+/// between tokens and `ARGV[2]` the tolerance (interval × burst), both in microseconds.
+///
+/// Returns `{granted, retry_after_us}`: tokens are granted one by one while the next stays
+/// within the tolerance; `retry_after_us` is how long until the next one would be (0 when all
+/// were granted). The key expires once the bucket would be full again. One script, one key: the
+/// grant is atomic on the node that owns the bucket.
+const TAKE_TOKENS: &str = r#"
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local interval = tonumber(ARGV[1])
+local tolerance = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if tat < now then tat = now end
+local granted = 0
+while granted < want and tat + interval - now <= tolerance do
+  tat = tat + interval
+  granted = granted + 1
+end
+local retry_after = 0
+if granted < want then retry_after = tat + interval - now - tolerance end
+redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+return {granted, math.ceil(retry_after)}
+"#;
+
+/// The instance registry: `KEYS[1]` a sorted set of instance names scored by their last
+/// heartbeat (milliseconds on the server's clock). Records `ARGV[1]`, drops names not heard of
+/// for `ARGV[2]` milliseconds, and returns how many remain (this instance included).
+const HEARTBEAT: &str = r#"
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local expire_after = tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - expire_after)
+redis.call('PEXPIRE', KEYS[1], expire_after)
+return redis.call('ZCARD', KEYS[1])
+"#;
+
 /// The scripts with their SHA1 computed once; `invoke_async` sends `EVALSHA` and falls back to
 /// loading the script when a server answers `NOSCRIPT` (after a restart or on a new node).
 #[derive(Debug)]
 pub(crate) struct Scripts {
     pub(crate) fenced_set: Script,
     pub(crate) release_lease: Script,
+    pub(crate) take_tokens: Script,
+    pub(crate) heartbeat: Script,
 }
 
 impl Scripts {
@@ -54,6 +98,8 @@ impl Scripts {
         Self {
             fenced_set: Script::new(FENCED_SET),
             release_lease: Script::new(RELEASE_LEASE),
+            take_tokens: Script::new(TAKE_TOKENS),
+            heartbeat: Script::new(HEARTBEAT),
         }
     }
 }

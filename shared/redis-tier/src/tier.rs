@@ -192,6 +192,15 @@ impl RedisTier {
         entry_key(&self.inner.prefix, key)
     }
 
+    /// The prefix every key of this tier starts with.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    pub(crate) fn scripts(&self) -> &Scripts {
+        &self.inner.scripts
+    }
+
     /// The key of `key`'s rebuild lease; a separate key so a lease never disturbs the value.
     fn lease_key_name(&self, key: TierKey) -> String {
         format!("{}:lease", self.key_name(key))
@@ -236,7 +245,7 @@ impl RedisTier {
     }
 
     /// Runs `operation` under the command timeout and counts how it failed, in one place.
-    async fn bounded<T>(
+    pub(crate) async fn bounded<T>(
         &self,
         operation: impl Future<Output = Result<T, TierError>>,
     ) -> Result<T, TierError> {
@@ -279,7 +288,10 @@ impl RedisTier {
     }
 
     /// One script call, routed by its key on a cluster.
-    async fn invoke(&self, invocation: &ScriptInvocation<'_>) -> Result<Value, TierError> {
+    pub(crate) async fn invoke(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<Value, TierError> {
         self.count_round_trip();
         let answer = match &self.inner.backend {
             Backend::Single(manager) => invocation.invoke_async(&mut manager.clone()).await,
@@ -486,7 +498,7 @@ impl RedisTier {
         TierError::Backend(scrub(message.to_owned(), &self.inner.secrets))
     }
 
-    fn unexpected(&self, what: &str) -> TierError {
+    pub(crate) fn unexpected(&self, what: &str) -> TierError {
         TierError::Backend(format!("redis answered {what} with an unexpected reply"))
     }
 }

@@ -373,6 +373,7 @@ mod tests {
                 breaker: rebate_resilience::BreakerConfig::default(),
                 max_concurrent: 8,
                 quota: None,
+                fleet_quota: None,
                 retry: None,
                 timeout: None,
             },

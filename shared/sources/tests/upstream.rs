@@ -37,6 +37,7 @@ fn guard_config(retry: Option<RetryConfig>) -> DependencyConfig {
         },
         max_concurrent: 1_000,
         quota: None,
+        fleet_quota: None,
         retry,
         timeout: Some(Duration::from_secs(2)),
     }
@@ -217,6 +218,7 @@ async fn concurrent_loads_go_out_as_one_batch_call_with_one_quota_token() {
                 per_second: 1.0,
                 burst: 1,
             }),
+            fleet_quota: None,
             ..guard_config(None)
         },
         Arc::new(MonotonicTicker::new()),

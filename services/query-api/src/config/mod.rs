@@ -846,6 +846,12 @@ impl Settings {
                 ),
             ));
         }
+        if self.resilience.fleet.quotas && !redis.enabled {
+            return Err(invalid(
+                "resilience.fleet.quotas",
+                "fleet-wide quotas keep their tokens in Redis: set redis.enabled too",
+            ));
+        }
         if redis.prefix.is_empty() || redis.prefix.contains(char::is_whitespace) {
             return Err(invalid("redis.prefix", "must be non-empty without spaces"));
         }

@@ -22,6 +22,45 @@ pub struct ResilienceSettings {
     pub retry: RetrySettings,
     pub shedding: SheddingSettings,
     pub client_limit: ClientLimitSettings,
+    pub fleet: FleetSettings,
+}
+
+/// `[resilience.fleet]`: what holds for the fleet rather than for each instance.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetSettings {
+    /// The external APIs' quotas are fleet-wide, drawn from token buckets in Redis.
+    pub quotas: bool,
+    /// The most tokens one grant takes, for the calls waiting at that moment.
+    pub max_lease: u32,
+    /// After the fleet's bucket could not be reached, how long to use this instance's share.
+    pub retry_after_failure_ms: u64,
+    /// How often the instance records itself in the registry of live instances; three missed
+    /// beats and the others count it as gone.
+    pub heartbeat_ms: u64,
+}
+
+impl FleetSettings {
+    /// How many missed beats make an instance gone.
+    pub const MISSED_BEATS: u32 = 3;
+
+    pub fn heartbeat(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_ms)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        ensure_in("resilience.fleet.max_lease", self.max_lease, 1..=100)?;
+        ensure_in(
+            "resilience.fleet.retry_after_failure_ms",
+            self.retry_after_failure_ms,
+            100..=60_000,
+        )?;
+        ensure_in(
+            "resilience.fleet.heartbeat_ms",
+            self.heartbeat_ms,
+            100..=60_000,
+        )
+    }
 }
 
 /// The breaker settings every dependency starts from.
@@ -186,6 +225,7 @@ impl ResilienceSettings {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.fleet.validate()?;
         for (name, field) in DEPENDENCIES {
             let dependency = self.dependency(name);
             self.breaker_config(dependency)

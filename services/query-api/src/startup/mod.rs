@@ -18,6 +18,8 @@ use anyhow::Context;
 use rebate_cache::{Clock, SystemClock};
 use rebate_engine::QueryEngine;
 use rebate_events::Subscription;
+use rebate_guard::FleetTokens;
+use rebate_redis_tier::RedisTier;
 use rebate_resilience::{MonotonicTicker, Ticker};
 use rebate_sources::LoadLimiter;
 use rebate_store::CatalogRepository;
@@ -31,8 +33,10 @@ pub use store::seed;
 use crate::admin_token::AdminToken;
 use crate::background;
 use crate::config::Settings;
+use crate::config::resilience::FleetSettings;
 use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
+use crate::fleet::Fleet;
 use crate::http::edge::EdgeLimits;
 use crate::http::middleware::{LineBudget, RequestObserver};
 use crate::invalidation::{InvalidationConfig, Invalidator};
@@ -97,7 +101,13 @@ impl Application {
         // Built first so that every dependency guard reports its calls to it; the collector of
         // state counters is added once that state exists.
         let mut metrics = Metrics::new();
-        let protection = build_protection(&settings, Arc::clone(&ticker), &metrics);
+        let fleet = join_fleet(&settings, tier.as_ref()).await;
+        let protection = build_protection(
+            &settings,
+            Arc::clone(&ticker),
+            &metrics,
+            fleet.clone().map(|fleet| fleet as Arc<dyn FleetTokens>),
+        );
         let load_limiter = LoadLimiter::new(settings.store.max_concurrent_loads);
         let (engine, upstream_clients) = engine::build(
             &settings,
@@ -114,6 +124,15 @@ impl Application {
 
         let tasks = TaskTracker::new();
         spawn_background(&settings, &engine, &store, &protection, &tasks, &shutdown)?;
+        if let Some(fleet) = fleet {
+            let every = settings.resilience.fleet.heartbeat();
+            tasks.spawn(crate::fleet::keep_beating(
+                fleet,
+                every,
+                every * FleetSettings::MISSED_BEATS,
+                shutdown.clone(),
+            ));
+        }
         let consistency = ConsistencyObserver::new(
             settings.events.observer.settings(),
             engine.clone(),
@@ -269,10 +288,24 @@ impl Application {
 
 /// Breakers, bulkheads, quotas, the shedder and the per-client limiter, every guard reporting its
 /// calls to `metrics`.
+/// This instance's part in the fleet's shared state, when the quotas are fleet-wide: recorded in
+/// the registry once before the guards are built, so that its share is cut for the fleet it
+/// joins.
+async fn join_fleet(settings: &Settings, tier: Option<&Arc<RedisTier>>) -> Option<Arc<Fleet>> {
+    let fleet_settings = &settings.resilience.fleet;
+    let tier = tier.filter(|_| fleet_settings.quotas)?;
+    let fleet = Arc::new(Fleet::new(Arc::clone(tier), &settings.instance_id()));
+    fleet
+        .beat(fleet_settings.heartbeat() * FleetSettings::MISSED_BEATS)
+        .await;
+    Some(fleet)
+}
+
 fn build_protection(
     settings: &Settings,
     ticker: Arc<dyn Ticker>,
     metrics: &Metrics,
+    fleet: Option<Arc<dyn FleetTokens>>,
 ) -> Arc<Protection> {
     let timeouts = settings.part_timeouts();
     Arc::new(Protection::new(
@@ -284,6 +317,7 @@ fn build_protection(
         },
         ticker,
         Some(metrics.call_observer()),
+        fleet,
     ))
 }
 

@@ -1,0 +1,93 @@
+//! This instance's part in what the fleet shares in Redis: its heartbeat in the registry of live
+//! instances, and the fleet-wide token buckets of the external APIs' quotas
+//! (`[resilience.fleet]`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rebate_guard::{FleetGrant, FleetTokens};
+use rebate_redis_tier::RedisTier;
+use rebate_resilience::RateConfig;
+use tokio_util::sync::CancellationToken;
+
+/// The fleet's buckets and registry on the shared Redis, as one instance sees them.
+#[derive(Debug)]
+pub struct Fleet {
+    tier: Arc<RedisTier>,
+    /// This instance's name in the registry: `observability.instance_id` (else `host-pid`) and
+    /// a random suffix, so that two instances given one name (or run in one process, as tests
+    /// do) are still counted apart.
+    instance: String,
+    /// Live instances at the last heartbeat that reached Redis; kept while Redis is away, so
+    /// the share an instance falls back to is cut for the fleet it last saw.
+    live: AtomicU32,
+}
+
+impl Fleet {
+    pub fn new(tier: Arc<RedisTier>, instance: &str) -> Self {
+        Self {
+            tier,
+            instance: format!("{instance}#{:08x}", rand::random::<u32>()),
+            live: AtomicU32::new(1),
+        }
+    }
+
+    /// Records this instance in the registry and learns how many are alive. Errors leave the
+    /// last count in place.
+    pub async fn beat(&self, expire_after: Duration) {
+        match self.tier.heartbeat(&self.instance, expire_after).await {
+            Ok(live) => {
+                let before = self.live.swap(live, Ordering::AcqRel);
+                if before != live {
+                    tracing::info!(live, instance = %self.instance, "live instances in the fleet changed");
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "heartbeat not recorded; keeping the last count of live instances");
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl FleetTokens for Fleet {
+    async fn take(
+        &self,
+        bucket: &'static str,
+        rate: RateConfig,
+        want: u32,
+    ) -> Result<FleetGrant, String> {
+        self.tier
+            .take_tokens(bucket, rate.per_second, rate.burst, want)
+            .await
+            .map(|grant| FleetGrant {
+                granted: grant.granted,
+                retry_after: grant.retry_after,
+            })
+            .map_err(|error| error.to_string())
+    }
+
+    fn live_instances(&self) -> u32 {
+        self.live.load(Ordering::Acquire).max(1)
+    }
+}
+
+/// Beats every `every` until `shutdown`; an instance that stops beating is gone for the others
+/// after `expire_after`.
+pub async fn keep_beating(
+    fleet: Arc<Fleet>,
+    every: Duration,
+    expire_after: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => fleet.beat(expire_after).await,
+            () = shutdown.cancelled() => return,
+        }
+    }
+}

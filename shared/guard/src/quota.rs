@@ -1,0 +1,565 @@
+//! Outbound quotas: one instance's token bucket, or a bucket the whole fleet draws from.
+//!
+//! An external API's contract counts the calls of every instance together. With a
+//! [`FleetQuotaConfig`], the guard takes its tokens from a fleet-wide bucket ([`FleetTokens`]:
+//! one atomic script per grant in Redis) instead of its own. Calls that find no token wait their
+//! turn for one grant, which takes a token for each of them at once (at most `max_lease`): a small
+//! batch, used the moment it arrives, so the fleet never makes more calls in a second than the
+//! bucket grants (`burst + per_second`). An empty bucket is remembered until its next token, so
+//! a refused call costs no round trip. When the bucket cannot be reached, the instance falls back
+//! to its share, the quota divided by the live instances of the fleet's registry (at least one
+//! call of burst each), and asks the fleet again after `retry_after_failure`.
+//!
+//! Cache hits never reach a quota; only the calls to the API do, so a round trip per grant costs
+//! the API's latency a fraction of a millisecond.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rebate_resilience::{RateConfig, Ticker, TokenBucket};
+use serde::Serialize;
+
+/// Grants tokens of fleet-wide buckets: Redis in the service, an in-process fake in tests.
+#[async_trait]
+pub trait FleetTokens: Send + Sync + fmt::Debug + 'static {
+    /// Takes up to `want` tokens from the fleet's bucket `bucket`, which refills at `rate`.
+    /// An error means the bucket could not be reached (the caller falls back to its share).
+    async fn take(
+        &self,
+        bucket: &'static str,
+        rate: RateConfig,
+        want: u32,
+    ) -> Result<FleetGrant, String>;
+
+    /// How many instances share the buckets, as last seen (at least 1).
+    fn live_instances(&self) -> u32;
+}
+
+/// Tokens taken from a fleet-wide bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetGrant {
+    pub granted: u32,
+    /// When fewer were granted than asked for: how long until the next token.
+    pub retry_after: Duration,
+}
+
+/// How a dependency's quota holds for the whole fleet.
+#[derive(Debug, Clone)]
+pub struct FleetQuotaConfig {
+    pub tokens: Arc<dyn FleetTokens>,
+    /// The most tokens one grant takes, for the calls waiting at that moment (at least 1).
+    pub max_lease: u32,
+    /// After the fleet's bucket could not be reached, how long the instance uses its share
+    /// before it asks the fleet again.
+    pub retry_after_failure: Duration,
+}
+
+/// Tokens granted for calls that waited together, left unclaimed (their callers gave up), are
+/// dropped after this long: a token is used the moment it is granted or not at all.
+const POOL_TTL: Duration = Duration::from_millis(100);
+
+/// A dependency's outbound quota.
+#[derive(Debug)]
+pub(crate) enum Quota {
+    /// This instance's own bucket.
+    Local {
+        rate: RateConfig,
+        bucket: TokenBucket,
+    },
+    Fleet(FleetQuota),
+}
+
+impl Quota {
+    pub(crate) fn new(
+        rate: RateConfig,
+        fleet: Option<FleetQuotaConfig>,
+        name: &'static str,
+    ) -> Self {
+        match fleet {
+            None => Quota::Local {
+                rate,
+                bucket: TokenBucket::new(rate),
+            },
+            Some(config) => Quota::Fleet(FleetQuota::new(name, rate, config)),
+        }
+    }
+
+    /// Takes a token for a call starting at `now_nanos`; false when the quota is spent.
+    pub(crate) async fn acquire(&self, ticker: &dyn Ticker) -> bool {
+        match self {
+            Quota::Local { bucket, .. } => bucket.try_acquire_at(ticker.now_nanos()).is_ok(),
+            Quota::Fleet(fleet) => fleet.acquire(ticker).await,
+        }
+    }
+
+    /// Whether a call starting now would get a token (advisory, takes nothing).
+    pub(crate) fn ready(&self, now_nanos: u64) -> bool {
+        match self {
+            Quota::Local { bucket, .. } => bucket.has_token_at(now_nanos),
+            Quota::Fleet(fleet) => fleet.ready(now_nanos),
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> QuotaSnapshot {
+        match self {
+            Quota::Local { rate, bucket } => {
+                let (granted, refused) = bucket.counts();
+                QuotaSnapshot {
+                    scope: QuotaScope::Instance,
+                    per_second: rate.per_second,
+                    burst: rate.burst,
+                    granted,
+                    refused,
+                    fleet: None,
+                }
+            }
+            Quota::Fleet(fleet) => fleet.snapshot(),
+        }
+    }
+}
+
+/// Whose calls a quota counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuotaScope {
+    Instance,
+    Fleet,
+}
+
+/// A quota as the status page shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QuotaSnapshot {
+    pub scope: QuotaScope,
+    pub per_second: f64,
+    pub burst: u32,
+    /// Calls that got a token (from the fleet's bucket or, while it was away, from the share).
+    pub granted: u64,
+    pub refused: u64,
+    pub fleet: Option<FleetSnapshot>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FleetSnapshot {
+    /// Instances sharing the bucket, as last seen in the registry.
+    pub live_instances: u32,
+    /// Whether the last grant reached the fleet's bucket.
+    pub reachable: bool,
+    /// Round trips to the fleet's bucket.
+    pub grants: u64,
+    /// Calls that got a token from this instance's share while the bucket was away.
+    pub granted_from_share: u64,
+}
+
+/// A quota drawn from a fleet-wide bucket; see the module documentation.
+pub(crate) struct FleetQuota {
+    name: &'static str,
+    rate: RateConfig,
+    config: FleetQuotaConfig,
+    /// Tokens of the last grant not yet claimed by the calls that waited for it.
+    pool: AtomicU32,
+    /// When the pool's tokens are dropped, in ticker nanoseconds.
+    pool_expires: AtomicU64,
+    /// The bucket said it was empty until then: calls are refused without a round trip.
+    empty_until: AtomicU64,
+    /// The bucket could not be reached: the share answers until then.
+    unreachable_until: AtomicU64,
+    /// Calls waiting for a grant: the next grant asks for a token for each.
+    waiting: AtomicU32,
+    /// One grant at a time; the calls behind it take its tokens from the pool.
+    granting: tokio::sync::Mutex<()>,
+    /// This instance's share and the number of live instances it was cut for.
+    share: Mutex<(u32, Arc<TokenBucket>)>,
+    granted: AtomicU64,
+    refused: AtomicU64,
+    grants: AtomicU64,
+    granted_from_share: AtomicU64,
+    /// Whether the last grant reached the bucket.
+    reachable: AtomicBool,
+}
+
+impl fmt::Debug for FleetQuota {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("FleetQuota")
+            .field("name", &self.name)
+            .field("rate", &self.rate)
+            .field("max_lease", &self.config.max_lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FleetQuota {
+    fn new(name: &'static str, rate: RateConfig, config: FleetQuotaConfig) -> Self {
+        let live = config.tokens.live_instances().max(1);
+        Self {
+            name,
+            rate,
+            share: Mutex::new((live, Arc::new(TokenBucket::new(share_of(rate, live))))),
+            config,
+            pool: AtomicU32::new(0),
+            pool_expires: AtomicU64::new(0),
+            empty_until: AtomicU64::new(0),
+            unreachable_until: AtomicU64::new(0),
+            waiting: AtomicU32::new(0),
+            granting: tokio::sync::Mutex::new(()),
+            granted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            grants: AtomicU64::new(0),
+            granted_from_share: AtomicU64::new(0),
+            reachable: AtomicBool::new(true),
+        }
+    }
+
+    async fn acquire(&self, ticker: &dyn Ticker) -> bool {
+        if let Some(answer) = self.answer_without_grant(ticker.now_nanos()) {
+            return answer;
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let turn = self.granting.lock().await;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        let now = ticker.now_nanos();
+        if let Some(answer) = self.answer_without_grant(now) {
+            return answer;
+        }
+        let want = (1 + self.waiting.load(Ordering::Acquire)).min(self.config.max_lease.max(1));
+        self.grants.fetch_add(1, Ordering::Relaxed);
+        let grant = self.config.tokens.take(self.name, self.rate, want).await;
+        // Stamped after the round trip: the pool lives from when its tokens arrive.
+        let now = ticker.now_nanos();
+        self.reachable.store(grant.is_ok(), Ordering::Release);
+        let answer = match grant {
+            Ok(grant) if grant.granted == 0 => {
+                self.empty_until.store(
+                    now.saturating_add(nanos(grant.retry_after)),
+                    Ordering::Release,
+                );
+                self.refuse()
+            }
+            Ok(grant) => {
+                self.pool_expires
+                    .store(now.saturating_add(nanos(POOL_TTL)), Ordering::Release);
+                self.pool.store(grant.granted - 1, Ordering::Release);
+                self.granted.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(error) => {
+                tracing::debug!(dependency = self.name, %error, "fleet quota unreachable; using this instance's share");
+                self.unreachable_until.store(
+                    now.saturating_add(nanos(self.config.retry_after_failure)),
+                    Ordering::Release,
+                );
+                self.take_share(now)
+            }
+        };
+        drop(turn);
+        answer
+    }
+
+    /// The answer a call gets without a new grant: a pooled token, the share while the bucket is
+    /// away, or a refusal while it is known to be empty. `None`: a grant is needed.
+    fn answer_without_grant(&self, now: u64) -> Option<bool> {
+        if self.take_pooled(now) {
+            self.granted.fetch_add(1, Ordering::Relaxed);
+            return Some(true);
+        }
+        if now < self.unreachable_until.load(Ordering::Acquire) {
+            return Some(self.take_share(now));
+        }
+        if now < self.empty_until.load(Ordering::Acquire) {
+            return Some(self.refuse());
+        }
+        None
+    }
+
+    fn ready(&self, now: u64) -> bool {
+        if self.pool.load(Ordering::Acquire) > 0 && now < self.pool_expires.load(Ordering::Acquire)
+        {
+            return true;
+        }
+        if now < self.unreachable_until.load(Ordering::Acquire) {
+            return self.share().has_token_at(now);
+        }
+        now >= self.empty_until.load(Ordering::Acquire)
+    }
+
+    fn take_pooled(&self, now: u64) -> bool {
+        if now >= self.pool_expires.load(Ordering::Acquire) {
+            return false;
+        }
+        self.pool
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok()
+    }
+
+    fn take_share(&self, now: u64) -> bool {
+        if self.share().try_acquire_at(now).is_ok() {
+            self.granted.fetch_add(1, Ordering::Relaxed);
+            self.granted_from_share.fetch_add(1, Ordering::Relaxed);
+            true
+        } else {
+            self.refuse()
+        }
+    }
+
+    /// This instance's share for the live instances now: the bucket is cut anew (full) when
+    /// their number changes.
+    fn share(&self) -> Arc<TokenBucket> {
+        let live = self.config.tokens.live_instances().max(1);
+        let mut share = self.share.lock().unwrap_or_else(PoisonError::into_inner);
+        if share.0 != live {
+            *share = (live, Arc::new(TokenBucket::new(share_of(self.rate, live))));
+        }
+        Arc::clone(&share.1)
+    }
+
+    fn refuse(&self) -> bool {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    fn snapshot(&self) -> QuotaSnapshot {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        QuotaSnapshot {
+            scope: QuotaScope::Fleet,
+            per_second: self.rate.per_second,
+            burst: self.rate.burst,
+            granted: read(&self.granted),
+            refused: read(&self.refused),
+            fleet: Some(FleetSnapshot {
+                live_instances: self.config.tokens.live_instances().max(1),
+                reachable: self.reachable.load(Ordering::Acquire),
+                grants: read(&self.grants),
+                granted_from_share: read(&self.granted_from_share),
+            }),
+        }
+    }
+}
+
+/// One instance's share of `rate` among `live` instances: the rate divided, the burst divided
+/// but at least one call (so with more instances than the burst, the fleet may make up to one
+/// call per instance more in a second while the bucket is away).
+fn share_of(rate: RateConfig, live: u32) -> RateConfig {
+    RateConfig {
+        per_second: rate.per_second / f64::from(live),
+        burst: (rate.burst / live).max(1),
+    }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use rebate_resilience::ManualTicker;
+
+    use super::*;
+
+    /// The fleet's bucket in process: one `TokenBucket` on the test's ticker, with a switch
+    /// that makes it unreachable and a count of round trips.
+    #[derive(Debug)]
+    struct FakeFleet {
+        bucket: TokenBucket,
+        ticker: Arc<ManualTicker>,
+        round_trips: AtomicU64,
+        unreachable: AtomicBool,
+        live: AtomicU32,
+    }
+
+    impl FakeFleet {
+        fn new(rate: RateConfig, ticker: &Arc<ManualTicker>) -> Arc<Self> {
+            Arc::new(Self {
+                bucket: TokenBucket::new(rate),
+                ticker: Arc::clone(ticker),
+                round_trips: AtomicU64::new(0),
+                unreachable: AtomicBool::new(false),
+                live: AtomicU32::new(1),
+            })
+        }
+    }
+
+    #[async_trait]
+    impl FleetTokens for FakeFleet {
+        async fn take(
+            &self,
+            _bucket: &'static str,
+            _rate: RateConfig,
+            want: u32,
+        ) -> Result<FleetGrant, String> {
+            self.round_trips.fetch_add(1, Ordering::SeqCst);
+            // A round trip: the callers behind this one queue up meanwhile.
+            tokio::task::yield_now().await;
+            if self.unreachable.load(Ordering::SeqCst) {
+                return Err("connection refused".to_owned());
+            }
+            let now = self.ticker.now_nanos();
+            let mut granted = 0;
+            while granted < want {
+                match self.bucket.try_acquire_at(now) {
+                    Ok(()) => granted += 1,
+                    Err(exceeded) => {
+                        return Ok(FleetGrant {
+                            granted,
+                            retry_after: exceeded.retry_after,
+                        });
+                    }
+                }
+            }
+            Ok(FleetGrant {
+                granted,
+                retry_after: Duration::ZERO,
+            })
+        }
+
+        fn live_instances(&self) -> u32 {
+            self.live.load(Ordering::SeqCst)
+        }
+    }
+
+    const RATE: RateConfig = RateConfig {
+        per_second: 10.0,
+        burst: 4,
+    };
+
+    fn instance(fleet: &Arc<FakeFleet>, max_lease: u32) -> Arc<Quota> {
+        Arc::new(Quota::new(
+            RATE,
+            Some(FleetQuotaConfig {
+                tokens: Arc::clone(fleet) as Arc<dyn FleetTokens>,
+                max_lease,
+                retry_after_failure: Duration::from_secs(1),
+            }),
+            "coupons",
+        ))
+    }
+
+    /// `calls` acquires at once on `quota`; how many got a token.
+    async fn acquire_at_once(
+        quota: &Arc<Quota>,
+        ticker: &Arc<ManualTicker>,
+        calls: usize,
+    ) -> usize {
+        let tasks: Vec<_> = (0..calls)
+            .map(|_| {
+                let quota = Arc::clone(quota);
+                let ticker = Arc::clone(ticker);
+                tokio::spawn(async move { quota.acquire(ticker.as_ref()).await })
+            })
+            .collect();
+        let mut granted = 0;
+        for task in tasks {
+            granted += usize::from(task.await.unwrap());
+        }
+        granted
+    }
+
+    #[tokio::test]
+    async fn instances_together_get_no_more_than_the_fleets_bucket() {
+        let ticker = Arc::new(ManualTicker::new());
+        let fleet = FakeFleet::new(RATE, &ticker);
+        let instances: Vec<_> = (0..3).map(|_| instance(&fleet, 8)).collect();
+        let mut granted = 0;
+        // Three seconds in 100 ms steps, every instance asking five times a step.
+        for _ in 0..30 {
+            for quota in &instances {
+                granted += acquire_at_once(quota, &ticker, 5).await;
+            }
+            ticker.advance(Duration::from_millis(100));
+        }
+        // The burst, then one token per 100 ms: 4 + 29 (the last step's refill is not asked for).
+        assert_eq!(granted, 4 + 29);
+        let refused: u64 = instances.iter().map(|quota| quota.snapshot().refused).sum();
+        assert_eq!(refused, 3 * 30 * 5 - 33);
+    }
+
+    #[tokio::test]
+    async fn calls_waiting_together_share_one_grant() {
+        let ticker = Arc::new(ManualTicker::new());
+        let fleet = FakeFleet::new(
+            RateConfig {
+                per_second: 100.0,
+                burst: 100,
+            },
+            &ticker,
+        );
+        let quota = instance(&fleet, 8);
+        assert_eq!(acquire_at_once(&quota, &ticker, 24).await, 24);
+        let round_trips = fleet.round_trips.load(Ordering::SeqCst);
+        assert!((3..24).contains(&round_trips), "{round_trips} round trips");
+        // Nothing is kept for later: the pool is empty once the waiting calls took theirs.
+        assert_eq!(quota.snapshot().granted, 24);
+    }
+
+    #[tokio::test]
+    async fn an_empty_bucket_is_not_asked_again_before_its_next_token() {
+        let ticker = Arc::new(ManualTicker::new());
+        let fleet = FakeFleet::new(RATE, &ticker);
+        let quota = instance(&fleet, 1);
+        assert_eq!(acquire_at_once(&quota, &ticker, 4).await, 4);
+        let round_trips = fleet.round_trips.load(Ordering::SeqCst);
+        assert!(!quota.acquire(ticker.as_ref()).await);
+        assert!(!quota.ready(ticker.now_nanos()));
+        for _ in 0..10 {
+            assert!(!quota.acquire(ticker.as_ref()).await);
+        }
+        assert_eq!(fleet.round_trips.load(Ordering::SeqCst), round_trips + 1);
+        ticker.advance(Duration::from_millis(100));
+        assert!(quota.ready(ticker.now_nanos()));
+        assert!(quota.acquire(ticker.as_ref()).await);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_bucket_leaves_each_instance_its_share() {
+        let ticker = Arc::new(ManualTicker::new());
+        let fleet = FakeFleet::new(
+            RateConfig {
+                per_second: 30.0,
+                burst: 6,
+            },
+            &ticker,
+        );
+        fleet.live.store(3, Ordering::SeqCst);
+        fleet.unreachable.store(true, Ordering::SeqCst);
+        let quota = Arc::new(Quota::new(
+            RateConfig {
+                per_second: 30.0,
+                burst: 6,
+            },
+            Some(FleetQuotaConfig {
+                tokens: Arc::clone(&fleet) as Arc<dyn FleetTokens>,
+                max_lease: 8,
+                retry_after_failure: Duration::from_secs(1),
+            }),
+            "coupons",
+        ));
+        // A third of the quota: a burst of 2, refilled at 10 a second.
+        assert_eq!(acquire_at_once(&quota, &ticker, 5).await, 2);
+        ticker.advance(Duration::from_millis(100));
+        assert_eq!(acquire_at_once(&quota, &ticker, 10).await, 1);
+        assert_eq!(
+            fleet.round_trips.load(Ordering::SeqCst),
+            1,
+            "asked once, then the share"
+        );
+        let snapshot = quota.snapshot();
+        let fleet_state = snapshot.fleet.unwrap();
+        assert!(!fleet_state.reachable);
+        assert_eq!(
+            (fleet_state.live_instances, fleet_state.granted_from_share),
+            (3, 3)
+        );
+        // Back after a second: the fleet's bucket answers again.
+        fleet.unreachable.store(false, Ordering::SeqCst);
+        ticker.advance(Duration::from_millis(900));
+        assert!(quota.acquire(ticker.as_ref()).await);
+        assert_eq!(fleet.round_trips.load(Ordering::SeqCst), 2);
+        assert!(quota.snapshot().fleet.unwrap().reachable);
+    }
+}

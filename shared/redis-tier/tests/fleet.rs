@@ -1,0 +1,89 @@
+//! The fleet's shared state on the real Redis at 127.0.0.1:6379: token buckets that several
+//! instances draw from, and the registry of live instances.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "tests against a real Redis wait on the wall clock"
+)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Namespace, SHARED_URL, settings};
+use rebate_redis_tier::RedisTier;
+
+async fn tier(namespace: &Namespace) -> RedisTier {
+    RedisTier::connect(settings(SHARED_URL, &namespace.prefix))
+        .await
+        .unwrap_or_else(|error| panic!("redis at {SHARED_URL} must be running: {error}"))
+}
+
+#[tokio::test]
+async fn a_bucket_grants_its_burst_then_its_rate_to_every_instance_together() {
+    let namespace = Namespace::new(SHARED_URL);
+    let first = tier(&namespace).await;
+    let second = tier(&namespace).await;
+    // 10 a second (one per 100 ms), burst 3: three at once, then the rest wait.
+    let grant = first.take_tokens("coupons", 10.0, 3, 2).await.unwrap();
+    assert_eq!((grant.granted, grant.retry_after), (2, Duration::ZERO));
+    let grant = second.take_tokens("coupons", 10.0, 3, 5).await.unwrap();
+    assert_eq!(
+        grant.granted, 1,
+        "the burst is shared: one left for the other instance"
+    );
+    assert!(
+        grant.retry_after > Duration::from_millis(50)
+            && grant.retry_after <= Duration::from_millis(100),
+        "{grant:?}"
+    );
+    let grant = first.take_tokens("coupons", 10.0, 3, 1).await.unwrap();
+    assert_eq!(grant.granted, 0);
+    // Another bucket is not touched.
+    assert_eq!(
+        first
+            .take_tokens("extras", 10.0, 3, 3)
+            .await
+            .unwrap()
+            .granted,
+        3
+    );
+
+    // Over 1.5 s of asking all the time, both instances together get the rate's share.
+    let started = Instant::now();
+    let mut granted = 0;
+    while started.elapsed() < Duration::from_millis(1_500) {
+        for tier in [&first, &second] {
+            granted += tier
+                .take_tokens("coupons", 10.0, 3, 2)
+                .await
+                .unwrap()
+                .granted;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let most = (elapsed * 10.0).ceil() as u32 + 1;
+    assert!(
+        (13..=most).contains(&granted),
+        "{granted} tokens in {elapsed:.2} s"
+    );
+}
+
+#[tokio::test]
+async fn the_registry_counts_instances_until_they_stop_beating() {
+    let namespace = Namespace::new(SHARED_URL);
+    let tier = tier(&namespace).await;
+    let expire_after = Duration::from_millis(300);
+    assert_eq!(tier.heartbeat("a", expire_after).await.unwrap(), 1);
+    assert_eq!(tier.heartbeat("b", expire_after).await.unwrap(), 2);
+    assert_eq!(
+        tier.heartbeat("a", expire_after).await.unwrap(),
+        2,
+        "counted once"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(tier.heartbeat("a", expire_after).await.unwrap(), 2);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // "b" was last heard of 400 ms ago.
+    assert_eq!(tier.heartbeat("a", expire_after).await.unwrap(), 1);
+}
