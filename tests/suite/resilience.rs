@@ -548,3 +548,87 @@ async fn concurrent_cold_items_share_one_upstream_call_and_one_quota_token() {
     assert!((1..=3).contains(&calls), "{calls} coupon calls");
     app.stop().await;
 }
+
+/// At a shed level the lower classes give way first: a list is served as if the level were one
+/// higher, a prefetch two (refused from level 2); a header lowers a request's class, never
+/// raises it, and a class the service does not know is a 400.
+#[tokio::test]
+async fn lower_request_classes_give_way_first_at_each_level() {
+    let app = spawn_app_with(|settings| settings.engine.cache_only_loads = 0).await;
+    let get_as = |class: Option<&'static str>, id: &'static str| {
+        let mut request = app.client.get(app.item_url("jd", id));
+        if let Some(class) = class {
+            request = request.header("x-request-class", class);
+        }
+        request.send()
+    };
+    assert_eq!(get_as(None, "100001").await.unwrap().status(), 200);
+
+    app.admin_put("/admin/v1/shedding", &json!({"level": "drop_extras"}))
+        .await;
+    let levels = [
+        (None, "2", "1"),
+        (Some("page"), "2", "1"),
+        (Some("list"), "2", "2"),
+        (Some("prefetch"), "3", "3"),
+    ];
+    for (class, batch_level, item_level) in levels {
+        let response = get_as(class, "100001").await.unwrap();
+        assert_eq!(response.status(), 200, "{class:?}");
+        assert_eq!(response.headers()["x-shed-level"], item_level, "{class:?}");
+        let mut batch = app
+            .client
+            .post(format!("{}/api/v1/items:batch", app.base_url))
+            .json(&json!({"items": [{"platform": "jd", "item_id": "100001"}]}));
+        if let Some(class) = class {
+            batch = batch.header("x-request-class", class);
+        }
+        let response = batch.send().await.unwrap();
+        assert_eq!(response.status(), 200, "{class:?}");
+        // A batch is a list: `page` cannot raise it.
+        assert_eq!(response.headers()["x-shed-level"], batch_level, "{class:?}");
+    }
+
+    app.admin_put("/admin/v1/shedding", &json!({"level": "short_timeouts"}))
+        .await;
+    let refused = get_as(Some("prefetch"), "100001").await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let trace_id = refused.headers()["x-trace-id"].to_str().unwrap().to_owned();
+    assert_eq!(json_of(refused).await["error"]["code"], "overloaded");
+    // A list is cache-only at level 2: the cached item is served, a cold one refused.
+    let list = get_as(Some("list"), "100001").await.unwrap();
+    assert_eq!(list.headers()["x-shed-level"], "3");
+    assert_eq!(list.status(), 200);
+    assert_eq!(get_as(Some("list"), "100555").await.unwrap().status(), 503);
+    assert_eq!(get_as(Some("page"), "100556").await.unwrap().status(), 200);
+
+    let invalid = get_as(Some("urgent"), "100001").await.unwrap();
+    assert_eq!(invalid.status(), 400);
+    assert_eq!(
+        json_of(invalid).await["error"]["code"],
+        "invalid_request_class"
+    );
+
+    let status = json_of(app.admin_get("/admin/v1/status").await).await;
+    assert_eq!(
+        status["protection"]["refused_by_class"]["prefetch"], 1,
+        "{status}"
+    );
+    assert_eq!(
+        status["protection"]["refused_by_class"]["page"], 0,
+        "{status}"
+    );
+    let record = json_of(
+        app.admin_get(&format!("/admin/v1/slow-requests/{trace_id}"))
+            .await,
+    )
+    .await;
+    assert_eq!(record["class"], "prefetch", "{record}");
+    let metrics = app.admin_get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains(r#"rebate_shed_refused_total{class="prefetch"} 1"#),
+        "{metrics}"
+    );
+    app.stop().await;
+}

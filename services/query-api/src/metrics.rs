@@ -29,7 +29,7 @@ use rebate_cache::{CacheStatsSnapshot, PartView};
 use rebate_domain::PartKind;
 use rebate_engine::QueryEngine;
 use rebate_guard::{CallObserver, CallOutcome};
-use rebate_resilience::BreakerState;
+use rebate_resilience::{BreakerState, RequestClass};
 use rebate_sources::BatchStats;
 
 use crate::consistency::ConsistencyObserver;
@@ -82,8 +82,19 @@ pub struct Metrics {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RequestLabels {
     route: Route,
+    class: ClassLabel,
     status: u16,
     degraded: bool,
+}
+
+/// A request's class, or `other` for one refused before it had one (429, 431, …).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct ClassLabel(Option<RequestClass>);
+
+impl EncodeLabelValue for ClassLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), fmt::Error> {
+        fmt::Write::write_str(encoder, self.0.map_or("other", RequestClass::as_str))
+    }
 }
 
 /// A matched route template (an `Arc<str>` inside axum, so cloning it never allocates), or
@@ -242,6 +253,7 @@ impl Metrics {
     pub fn record_request(
         &self,
         route: &Route,
+        class: Option<RequestClass>,
         status: u16,
         answered: Option<Answered>,
         elapsed: Duration,
@@ -249,6 +261,7 @@ impl Metrics {
         let degraded = answered.is_some_and(|answered| answered.degraded > 0);
         let labels = RequestLabels {
             route: route.clone(),
+            class: ClassLabel(class),
             status,
             degraded,
         };
@@ -727,6 +740,14 @@ impl StateCollector {
             "rebate_client_limit_refused",
             "Requests refused with 429 by the per-client limit.",
             refused,
+        )?;
+        counters(
+            encoder,
+            "rebate_shed_refused",
+            "Requests refused with 503 because their class gives way at the shed level (prefetch from level 2).",
+            protection
+                .refused_by_class()
+                .map(|(class, refused)| ([("class", class.as_str())], refused)),
         )
     }
 
@@ -875,7 +896,13 @@ mod tests {
             degraded: 1,
             failed: 0,
         };
-        metrics.record_request(&route, 200, Some(answered), Duration::from_millis(2));
+        metrics.record_request(
+            &route,
+            Some(RequestClass::Page),
+            200,
+            Some(answered),
+            Duration::from_millis(2),
+        );
         assert_eq!(metrics.answers.success_ratio(), 0.75);
         let text = metrics.encode().unwrap();
         assert_eq!(

@@ -2,14 +2,16 @@
 //! limiter, built once from `[resilience]` (`crate::config::resilience`) and shared by the edge,
 //! the loaders and the admin status.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rebate_guard::{
     CallObserver, DependencyConfig, DependencyGuard, DependencySnapshot, FleetQuotaConfig,
     FleetTokens,
 };
-use rebate_resilience::{KeyedLimiter, LoadShedder, ShedLevel, ShedSnapshot, Ticker};
+use rebate_resilience::{KeyedLimiter, LoadShedder, RequestClass, ShedLevel, ShedSnapshot, Ticker};
 use serde::Serialize;
 
 use crate::config::ResilienceSettings;
@@ -27,6 +29,9 @@ pub struct Protection {
     pub clients: Option<ClientLimiter>,
     /// Level 3's `Retry-After` range, in seconds.
     pub retry_after_secs: (u32, u32),
+    /// Requests refused outright by their class's place at the shed level, per class (lowest
+    /// first, as [`RequestClass::ALL`]).
+    refused_by_class: [AtomicU64; 3],
     settings: ResilienceSettings,
 }
 
@@ -93,6 +98,7 @@ impl Protection {
                 trusted_proxy_hops: client.trusted_proxy_hops,
             }),
             retry_after_secs: (shedding.retry_after_min_secs, shedding.retry_after_max_secs),
+            refused_by_class: Default::default(),
             settings: settings.clone(),
         }
     }
@@ -109,6 +115,21 @@ impl Protection {
     pub fn shed_retry_after(&self) -> u32 {
         let (min, max) = self.retry_after_secs;
         rand::random_range(min..=max)
+    }
+
+    /// Counts a request refused because its class gives way at the current level.
+    pub fn count_refused(&self, class: RequestClass) {
+        self.refused_by_class[class as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests refused by class, lowest class first.
+    pub fn refused_by_class(&self) -> [(RequestClass, u64); 3] {
+        RequestClass::ALL.map(|class| {
+            (
+                class,
+                self.refused_by_class[class as usize].load(Ordering::Relaxed),
+            )
+        })
     }
 
     pub fn dependencies(&self) -> [&Arc<DependencyGuard>; 4] {
@@ -140,6 +161,11 @@ impl Protection {
                 self.settings.shedding.edge_timeout_factor,
             ],
             shed_retry_after_secs: [self.retry_after_secs.0, self.retry_after_secs.1],
+            refused_by_class: self
+                .refused_by_class()
+                .into_iter()
+                .map(|(class, refused)| (class.as_str(), refused))
+                .collect(),
         }
     }
 }
@@ -163,6 +189,9 @@ pub struct ProtectionStatus {
     /// Core, normal and edge timeout factors at level 2.
     pub level2_timeout_factors: [f64; 3],
     pub shed_retry_after_secs: [u32; 2],
+    /// Requests refused outright because their class gives way at the level (`prefetch` from
+    /// level 2), by class.
+    pub refused_by_class: BTreeMap<&'static str, u64>,
 }
 
 #[derive(Debug, Serialize)]

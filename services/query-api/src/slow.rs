@@ -5,6 +5,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use rebate_domain::Timestamp;
+use rebate_resilience::RequestClass;
 use rebate_telemetry::{Stage, TraceId};
 use serde::Serialize;
 
@@ -33,6 +34,8 @@ pub struct SlowRequest {
     pub latency_ms: f64,
     /// The load-shedding level it was served at (0–3).
     pub shed_level: u8,
+    /// Its class (`page`, `list`, `prefetch`), when it got as far as the shedder.
+    pub class: Option<RequestClass>,
     pub reasons: Vec<SlowReason>,
     /// Where the time went: parts that did not come from L1, cache-tier reads, leases and every
     /// dependency call (with attempt numbers), in the order they ended. Parts absent here were
@@ -111,6 +114,7 @@ mod tests {
             status,
             latency_ms: 512.0,
             shed_level: 0,
+            class: Some(RequestClass::Page),
             reasons: vec![SlowReason::Slow],
             stages: Vec::new(),
         }

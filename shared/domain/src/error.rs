@@ -39,6 +39,8 @@ pub enum ErrorCode {
     NotRecorded,
     /// The `x-client-id` header is not 1–64 characters of letters, digits, `.`, `_`, `:`, `-`.
     InvalidClientId,
+    /// The `x-request-class` header is not `page`, `list` or `prefetch`.
+    InvalidRequestClass,
     /// The request body did not arrive within the body read timeout.
     RequestTimeout,
     /// The request target (path and query) is longer than the configured limit.
@@ -68,6 +70,7 @@ impl ErrorCode {
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::InvalidClientId => "invalid_client_id",
+            ErrorCode::InvalidRequestClass => "invalid_request_class",
             ErrorCode::InvalidQuery => "invalid_query",
             ErrorCode::NotRecorded => "not_recorded",
             ErrorCode::RequestTimeout => "request_timeout",

@@ -8,12 +8,14 @@
 //! - [`Bulkhead`]: a bound on concurrent calls that fails at once when full;
 //! - [`RetryBudget`] and [`Backoff`]: retries capped per request and as a share of all calls;
 //! - [`TokenBucket`] (GCRA) for outbound quotas, [`KeyedLimiter`] for per-client edge limits;
-//! - [`LoadShedder`]: three levels of shedding from measured load, with hysteresis and dwell.
+//! - [`LoadShedder`]: three levels of shedding from measured load, with hysteresis and dwell;
+//!   [`RequestClass`]: which requests give way first at each level.
 //!
 //! Time comes from a [`Ticker`], so tests move it by hand instead of sleeping.
 
 mod breaker;
 mod bulkhead;
+mod class;
 mod quota;
 mod retry;
 mod shedder;
@@ -23,6 +25,7 @@ pub use breaker::{
     BreakerConfig, BreakerOpen, BreakerPermit, BreakerSnapshot, BreakerState, CircuitBreaker,
 };
 pub use bulkhead::{Bulkhead, BulkheadFull, BulkheadPermit, BulkheadSnapshot};
+pub use class::RequestClass;
 pub use quota::{KeyedLimiter, QuotaExceeded, RateConfig, TokenBucket};
 pub use retry::{Backoff, Jitter, RetryBudget, RetryConfig};
 pub use shedder::{Admission, LevelController, LoadShedder, ShedConfig, ShedLevel, ShedSnapshot};

@@ -23,6 +23,9 @@ pub enum ApiError {
     /// 400: the `x-client-id` header is malformed.
     #[error("{0}")]
     InvalidClientId(String),
+    /// 400: the `x-request-class` header is not `page`, `list` or `prefetch`.
+    #[error("{0}")]
+    InvalidRequestClass(String),
     /// 400: a query string or path parameter of an admin route is malformed.
     #[error("{0}")]
     InvalidQuery(String),
@@ -95,6 +98,7 @@ impl ApiError {
             | ApiError::InvalidBody(_)
             | ApiError::InvalidBatchSize { .. }
             | ApiError::InvalidClientId(_)
+            | ApiError::InvalidRequestClass(_)
             | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
             ApiError::ItemNotFound(_) | ApiError::RouteNotFound | ApiError::NotRecorded => {
                 StatusCode::NOT_FOUND
@@ -133,6 +137,7 @@ impl ApiError {
             ApiError::Overloaded { .. } => ErrorCode::Overloaded,
             ApiError::RateLimited { .. } => ErrorCode::RateLimited,
             ApiError::InvalidClientId(_) => ErrorCode::InvalidClientId,
+            ApiError::InvalidRequestClass(_) => ErrorCode::InvalidRequestClass,
             ApiError::InvalidQuery(_) => ErrorCode::InvalidQuery,
             ApiError::NotRecorded => ErrorCode::NotRecorded,
             ApiError::Timeout => ErrorCode::Timeout,

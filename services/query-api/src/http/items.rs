@@ -15,16 +15,14 @@ use tokio::time::Instant;
 
 use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiJson, ApiPath};
+use super::routes::{BATCH_ROUTE, ITEM_ROUTE};
 use crate::metrics::Answered;
 use crate::state::AppState;
 
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route(
-            "/api/v1/items/{platform}/{item_id}/rebate",
-            get(item_rebate),
-        )
-        .route("/api/v1/items:batch", post(batch_rebate))
+        .route(ITEM_ROUTE, get(item_rebate))
+        .route(BATCH_ROUTE, post(batch_rebate))
 }
 
 /// A quote with the request's trace id, the success body of the single-item route.

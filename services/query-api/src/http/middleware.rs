@@ -11,7 +11,7 @@ use axum::http::{HeaderName, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rebate_domain::Timestamp;
-use rebate_resilience::{RateConfig, Ticker, TokenBucket};
+use rebate_resilience::{RateConfig, RequestClass, Ticker, TokenBucket};
 use rebate_telemetry::{Timeline, TraceId};
 use serde::Serialize;
 use tokio::time::Instant;
@@ -129,6 +129,7 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
         status = tracing::field::Empty,
         degraded = tracing::field::Empty,
         shed_level = tracing::field::Empty,
+        class = tracing::field::Empty,
         latency_ms = tracing::field::Empty,
         "otel.status_code" = tracing::field::Empty,
     );
@@ -179,9 +180,13 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
         .get(SHED_LEVEL_HEADER)
         .and_then(|value| value.to_str().ok()?.parse::<u8>().ok())
         .unwrap_or(0);
+    let class = response.extensions().get::<RequestClass>().copied();
     span.record("status", status);
     span.record("degraded", degraded);
     span.record("shed_level", shed_level);
+    if let Some(class) = class {
+        span.record("class", class.as_str());
+    }
     span.record("latency_ms", latency_ms);
     if response.status().is_server_error() {
         span.record("otel.status_code", "error");
@@ -219,6 +224,7 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
                     status,
                     latency_ms,
                     shed_level,
+                    class = class.map(RequestClass::as_str),
                     reasons = ?reasons,
                     stages = %summary,
                     suppressed_since_last_line = suppressed,
@@ -234,6 +240,7 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
                 status,
                 latency_ms,
                 shed_level,
+                class,
                 reasons,
                 stages,
             });
@@ -264,6 +271,7 @@ pub async fn track_requests(
     let response = next.run(request).await;
     metrics.record_request(
         &route,
+        response.extensions().get::<RequestClass>().copied(),
         response.status().as_u16(),
         response.extensions().get::<Answered>().copied(),
         started.elapsed(),

@@ -14,6 +14,7 @@ mod extract;
 pub mod items;
 pub mod middleware;
 pub mod protect;
+pub mod routes;
 mod slow_requests;
 
 use axum::Router;

@@ -4,13 +4,14 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use rebate_resilience::ShedLevel;
+use rebate_resilience::{Admission, LoadShedder, RequestClass, ShedLevel};
 
 use super::error::ApiError;
+use super::routes::BATCH_ROUTE;
 use crate::protection::Protection;
 
 /// Who the client says it is: a per-app or per-device id. Without it, the peer address is used.
@@ -18,6 +19,8 @@ pub const CLIENT_ID_HEADER: HeaderName = HeaderName::from_static("x-client-id");
 const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// Set on responses served while shedding (level ≥ 1), so clients and load tests can see it.
 pub const SHED_LEVEL_HEADER: HeaderName = HeaderName::from_static("x-shed-level");
+/// Lowers a request's class (`page`, `list`, `prefetch`): what gives way first when shedding.
+pub const REQUEST_CLASS_HEADER: HeaderName = HeaderName::from_static("x-request-class");
 
 const MAX_CLIENT_ID_LEN: usize = 64;
 
@@ -102,28 +105,72 @@ fn forwarded_client(headers: &HeaderMap, trusted_hops: u32) -> Option<IpAddr> {
 }
 
 /// Admits the request through the load shedder and records the level it is served at (an
-/// extension for the handlers, `x-shed-level` on the response when shedding).
+/// extension for the handlers, `x-shed-level` on the response when shedding). The level is its
+/// class's at the measured level ([`RequestClass::served_at`]): lower classes are served as if
+/// the load were higher, and a prefetch is refused (503 `overloaded`) from level 2. The class
+/// goes on the response for the trace layer and the metrics.
 pub async fn admit(
     State(protection): State<Arc<Protection>>,
     mut request: Request,
     next: Next,
 ) -> Response {
-    let Some(shedder) = &protection.shedder else {
-        request.extensions_mut().insert(ShedLevel::Normal);
-        return next.run(request).await;
+    let class = match request_class(&request) {
+        Ok(class) => class,
+        Err(error) => return error.into_response(),
     };
-    let admission = shedder.admit();
-    let level = admission.level();
-    request.extensions_mut().insert(level);
-    let mut response = next.run(request).await;
+    let admission = protection.shedder.as_ref().map(LoadShedder::admit);
+    let measured = admission
+        .as_ref()
+        .map_or(ShedLevel::Normal, Admission::level);
+    let mut response = match class.served_at(measured) {
+        Some(level) => {
+            request.extensions_mut().insert(level);
+            let mut response = next.run(request).await;
+            if level != ShedLevel::Normal {
+                response.headers_mut().insert(
+                    SHED_LEVEL_HEADER,
+                    HeaderValue::from(u16::from(level.as_u8())),
+                );
+            }
+            response
+        }
+        None => {
+            protection.count_refused(class);
+            let retry_after_secs = protection.shed_retry_after();
+            let mut response = ApiError::Overloaded { retry_after_secs }.into_response();
+            response.headers_mut().insert(
+                SHED_LEVEL_HEADER,
+                HeaderValue::from(u16::from(measured.as_u8())),
+            );
+            response
+        }
+    };
     drop(admission);
-    if level != ShedLevel::Normal {
-        response.headers_mut().insert(
-            SHED_LEVEL_HEADER,
-            HeaderValue::from(u16::from(level.as_u8())),
-        );
-    }
+    response.extensions_mut().insert(class);
     response
+}
+
+/// The request's class: its route's (the batch route serves a list page, every other route an
+/// item page), lowered by an `x-request-class` header — never raised: a client cannot buy
+/// priority by claiming it.
+fn request_class(request: &Request) -> Result<RequestClass, ApiError> {
+    let route = match request.extensions().get::<MatchedPath>() {
+        Some(path) if path.as_str() == BATCH_ROUTE => RequestClass::List,
+        _ => RequestClass::Page,
+    };
+    let Some(value) = request.headers().get(REQUEST_CLASS_HEADER) else {
+        return Ok(route);
+    };
+    let claimed = value
+        .to_str()
+        .ok()
+        .and_then(RequestClass::parse)
+        .ok_or_else(|| {
+            ApiError::InvalidRequestClass(
+                "x-request-class must be one of page, list or prefetch".to_owned(),
+            )
+        })?;
+    Ok(claimed.min(route))
 }
 
 #[cfg(test)]
