@@ -140,3 +140,141 @@ async fn three_instances_share_one_outbound_quota_and_fall_back_to_their_shares(
     }
     env.clean_up().await;
 }
+
+/// Two instances answer one Zipf stream between them; the fleet's list of hot keys (each
+/// instance's published list, summed in Redis) holds at least 90 of the stream's top 100, and
+/// each instance's own list shows what it answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleets_hot_keys_follow_the_traffic_of_every_instance() {
+    use rand::{Rng, SeedableRng};
+    use std::collections::HashMap;
+
+    let env = ProductionEnv::new("hot_keys").await;
+    let learning = |settings: &mut Settings| settings.hot_keys.publish_interval_secs = 1;
+    let instances = [
+        env.spawn_instance(learning).await,
+        env.spawn_instance(learning).await,
+    ];
+    // Zipf (exponent 1.1) over 2,000 items by inverse transform on the cumulative weights.
+    let items = 2_000usize;
+    let mut cumulative = Vec::with_capacity(items);
+    let mut total = 0.0;
+    for rank in 1..=items {
+        total += 1.0 / (rank as f64).powf(1.1);
+        cumulative.push(total);
+    }
+    let mut random = rand::rngs::StdRng::seed_from_u64(7);
+    let stream: Vec<u64> = (0..6_000)
+        .map(|_| {
+            let draw = random.random::<f64>() * total;
+            let rank = cumulative.partition_point(|&weight| weight < draw);
+            100_001 + rank as u64
+        })
+        .collect();
+    let mut truth: HashMap<u64, u64> = HashMap::new();
+    for chunk in stream.chunks(64) {
+        let requests: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .map(|(index, id)| {
+                let instance = &instances[index % 2];
+                instance
+                    .client
+                    .get(instance.item_url("jd", &id.to_string()))
+                    .send()
+            })
+            .collect();
+        for (id, response) in chunk.iter().zip(futures::future::join_all(requests).await) {
+            // Answered items are counted; the few ids the demo catalogue lacks are not.
+            if response.unwrap().status() == 200 {
+                *truth.entry(*id).or_default() += 1;
+            }
+        }
+    }
+    let mut ranked: Vec<u64> = truth.values().copied().collect();
+    ranked.sort_unstable_by(|left, right| right.cmp(left));
+    // Ties at the 100th count: any key counted that often is in a true top 100.
+    let hundredth = ranked[99];
+
+    // Both instances publish within a second.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let listed: Value = instances[0]
+        .admin_get("/admin/v1/hot-keys?limit=100")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let fleet = listed["fleet"].as_array().expect("the fleet's list");
+    assert_eq!(fleet.len(), 100, "{listed}");
+    let in_top = fleet
+        .iter()
+        .filter(|entry| {
+            let key = entry["key"].as_str().unwrap();
+            let id: u64 = key.strip_prefix("jd:").unwrap().parse().unwrap();
+            truth.get(&id).is_some_and(|count| *count >= hundredth)
+        })
+        .count();
+    eprintln!("hot keys: {in_top} of the fleet's top 100 are in the stream's top 100");
+    assert!(in_top >= 90, "{in_top} of 100: {listed}");
+    // The hottest key's fleet count is the sum of both instances' counts.
+    let hottest = &fleet[0];
+    let id: u64 = hottest["key"].as_str().unwrap()[3..].parse().unwrap();
+    assert_eq!(hottest["count"].as_u64().unwrap(), truth[&id], "{hottest}");
+    let own = listed["instance"].as_array().unwrap();
+    assert!(
+        own[0]["count"].as_u64().unwrap() < truth[&id],
+        "half the stream each"
+    );
+    for instance in instances {
+        instance.stop().await;
+    }
+    env.clean_up().await;
+}
+
+/// A new instance warms what the fleet is busy with before it has seen any traffic of its own:
+/// the learned hot keys come before the store's `hot_items` seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_instance_warms_the_keys_the_fleet_is_hot_on() {
+    let env = ProductionEnv::new("learned_warmup").await;
+    let busy = env
+        .spawn_instance(|settings| settings.hot_keys.publish_interval_secs = 1)
+        .await;
+    let hot: Vec<String> = (107_001..107_011).map(|id: u64| id.to_string()).collect();
+    for round in 0..5 {
+        for id in &hot[..10 - round] {
+            assert_eq!(busy.get_item("pdd", id).await.status(), 200);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let joining = env
+        .spawn_instance(|settings| {
+            settings.warmup.enabled = true;
+            settings.warmup.hot_items_limit = 10;
+            settings.warmup.rate_per_sec = 1_000;
+        })
+        .await;
+    let product = &joining.state.engine.parts().product;
+    let keys: Vec<rebate_domain::ItemKey> = hot
+        .iter()
+        .map(|id| rebate_domain::ItemKey::parse("pdd", id).unwrap())
+        .collect();
+    rebate_tests::wait_until("the joining instance warmed the fleet's hot keys", || {
+        keys.iter().all(|key| product.peek(key).is_some())
+    })
+    .await;
+    // The seed (the store's hot_items, taobao:100001 first) was not needed to fill the list.
+    let seed = rebate_domain::ItemKey::parse("taobao", "100001").unwrap();
+    assert!(product.peek(&seed).is_none());
+    let loads = joining.product_loads();
+    for id in &hot {
+        assert_eq!(joining.get_item("pdd", id).await.status(), 200);
+    }
+    assert_eq!(
+        joining.product_loads(),
+        loads,
+        "answered from what warm-up loaded"
+    );
+    busy.stop().await;
+    joining.stop().await;
+    env.clean_up().await;
+}

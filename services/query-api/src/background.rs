@@ -1,6 +1,7 @@
 //! Background work that shares the service's shutdown token: Bloom filter builds, warm-up and
 //! the queue-delay probe of the load shedder.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use rebate_store::CatalogRepository;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
+use crate::hot_keys::HotKeys;
 use crate::protection::Protection;
 
 /// Builds the filter from the store now, then again every `interval` (or sooner when
@@ -50,13 +52,56 @@ pub async fn maintain_item_filter(
 pub struct WarmupPlan {
     /// Keys named in the config, warmed first.
     pub items: Vec<ItemKey>,
-    /// How many of the store's hottest items follow them.
+    /// How many hot keys follow them: learned from traffic first (`crate::hot_keys`), then the
+    /// store's `hot_items` (the seed).
     pub hot_items_limit: u32,
     /// Upper bound on quotes per second, so warm-up never crowds out live traffic.
     pub rate_per_sec: u32,
     pub interval: Duration,
     /// Deadline of each warm-up quote, as for a client request.
     pub deadline: Duration,
+}
+
+impl WarmupPlan {
+    /// The configured items, then up to `hot_items_limit` keys learned from traffic, topped up
+    /// from the store's hot items (the seed), each key once.
+    async fn keys(
+        &self,
+        hot_keys: Option<&HotKeys>,
+        store: &dyn CatalogRepository,
+    ) -> Vec<ItemKey> {
+        let limit = self.hot_items_limit as usize;
+        let mut keys = self.items.clone();
+        let mut seen: HashSet<ItemKey> = keys.iter().copied().collect();
+        let mut hot = 0;
+        if let Some(hot_keys) = hot_keys {
+            for key in hot_keys.learned(limit).await {
+                if seen.insert(key) {
+                    keys.push(key);
+                    hot += 1;
+                }
+            }
+        }
+        if hot < limit {
+            match store.hot_keys(self.hot_items_limit).await {
+                Ok(seed) => {
+                    for key in seed {
+                        if hot == limit {
+                            break;
+                        }
+                        if seen.insert(key) {
+                            keys.push(key);
+                            hot += 1;
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the hot items; warming the configured and learned ones only")
+                }
+            }
+        }
+        keys
+    }
 }
 
 /// Loads the plan's keys through the normal query path (so L1 and L2 both fill) at a bounded
@@ -142,20 +187,13 @@ pub async fn warm_up(
     engine: QueryEngine,
     store: Arc<dyn CatalogRepository>,
     protection: Arc<Protection>,
+    hot_keys: Option<Arc<HotKeys>>,
     plan: WarmupPlan,
     shutdown: CancellationToken,
 ) {
     loop {
         let started = Instant::now();
-        let mut keys = plan.items.clone();
-        if plan.hot_items_limit > 0 {
-            match store.hot_keys(plan.hot_items_limit).await {
-                Ok(hot) => keys.extend(hot.into_iter().filter(|key| !plan.items.contains(key))),
-                Err(error) => {
-                    tracing::warn!(%error, "cannot read the hot items; warming the configured ones only")
-                }
-            }
-        }
+        let keys = plan.keys(hot_keys.as_deref(), store.as_ref()).await;
         let mut ticks = tokio::time::interval(Duration::from_secs(1) / plan.rate_per_sec.max(1));
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut warmed = 0u64;

@@ -29,7 +29,7 @@ impl Fleet {
     pub fn new(tier: Arc<RedisTier>, instance: &str) -> Self {
         Self {
             tier,
-            instance: format!("{instance}#{:08x}", rand::random::<u32>()),
+            instance: registry_name(instance),
             live: AtomicU32::new(1),
         }
     }
@@ -49,6 +49,13 @@ impl Fleet {
             }
         }
     }
+}
+
+/// This instance's name in the fleet's shared lists: its configured id (else `host-pid`) and a
+/// random suffix, so that two instances given one id, or run in one process as tests do, are
+/// still counted apart.
+pub fn registry_name(instance_id: &str) -> String {
+    format!("{instance_id}#{:08x}", rand::random::<u32>())
 }
 
 #[async_trait]

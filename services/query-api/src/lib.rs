@@ -16,6 +16,8 @@
 //! - [`admin_token`]: the admin listener's bearer token and its file.
 //! - [`background`]: Bloom filter builds and warm-up, under the same shutdown token.
 //! - [`invalidation`]: applies operators' change events to the caches (fences, re-warm).
+//! - [`hot_keys`]: [`HotKeys`](hot_keys::HotKeys), the hot items learned from traffic, this
+//!   instance's and the fleet's.
 //! - [`fleet`]: [`Fleet`](fleet::Fleet), this instance's heartbeat in the registry of live
 //!   instances and the fleet-wide quota buckets in Redis.
 //! - [`lifecycle`]: starting, serving, draining: what readiness reports.
@@ -40,6 +42,7 @@ pub mod config;
 pub mod consistency;
 pub mod event_bus;
 pub mod fleet;
+pub mod hot_keys;
 pub mod http;
 pub mod invalidation;
 pub mod lifecycle;

@@ -10,6 +10,7 @@ use rebate_store::CatalogRepository;
 
 use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
+use crate::hot_keys::HotKeys;
 use crate::http::edge::EdgeLimits;
 use crate::http::middleware::RequestObserver;
 use crate::lifecycle::Lifecycle;
@@ -65,6 +66,8 @@ pub struct AppShared {
     pub consistency: Arc<ConsistencyObserver>,
     /// The coupon and extras API clients, for their batch counters.
     pub upstreams: UpstreamClients,
+    /// The hot items learned from traffic; `None` when `hot_keys.enabled` is off.
+    pub hot_keys: Option<Arc<HotKeys>>,
 }
 
 /// The request limits handlers and middleware enforce, resolved once from the settings.

@@ -35,7 +35,7 @@ mod slots;
 pub mod stats;
 mod tier;
 
-pub use fleet::TokenGrant;
+pub use fleet::{KeyCounts, TokenGrant};
 pub use settings::{RedisTarget, RedisTierConfig};
 pub use stats::RedisTierStats;
 pub use tier::RedisTier;

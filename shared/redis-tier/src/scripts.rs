@@ -83,6 +83,25 @@ redis.call('PEXPIRE', KEYS[1], expire_after)
 return redis.call('ZCARD', KEYS[1])
 "#;
 
+/// Replaces one instance's hot keys in the fleet's view: `KEYS[1]` the instance's sorted set
+/// (member: a key, score: its count), `KEYS[2]` the sorted set of instance sets scored by when
+/// they last published (both under one hash tag, so one cluster node holds them). `ARGV[1]` is
+/// how long a list counts without being renewed, in milliseconds; then member, count pairs.
+const PUBLISH_HOT_KEYS: &str = r#"
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+redis.call('DEL', KEYS[1])
+for index = 2, #ARGV, 2 do
+  redis.call('ZADD', KEYS[1], ARGV[index + 1], ARGV[index])
+end
+redis.call('PEXPIRE', KEYS[1], ttl)
+redis.call('ZADD', KEYS[2], now, KEYS[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - ttl)
+redis.call('PEXPIRE', KEYS[2], ttl)
+return 1
+"#;
+
 /// The scripts with their SHA1 computed once; `invoke_async` sends `EVALSHA` and falls back to
 /// loading the script when a server answers `NOSCRIPT` (after a restart or on a new node).
 #[derive(Debug)]
@@ -91,6 +110,7 @@ pub(crate) struct Scripts {
     pub(crate) release_lease: Script,
     pub(crate) take_tokens: Script,
     pub(crate) heartbeat: Script,
+    pub(crate) publish_hot_keys: Script,
 }
 
 impl Scripts {
@@ -100,6 +120,7 @@ impl Scripts {
             release_lease: Script::new(RELEASE_LEASE),
             take_tokens: Script::new(TAKE_TOKENS),
             heartbeat: Script::new(HEARTBEAT),
+            publish_hot_keys: Script::new(PUBLISH_HOT_KEYS),
         }
     }
 }

@@ -266,7 +266,7 @@ impl RedisTier {
     }
 
     /// One command on the backend's connection, whatever the backend.
-    async fn query_any(&self, command: &Cmd) -> Result<Value, TierError> {
+    pub(crate) async fn query_any(&self, command: &Cmd) -> Result<Value, TierError> {
         match &self.inner.backend {
             Backend::Single(manager) => self.query(manager, command).await,
             Backend::Cluster(cluster) => {

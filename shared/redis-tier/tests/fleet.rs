@@ -87,3 +87,41 @@ async fn the_registry_counts_instances_until_they_stop_beating() {
     // "b" was last heard of 400 ms ago.
     assert_eq!(tier.heartbeat("a", expire_after).await.unwrap(), 1);
 }
+
+#[tokio::test]
+async fn hot_keys_of_live_instances_are_summed_and_a_silent_one_drops_out() {
+    let namespace = Namespace::new(SHARED_URL);
+    let tier = tier(&namespace).await;
+    assert_eq!(tier.fleet_hot_keys(10).await.unwrap(), vec![]);
+    let ttl = Duration::from_millis(400);
+    let counts = |pairs: &[(&str, u64)]| -> Vec<(String, u64)> {
+        pairs
+            .iter()
+            .map(|(key, count)| ((*key).to_owned(), *count))
+            .collect()
+    };
+    tier.publish_hot_keys("a", &counts(&[("jd:1", 50), ("jd:2", 10)]), ttl)
+        .await
+        .unwrap();
+    tier.publish_hot_keys("b", &counts(&[("jd:2", 45), ("jd:3", 5)]), ttl)
+        .await
+        .unwrap();
+    assert_eq!(
+        tier.fleet_hot_keys(10).await.unwrap(),
+        counts(&[("jd:2", 55), ("jd:1", 50), ("jd:3", 5)])
+    );
+    assert_eq!(
+        tier.fleet_hot_keys(1).await.unwrap(),
+        counts(&[("jd:2", 55)])
+    );
+    // "a" publishes again (its list replaced, not added to); "b" falls silent and expires.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    tier.publish_hot_keys("a", &counts(&[("jd:1", 60)]), ttl)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(
+        tier.fleet_hot_keys(10).await.unwrap(),
+        counts(&[("jd:1", 60)])
+    );
+}

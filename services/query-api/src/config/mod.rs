@@ -127,6 +127,7 @@ pub struct Settings {
     pub redis: RedisSettings,
     pub bloom: BloomSettings,
     pub warmup: WarmupSettings,
+    pub hot_keys: HotKeySettings,
     pub events: EventSettings,
     pub upstreams: UpstreamSettings,
     pub timeouts: TimeoutSettings,
@@ -334,6 +335,42 @@ impl ObserverSettings {
                 .collect(),
             max_pending: self.max_pending,
         }
+    }
+}
+
+/// `[hot_keys]`: the hot items learned from traffic (`crate::hot_keys`).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HotKeySettings {
+    pub enabled: bool,
+    /// Keys the sketch counts at most (Space-Saving counters).
+    pub capacity: usize,
+    /// Counts halve over this long, so the list follows what is hot now.
+    pub half_life_secs: u64,
+    /// How often the counts decay and, with Redis, this instance's list is published.
+    pub publish_interval_secs: u64,
+    /// How many of its hottest keys an instance publishes.
+    pub publish_top: usize,
+}
+
+impl HotKeySettings {
+    pub fn half_life(&self) -> Duration {
+        Duration::from_secs(self.half_life_secs)
+    }
+
+    pub fn publish_interval(&self) -> Duration {
+        Duration::from_secs(self.publish_interval_secs)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        ensure_in("hot_keys.capacity", self.capacity, 16..=1_000_000)?;
+        ensure_in("hot_keys.half_life_secs", self.half_life_secs, 10..=86_400)?;
+        ensure_in(
+            "hot_keys.publish_interval_secs",
+            self.publish_interval_secs,
+            1..=3_600,
+        )?;
+        ensure_in("hot_keys.publish_top", self.publish_top, 1..=10_000)
     }
 }
 
@@ -615,6 +652,7 @@ impl Settings {
             1..=60_000,
         )?;
         self.upstreams.validate()?;
+        self.hot_keys.validate()?;
         for (field, value) in [
             ("timeouts.core_ms", self.timeouts.core_ms),
             ("timeouts.normal_ms", self.timeouts.normal_ms),

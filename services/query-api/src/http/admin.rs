@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::{RawQuery, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -36,6 +36,7 @@ pub fn router(state: AppState, token: AdminToken) -> Router {
         .route("/admin/v1/events", post(publish_event))
         .route("/admin/v1/items/{platform}/{item_id}", get(inspect_item))
         .route("/admin/v1/warm", post(warm))
+        .route("/admin/v1/hot-keys", get(hot_keys))
         .merge(super::slow_requests::routes())
         .layer(axum::middleware::from_fn_with_state(token, require_token));
     Router::new()
@@ -415,6 +416,39 @@ async fn warm(
         Json(json!({"requested": keys.len(), "warmed": warmed, "trace_id": trace_id}))
             .into_response(),
     )
+}
+
+/// The most keys `GET /admin/v1/hot-keys` lists.
+const MAX_HOT_KEYS: usize = 1_000;
+
+/// `GET /admin/v1/hot-keys?limit=N` (1–1000, default 100): the hottest items learned from
+/// traffic, this instance's (each count with the most it may overestimate) and, with Redis, the
+/// fleet's (the lists every instance published lately, summed).
+async fn hot_keys(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    let limit = match query.as_deref().filter(|query| !query.is_empty()) {
+        None => 100,
+        Some(query) => super::slow_requests::parse_limit(query, MAX_HOT_KEYS)?,
+    };
+    let Some(hot_keys) = &state.hot_keys else {
+        return Ok(Json(json!({"enabled": false})));
+    };
+    let fleet = match hot_keys.fleet_top(limit).await {
+        None => Value::Null,
+        Some(Ok(fleet)) => json!(fleet),
+        Some(Err(error)) => {
+            tracing::warn!(%error, "the fleet's hot keys could not be read");
+            json!({"unavailable": "the fleet's list could not be read from Redis"})
+        }
+    };
+    Ok(Json(json!({
+        "enabled": true,
+        "half_life_secs": hot_keys.half_life().as_secs(),
+        "instance": hot_keys.local_top(limit),
+        "fleet": fleet,
+    })))
 }
 
 #[cfg(test)]

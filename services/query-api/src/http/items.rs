@@ -46,6 +46,9 @@ async fn item_rebate(
         .answer(key, deadline, level)
         .await
         .map_err(|error| query_error(&state, error))?;
+    if let Some(hot_keys) = &state.hot_keys {
+        hot_keys.record(key);
+    }
     let body = match &answer {
         // The hot path: the kept JSON with the trace id appended, one copy.
         QuoteAnswer::Rendered(rendered) => {
@@ -210,11 +213,15 @@ async fn batch_rebate(
         .await
         .into_iter();
     let answers = parsed.into_iter().map(|key| {
-        key?;
-        quotes
+        let key = key?;
+        let answer = quotes
             .next()
             .expect("quote_many answers every key it is given, in order")
-            .map_err(|error| query_error(&state, error))
+            .map_err(|error| query_error(&state, error))?;
+        if let Some(hot_keys) = &state.hot_keys {
+            hot_keys.record(key);
+        }
+        Ok(answer)
     });
 
     let answers: Vec<Result<QuoteAnswer, ApiError>> = answers.collect();

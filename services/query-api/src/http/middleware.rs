@@ -380,7 +380,7 @@ mod tests {
         let text = metrics.encode().unwrap();
         let series = |route: &str, status: u16, degraded: bool| {
             format!(
-                r#"rebate_http_request_duration_seconds_count{{route="{route}",status="{status}",degraded="{degraded}"}}"#
+                r#"rebate_http_request_duration_seconds_count{{route="{route}",class="other",status="{status}",degraded="{degraded}"}}"#
             )
         };
         assert_eq!(sample(&text, &series("/items/{id}", 200, true)), Some("2"));

@@ -35,8 +35,8 @@ async fn recent(
     })))
 }
 
-/// `limit=N` with 1 ≤ N ≤ the log's capacity; nothing else is accepted.
-fn parse_limit(query: &str, capacity: usize) -> Result<usize, ApiError> {
+/// `limit=N` with 1 ≤ N ≤ `capacity`; nothing else is accepted.
+pub(super) fn parse_limit(query: &str, capacity: usize) -> Result<usize, ApiError> {
     let invalid = || {
         ApiError::InvalidQuery(format!(
             "the only parameter is limit, a whole number from 1 to {capacity}"

@@ -37,6 +37,7 @@ use crate::config::resilience::FleetSettings;
 use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
 use crate::fleet::Fleet;
+use crate::hot_keys::HotKeys;
 use crate::http::edge::EdgeLimits;
 use crate::http::middleware::{LineBudget, RequestObserver};
 use crate::invalidation::{InvalidationConfig, Invalidator};
@@ -122,8 +123,23 @@ impl Application {
             clock,
         )?;
 
+        let hot_keys = if settings.hot_keys.enabled {
+            let hot_keys = HotKeys::new(&settings.hot_keys, tier.as_ref(), &settings.instance_id())
+                .context("hot_keys")?;
+            Some(Arc::new(hot_keys))
+        } else {
+            None
+        };
         let tasks = TaskTracker::new();
-        spawn_background(&settings, &engine, &store, &protection, &tasks, &shutdown)?;
+        spawn_background(
+            &settings,
+            &engine,
+            &store,
+            &protection,
+            hot_keys.as_ref(),
+            &tasks,
+            &shutdown,
+        )?;
         if let Some(fleet) = fleet {
             let every = settings.resilience.fleet.heartbeat();
             tasks.spawn(crate::fleet::keep_beating(
@@ -183,6 +199,7 @@ impl Application {
             lifecycle: Arc::new(Lifecycle::default()),
             connections: Arc::new(ConnectionStats::default()),
             upstreams: upstream_clients,
+            hot_keys,
         });
         Ok(Self {
             listener,
@@ -321,15 +338,22 @@ fn build_protection(
     ))
 }
 
-/// Bloom rebuilds, the queue-delay probe and warm-up, stopped with `shutdown`.
+/// Bloom rebuilds, the queue-delay probe, the hot keys' upkeep and warm-up, stopped with `shutdown`.
 fn spawn_background(
     settings: &Settings,
     engine: &QueryEngine,
     store: &Arc<dyn CatalogRepository>,
     protection: &Arc<Protection>,
+    hot_keys: Option<&Arc<HotKeys>>,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
+    if let Some(hot_keys) = hot_keys {
+        tasks.spawn(crate::hot_keys::maintain(
+            Arc::clone(hot_keys),
+            shutdown.clone(),
+        ));
+    }
     if let Some(filter) = engine.item_filter() {
         tasks.spawn(background::maintain_item_filter(
             Arc::clone(filter),
@@ -349,6 +373,7 @@ fn spawn_background(
             engine.clone(),
             Arc::clone(store),
             Arc::clone(protection),
+            hot_keys.cloned(),
             background::WarmupPlan {
                 items: settings.warmup_items()?,
                 hot_items_limit: settings.warmup.hot_items_limit,
