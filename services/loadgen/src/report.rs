@@ -98,6 +98,7 @@ pub struct Figures {
     pub http_success_rate: Option<f64>,
     pub business_success_rate: Option<f64>,
     pub upstream_calls_per_request: Option<f64>,
+    pub upstream_items_per_request: Option<f64>,
     pub store_loads_per_request: Option<f64>,
     pub client_overflow: u64,
     pub total_sent: u64,
@@ -177,6 +178,8 @@ pub struct Series {
     pub hot_key_share: Option<f64>,
     /// Simulator calls (coupons + extras) ÷ logical requests.
     pub upstream_calls_per_request: Option<f64>,
+    /// Item ids those calls carried ÷ logical requests (÷ calls: the batch factor).
+    pub upstream_items_per_request: Option<f64>,
     /// Product + rate loads that reached the store (`source_loads`) ÷ logical requests.
     pub store_loads_per_request: Option<f64>,
     /// Product + rate `loads_started` (cache loads begun) ÷ logical requests.
@@ -258,9 +261,10 @@ impl Series {
         let per_request = |delta: u64| {
             (stats.logical_requests > 0).then(|| delta as f64 / stats.logical_requests as f64)
         };
-        let (upstream, store, started, shedding) = match input.readings {
+        let (upstream, items, store, started, shedding) = match input.readings {
             Some((before, after)) => (
                 per_request(after.upstream_calls.saturating_sub(before.upstream_calls)),
+                per_request(after.upstream_items.saturating_sub(before.upstream_items)),
                 per_request(after.source_loads.saturating_sub(before.source_loads)),
                 per_request(after.store_loads.saturating_sub(before.store_loads)),
                 Some(match (after.shedding_enabled, after.capacity_rps) {
@@ -269,7 +273,7 @@ impl Series {
                     _ => "unknown".to_owned(),
                 }),
             ),
-            None => (None, None, None, None),
+            None => (None, None, None, None, None),
         };
         let window_s = recorded.window.as_secs_f64();
         let window_count = recorded.windows.len().max(input.shed_samples.len());
@@ -323,6 +327,7 @@ impl Series {
             hot_key_share: (input.key_draws > 0)
                 .then(|| input.hot_key_draws as f64 / input.key_draws as f64),
             upstream_calls_per_request: upstream,
+            upstream_items_per_request: items,
             store_loads_per_request: store,
             loads_started_per_request: started,
             service_shedding: shedding,
@@ -370,6 +375,7 @@ impl Series {
             http_success_rate: self.stats.http_success_rate,
             business_success_rate: self.stats.business_success_rate,
             upstream_calls_per_request: self.upstream_calls_per_request,
+            upstream_items_per_request: self.upstream_items_per_request,
             store_loads_per_request: self.store_loads_per_request,
             client_overflow: self.stats.client_overflow,
             total_sent: self.total_sent,
@@ -393,6 +399,7 @@ impl Series {
             http_success_rate: stats.http_success_rate,
             business_success_rate: stats.business_success_rate,
             upstream_calls_per_request: None,
+            upstream_items_per_request: None,
             store_loads_per_request: None,
             client_overflow: stats.client_overflow,
             total_sent: 0,
@@ -418,6 +425,7 @@ impl Series {
             http_success_rate: phase.stats.http_success_rate,
             business_success_rate: phase.stats.business_success_rate,
             upstream_calls_per_request: None,
+            upstream_items_per_request: None,
             store_loads_per_request: None,
             client_overflow: phase.stats.client_overflow,
             total_sent: self.total_sent,
@@ -469,7 +477,7 @@ fn percent(value: Option<f64>) -> String {
 
 fn figures_row(scenario: &str, figures: &Figures, role: &str) -> String {
     format!(
-        "| {scenario} | {} ({role}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+        "| {scenario} | {} ({role}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
         figures.label,
         number(figures.offered_rps, 0),
         number(Some(figures.achieved_rps), 0),
@@ -481,13 +489,14 @@ fn figures_row(scenario: &str, figures: &Figures, role: &str) -> String {
         percent(figures.http_success_rate),
         percent(figures.business_success_rate),
         number(figures.upstream_calls_per_request, 3),
+        number(figures.upstream_items_per_request, 3),
         number(figures.store_loads_per_request, 3),
         figures.client_overflow,
         figures.total_sent,
     )
 }
 
-const FIGURES_HEADER: &str = "| scenario | series | offered rps | achieved rps | P50 ms | P99 ms | P99.9 ms | admitted P99 ms | 5xx ≠ 503 | HTTP ok | business ok | upstream calls/req | store loads/req | client overflow | sent (incl. retries) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+const FIGURES_HEADER: &str = "| scenario | series | offered rps | achieved rps | P50 ms | P99 ms | P99.9 ms | admitted P99 ms | 5xx ≠ 503 | HTTP ok | business ok | upstream calls/req | upstream items/req | store loads/req | client overflow | sent (incl. retries) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
 
 /// The report as Markdown.
 pub fn markdown(report: &RunReport) -> String {
@@ -574,7 +583,7 @@ pub fn markdown(report: &RunReport) -> String {
         if !scenario.series.is_empty() {
             let _ = writeln!(
                 out,
-                "| series | mode | offered rps | achieved rps | logical | P50 ms | P99 ms | P99.9 ms | max ms | admitted | admitted P50 ms | admitted P99 ms | 503 received | 5xx ≠ 503 | HTTP ok | business ok | upstream/req | store/req | overflow | unfinished | sent | hot-key share | dispatch lag P99 ms | shedding |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+                "| series | mode | offered rps | achieved rps | logical | P50 ms | P99 ms | P99.9 ms | max ms | admitted | admitted P50 ms | admitted P99 ms | 503 received | 5xx ≠ 503 | HTTP ok | business ok | upstream/req | upstream items/req | store/req | overflow | unfinished | sent | hot-key share | dispatch lag P99 ms | shedding |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
             );
             for series in &scenario.series {
                 let mode = match series.concurrency {
@@ -583,7 +592,7 @@ pub fn markdown(report: &RunReport) -> String {
                 };
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     series.label,
                     mode,
                     number(series.offered_rps, 0),
@@ -601,6 +610,7 @@ pub fn markdown(report: &RunReport) -> String {
                     percent(series.stats.http_success_rate),
                     percent(series.stats.business_success_rate),
                     number(series.upstream_calls_per_request, 3),
+                    number(series.upstream_items_per_request, 3),
                     number(series.store_loads_per_request, 3),
                     series.stats.client_overflow,
                     series.unfinished,
@@ -720,6 +730,7 @@ mod tests {
         }
         let before = Readings {
             upstream_calls: 10,
+            upstream_items: 10,
             store_loads: 4,
             source_loads: 4,
             shed_level: Some(0),
@@ -728,6 +739,7 @@ mod tests {
         };
         let after = Readings {
             upstream_calls: 60,
+            upstream_items: 110,
             source_loads: 24,
             store_loads: 24,
             ..before
@@ -820,7 +832,7 @@ mod tests {
         assert!(text.contains("2 CPUs (`nproc`), Test CPU"));
         assert!(text.contains("rebate-loadgen run --scenario steady --quick"));
         assert!(text.contains(
-            "| steady | service (measured) | 50 | 50 | 2.00 | 2.00 | 2.00 | 2.00 | 0 | 100.0 % | 90.0 % | 0.500 | 0.200 | 0 | 100 |"
+            "| steady | service (measured) | 50 | 50 | 2.00 | 2.00 | 2.00 | 2.00 | 0 | 100.0 % | 90.0 % | 0.500 | 1.000 | 0.200 | 0 | 100 |"
         ));
         assert!(text.contains("| steady | ceiling (reference) |"));
         assert!(text.contains(

@@ -1520,6 +1520,7 @@ fn phase_comparison(report: &mut ScenarioReport, series: &Series, measured: &str
     // Counters exist for the whole run only; show them on the measured row.
     if let Some(figures) = figures.as_mut() {
         figures.upstream_calls_per_request = series.upstream_calls_per_request;
+        figures.upstream_items_per_request = series.upstream_items_per_request;
         figures.store_loads_per_request = series.store_loads_per_request;
     }
     if let Some(baseline) = baseline.as_mut() {

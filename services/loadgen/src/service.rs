@@ -276,8 +276,9 @@ impl ServiceProcess {
         Ok(())
     }
 
-    /// Calls the simulator has seen (coupons + extras).
-    pub async fn upstream_calls(&self) -> anyhow::Result<u64> {
+    /// The simulator's counter `field` (`calls`, or `items`: the item ids those calls carried)
+    /// over coupons and extras.
+    pub async fn upstream_counter(&self, field: &str) -> anyhow::Result<u64> {
         let counters: Value = self
             .control
             .get(format!("{}/_sim/counters", self.simulator_base))
@@ -288,7 +289,7 @@ impl ServiceProcess {
             .await?;
         Ok(["coupons", "extras"]
             .iter()
-            .filter_map(|endpoint| counters[endpoint]["calls"].as_u64())
+            .filter_map(|endpoint| counters[endpoint][field].as_u64())
             .sum())
     }
 
@@ -296,7 +297,8 @@ impl ServiceProcess {
     pub async fn readings(&self) -> anyhow::Result<Readings> {
         let status = self.status().await?;
         Ok(Readings {
-            upstream_calls: self.upstream_calls().await?,
+            upstream_calls: self.upstream_counter("calls").await?,
+            upstream_items: self.upstream_counter("items").await?,
             store_loads: store_loads(&status),
             source_loads: ["product", "rate"]
                 .iter()
@@ -436,6 +438,8 @@ impl ShedSample {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Readings {
     pub upstream_calls: u64,
+    /// Item ids those calls carried: items ÷ calls is the batch factor.
+    pub upstream_items: u64,
     pub store_loads: u64,
     pub source_loads: u64,
     pub shed_level: Option<u8>,
