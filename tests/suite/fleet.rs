@@ -278,3 +278,79 @@ async fn a_new_instance_warms_the_keys_the_fleet_is_hot_on() {
     joining.stop().await;
     env.clean_up().await;
 }
+
+/// A client's limit holds for the fleet when its bucket lives in Redis: two instances together
+/// answer one client no more than its burst and rate, where per-instance buckets would each
+/// grant the whole limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_limit_holds_across_instances_with_its_bucket_in_redis() {
+    use query_api::config::resilience::LimitScope;
+
+    let env = ProductionEnv::new("client_limit").await;
+    let limited = |settings: &mut Settings| {
+        let client = &mut settings.resilience.client_limit;
+        client.enabled = true;
+        client.scope = LimitScope::Fleet;
+        client.per_sec = 2.0;
+        client.burst = 5;
+        client.lease_ahead = 2;
+    };
+    let instances = [
+        env.spawn_instance(limited).await,
+        env.spawn_instance(limited).await,
+    ];
+    let started = std::time::Instant::now();
+    let mut answered = 0;
+    let mut refused = 0;
+    for round in 0..20 {
+        let instance = &instances[round % 2];
+        let response = instance
+            .client
+            .get(instance.item_url("jd", "100001"))
+            .header("x-client-id", "app-ios-42")
+            .send()
+            .await
+            .unwrap();
+        match response.status().as_u16() {
+            200 => answered += 1,
+            429 => {
+                assert!(response.headers().contains_key("retry-after"));
+                refused += 1;
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    eprintln!(
+        "client limit across two instances: {answered} answered, {refused} refused in {elapsed:.2} s"
+    );
+    // The burst and whatever the rate refilled meanwhile, across both instances.
+    let most = 5 + (2.0 * elapsed).ceil() as u64;
+    assert!(
+        (5..=most).contains(&answered),
+        "{answered} answered, at most {most}"
+    );
+    // Another client has its own bucket.
+    let other = instances[1]
+        .client
+        .get(instances[1].item_url("jd", "100001"))
+        .header("x-client-id", "app-ios-43")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 200);
+    let status: Value = instances[0]
+        .admin_get("/admin/v1/status")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        status["protection"]["client_limit"]["scope"], "fleet",
+        "{status}"
+    );
+    for instance in instances {
+        instance.stop().await;
+    }
+    env.clean_up().await;
+}

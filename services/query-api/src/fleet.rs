@@ -60,12 +60,7 @@ pub fn registry_name(instance_id: &str) -> String {
 
 #[async_trait]
 impl FleetTokens for Fleet {
-    async fn take(
-        &self,
-        bucket: &'static str,
-        rate: RateConfig,
-        want: u32,
-    ) -> Result<FleetGrant, String> {
+    async fn take(&self, bucket: &str, rate: RateConfig, want: u32) -> Result<FleetGrant, String> {
         self.tier
             .take_tokens(bucket, rate.per_second, rate.burst, want)
             .await

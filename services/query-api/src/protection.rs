@@ -8,14 +8,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rebate_guard::{
-    CallObserver, DependencyConfig, DependencyGuard, DependencySnapshot, FleetQuotaConfig,
-    FleetTokens,
+    CallObserver, DependencyConfig, DependencyGuard, DependencySnapshot, FleetKeyedLimiter,
+    FleetQuotaConfig, FleetTokens, QuotaScope,
 };
 use rebate_resilience::{KeyedLimiter, LoadShedder, RequestClass, ShedLevel, ShedSnapshot, Ticker};
 use serde::Serialize;
 
 use crate::config::ResilienceSettings;
-use crate::config::resilience::SheddingSettings;
+use crate::config::resilience::{LimitScope, SheddingSettings};
 
 /// Every guard of the running service.
 #[derive(Debug)]
@@ -38,15 +38,55 @@ pub struct Protection {
 /// The per-client token buckets and how a client is identified.
 #[derive(Debug)]
 pub struct ClientLimiter {
-    pub limiter: KeyedLimiter,
+    pub limiter: ClientBuckets,
     pub trusted_proxy_hops: u32,
+}
+
+/// Where the clients' buckets live (`resilience.client_limit.scope`).
+#[derive(Debug)]
+pub enum ClientBuckets {
+    /// This instance's: a client gets the limit from every instance it reaches.
+    Instance(KeyedLimiter),
+    /// The fleet's, in Redis, leased ahead in small batches.
+    Fleet(FleetKeyedLimiter),
+}
+
+/// How long tokens leased ahead for a client stay usable.
+const CLIENT_LEASE_TTL: Duration = Duration::from_secs(1);
+
+impl ClientBuckets {
+    /// Takes a token of `key`'s bucket, or says how long until one may be there.
+    pub async fn try_acquire(&self, key: &str) -> Result<(), Duration> {
+        match self {
+            ClientBuckets::Instance(limiter) => limiter
+                .try_acquire(key)
+                .map_err(|exceeded| exceeded.retry_after),
+            ClientBuckets::Fleet(limiter) => limiter.try_acquire(key).await,
+        }
+    }
+
+    /// Clients tracked (approximate) and requests refused since start.
+    pub fn stats(&self) -> (u64, u64) {
+        match self {
+            ClientBuckets::Instance(limiter) => limiter.stats(),
+            ClientBuckets::Fleet(limiter) => limiter.stats(),
+        }
+    }
+
+    pub fn scope(&self) -> QuotaScope {
+        match self {
+            ClientBuckets::Instance(_) => QuotaScope::Instance,
+            ClientBuckets::Fleet(_) => QuotaScope::Fleet,
+        }
+    }
 }
 
 impl Protection {
     /// Builds every guard; `settings` must have passed [`ResilienceSettings::validate`].
     /// `timeouts` are each dependency's attempt timeouts (the part tiers; none for Redis, whose
     /// client enforces its command timeout).
-    /// With `fleet`, the quotas of the external APIs are drawn from the fleet's buckets.
+    /// With `fleet`, the quotas of the external APIs (`resilience.fleet.quotas`) and the
+    /// per-client limit (`scope = "fleet"`) are drawn from the fleet's buckets.
     pub fn new(
         settings: &ResilienceSettings,
         timeouts: DependencyTimeouts,
@@ -54,11 +94,16 @@ impl Protection {
         observer: Option<Arc<dyn CallObserver>>,
         fleet: Option<Arc<dyn FleetTokens>>,
     ) -> Self {
-        let fleet_quota = fleet.map(|tokens| FleetQuotaConfig {
-            tokens,
-            max_lease: settings.fleet.max_lease,
-            retry_after_failure: Duration::from_millis(settings.fleet.retry_after_failure_ms),
-        });
+        let fleet_quota = fleet
+            .clone()
+            .filter(|_| settings.fleet.quotas)
+            .map(|tokens| {
+                FleetQuotaConfig::for_contract(
+                    tokens,
+                    settings.fleet.max_lease,
+                    Duration::from_millis(settings.fleet.retry_after_failure_ms),
+                )
+            });
         let guard = |name: &'static str, timeout: Option<Duration>| {
             let config = settings.dependency(name);
             let dependency = DependencyGuard::new(
@@ -88,14 +133,36 @@ impl Protection {
             shedder: shedding
                 .enabled
                 .then(|| LoadShedder::new(settings.shed_config(), Arc::clone(&ticker))),
-            clients: client.enabled.then(|| ClientLimiter {
-                limiter: KeyedLimiter::new(
-                    settings.client_rate(),
-                    client.max_clients,
-                    Duration::from_secs(client.idle_secs),
-                    Arc::clone(&ticker),
-                ),
-                trusted_proxy_hops: client.trusted_proxy_hops,
+            clients: client.enabled.then(|| {
+                let idle = Duration::from_secs(client.idle_secs);
+                let fleet = fleet.filter(|_| client.scope == LimitScope::Fleet);
+                let limiter = match fleet {
+                    None => ClientBuckets::Instance(KeyedLimiter::new(
+                        settings.client_rate(),
+                        client.max_clients,
+                        idle,
+                        Arc::clone(&ticker),
+                    )),
+                    Some(tokens) => ClientBuckets::Fleet(FleetKeyedLimiter::new(
+                        settings.client_rate(),
+                        FleetQuotaConfig {
+                            tokens,
+                            max_lease: 1 + client.lease_ahead,
+                            retry_after_failure: Duration::from_millis(
+                                settings.fleet.retry_after_failure_ms,
+                            ),
+                            lease_ahead: client.lease_ahead,
+                            lease_ttl: CLIENT_LEASE_TTL,
+                        },
+                        client.max_clients,
+                        idle,
+                        Arc::clone(&ticker),
+                    )),
+                };
+                ClientLimiter {
+                    limiter,
+                    trusted_proxy_hops: client.trusted_proxy_hops,
+                }
             }),
             retry_after_secs: (shedding.retry_after_min_secs, shedding.retry_after_max_secs),
             refused_by_class: Default::default(),
@@ -148,6 +215,7 @@ impl Protection {
             client_limit: self.clients.as_ref().map(|clients| {
                 let (tracked, refused) = clients.limiter.stats();
                 ClientLimitStatus {
+                    scope: clients.limiter.scope(),
                     per_sec: self.settings.client_limit.per_sec,
                     burst: self.settings.client_limit.burst,
                     trusted_proxy_hops: clients.trusted_proxy_hops,
@@ -196,6 +264,7 @@ pub struct ProtectionStatus {
 
 #[derive(Debug, Serialize)]
 pub struct ClientLimitStatus {
+    pub scope: QuotaScope,
     pub per_sec: f64,
     pub burst: u32,
     pub trusted_proxy_hops: u32,

@@ -24,5 +24,8 @@ pub use dependency::{
     AttemptFailure, CallObserver, CallOutcome, DependencyConfig, DependencyGuard,
     DependencySnapshot,
 };
-pub use quota::{FleetGrant, FleetQuotaConfig, FleetTokens, QuotaScope, QuotaSnapshot};
+pub use quota::{
+    FleetGrant, FleetKeyedLimiter, FleetQuota, FleetQuotaConfig, FleetTokens, QuotaScope,
+    QuotaSnapshot,
+};
 pub use tier::GuardedTier;

@@ -12,6 +12,10 @@
 //!
 //! Cache hits never reach a quota; only the calls to the API do, so a round trip per grant costs
 //! the API's latency a fraction of a millisecond.
+//!
+//! The same bucket serves a per-client limit that holds for the fleet ([`FleetKeyedLimiter`]):
+//! one bucket per client, each grant taking `lease_ahead` tokens more for the client's next
+//! requests, kept for `lease_ttl`.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -27,12 +31,7 @@ use serde::Serialize;
 pub trait FleetTokens: Send + Sync + fmt::Debug + 'static {
     /// Takes up to `want` tokens from the fleet's bucket `bucket`, which refills at `rate`.
     /// An error means the bucket could not be reached (the caller falls back to its share).
-    async fn take(
-        &self,
-        bucket: &'static str,
-        rate: RateConfig,
-        want: u32,
-    ) -> Result<FleetGrant, String>;
+    async fn take(&self, bucket: &str, rate: RateConfig, want: u32) -> Result<FleetGrant, String>;
 
     /// How many instances share the buckets, as last seen (at least 1).
     fn live_instances(&self) -> u32;
@@ -55,11 +54,31 @@ pub struct FleetQuotaConfig {
     /// After the fleet's bucket could not be reached, how long the instance uses its share
     /// before it asks the fleet again.
     pub retry_after_failure: Duration,
+    /// Tokens a grant takes beyond the calls waiting, for the calls to come (a per-client limit,
+    /// where one client's requests come one after another); 0 for an API's contract, whose
+    /// tokens are used the moment they are granted.
+    pub lease_ahead: u32,
+    /// Unclaimed tokens of a grant are dropped after this long (their callers gave up, or the
+    /// calls they were taken ahead for did not come).
+    pub lease_ttl: Duration,
 }
 
-/// Tokens granted for calls that waited together, left unclaimed (their callers gave up), are
-/// dropped after this long: a token is used the moment it is granted or not at all.
-const POOL_TTL: Duration = Duration::from_millis(100);
+impl FleetQuotaConfig {
+    /// A contract's quota: a grant for the calls waiting, used at once, kept at most 100 ms.
+    pub fn for_contract(
+        tokens: Arc<dyn FleetTokens>,
+        max_lease: u32,
+        retry_after_failure: Duration,
+    ) -> Self {
+        Self {
+            tokens,
+            max_lease,
+            retry_after_failure,
+            lease_ahead: 0,
+            lease_ttl: Duration::from_millis(100),
+        }
+    }
+}
 
 /// A dependency's outbound quota.
 #[derive(Debug)]
@@ -83,7 +102,7 @@ impl Quota {
                 rate,
                 bucket: TokenBucket::new(rate),
             },
-            Some(config) => Quota::Fleet(FleetQuota::new(name, rate, config)),
+            Some(config) => Quota::Fleet(FleetQuota::new(Arc::from(name), rate, config)),
         }
     }
 
@@ -91,7 +110,7 @@ impl Quota {
     pub(crate) async fn acquire(&self, ticker: &dyn Ticker) -> bool {
         match self {
             Quota::Local { bucket, .. } => bucket.try_acquire_at(ticker.now_nanos()).is_ok(),
-            Quota::Fleet(fleet) => fleet.acquire(ticker).await,
+            Quota::Fleet(fleet) => fleet.acquire(ticker).await.is_ok(),
         }
     }
 
@@ -154,8 +173,9 @@ pub struct FleetSnapshot {
 }
 
 /// A quota drawn from a fleet-wide bucket; see the module documentation.
-pub(crate) struct FleetQuota {
-    name: &'static str,
+pub struct FleetQuota {
+    /// The bucket's name in the fleet (an API's, or a client's).
+    name: Arc<str>,
     rate: RateConfig,
     config: FleetQuotaConfig,
     /// Tokens of the last grant not yet claimed by the calls that waited for it.
@@ -184,7 +204,7 @@ impl fmt::Debug for FleetQuota {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter
             .debug_struct("FleetQuota")
-            .field("name", &self.name)
+            .field("name", &&*self.name)
             .field("rate", &self.rate)
             .field("max_lease", &self.config.max_lease)
             .finish_non_exhaustive()
@@ -192,7 +212,7 @@ impl fmt::Debug for FleetQuota {
 }
 
 impl FleetQuota {
-    fn new(name: &'static str, rate: RateConfig, config: FleetQuotaConfig) -> Self {
+    pub fn new(name: Arc<str>, rate: RateConfig, config: FleetQuotaConfig) -> Self {
         let live = config.tokens.live_instances().max(1);
         Self {
             name,
@@ -213,7 +233,8 @@ impl FleetQuota {
         }
     }
 
-    async fn acquire(&self, ticker: &dyn Ticker) -> bool {
+    /// Takes a token for a call starting now, or says how long until one may be there.
+    pub async fn acquire(&self, ticker: &dyn Ticker) -> Result<(), Duration> {
         if let Some(answer) = self.answer_without_grant(ticker.now_nanos()) {
             return answer;
         }
@@ -224,9 +245,10 @@ impl FleetQuota {
         if let Some(answer) = self.answer_without_grant(now) {
             return answer;
         }
-        let want = (1 + self.waiting.load(Ordering::Acquire)).min(self.config.max_lease.max(1));
+        let waiting = 1 + self.waiting.load(Ordering::Acquire);
+        let want = (waiting + self.config.lease_ahead).min(self.config.max_lease.max(1));
         self.grants.fetch_add(1, Ordering::Relaxed);
-        let grant = self.config.tokens.take(self.name, self.rate, want).await;
+        let grant = self.config.tokens.take(&self.name, self.rate, want).await;
         // Stamped after the round trip: the pool lives from when its tokens arrive.
         let now = ticker.now_nanos();
         self.reachable.store(grant.is_ok(), Ordering::Release);
@@ -236,17 +258,19 @@ impl FleetQuota {
                     now.saturating_add(nanos(grant.retry_after)),
                     Ordering::Release,
                 );
-                self.refuse()
+                self.refuse(grant.retry_after)
             }
             Ok(grant) => {
-                self.pool_expires
-                    .store(now.saturating_add(nanos(POOL_TTL)), Ordering::Release);
+                self.pool_expires.store(
+                    now.saturating_add(nanos(self.config.lease_ttl)),
+                    Ordering::Release,
+                );
                 self.pool.store(grant.granted - 1, Ordering::Release);
                 self.granted.fetch_add(1, Ordering::Relaxed);
-                true
+                Ok(())
             }
             Err(error) => {
-                tracing::debug!(dependency = self.name, %error, "fleet quota unreachable; using this instance's share");
+                tracing::debug!(dependency = &*self.name, %error, "fleet quota unreachable; using this instance's share");
                 self.unreachable_until.store(
                     now.saturating_add(nanos(self.config.retry_after_failure)),
                     Ordering::Release,
@@ -260,16 +284,17 @@ impl FleetQuota {
 
     /// The answer a call gets without a new grant: a pooled token, the share while the bucket is
     /// away, or a refusal while it is known to be empty. `None`: a grant is needed.
-    fn answer_without_grant(&self, now: u64) -> Option<bool> {
+    fn answer_without_grant(&self, now: u64) -> Option<Result<(), Duration>> {
         if self.take_pooled(now) {
             self.granted.fetch_add(1, Ordering::Relaxed);
-            return Some(true);
+            return Some(Ok(()));
         }
         if now < self.unreachable_until.load(Ordering::Acquire) {
             return Some(self.take_share(now));
         }
-        if now < self.empty_until.load(Ordering::Acquire) {
-            return Some(self.refuse());
+        let empty_until = self.empty_until.load(Ordering::Acquire);
+        if now < empty_until {
+            return Some(self.refuse(Duration::from_nanos(empty_until - now)));
         }
         None
     }
@@ -296,13 +321,14 @@ impl FleetQuota {
             .is_ok()
     }
 
-    fn take_share(&self, now: u64) -> bool {
-        if self.share().try_acquire_at(now).is_ok() {
-            self.granted.fetch_add(1, Ordering::Relaxed);
-            self.granted_from_share.fetch_add(1, Ordering::Relaxed);
-            true
-        } else {
-            self.refuse()
+    fn take_share(&self, now: u64) -> Result<(), Duration> {
+        match self.share().try_acquire_at(now) {
+            Ok(()) => {
+                self.granted.fetch_add(1, Ordering::Relaxed);
+                self.granted_from_share.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(exceeded) => self.refuse(exceeded.retry_after),
         }
     }
 
@@ -317,9 +343,17 @@ impl FleetQuota {
         Arc::clone(&share.1)
     }
 
-    fn refuse(&self) -> bool {
+    fn refuse(&self, retry_after: Duration) -> Result<(), Duration> {
         self.refused.fetch_add(1, Ordering::Relaxed);
-        false
+        Err(retry_after)
+    }
+
+    /// Calls granted and refused since start.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.granted.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        )
     }
 
     fn snapshot(&self) -> QuotaSnapshot {
@@ -337,6 +371,63 @@ impl FleetQuota {
                 granted_from_share: read(&self.granted_from_share),
             }),
         }
+    }
+}
+
+/// A per-client limit that holds for the fleet: a fleet-wide bucket per key (`client:{key}`),
+/// each grant leased ahead for the key's next requests. At most `max_keys` keys are tracked, each
+/// forgotten after `idle` without a request (it then starts from its bucket in Redis again).
+#[derive(Debug)]
+pub struct FleetKeyedLimiter {
+    rate: RateConfig,
+    config: FleetQuotaConfig,
+    buckets: moka::sync::Cache<Arc<str>, Arc<FleetQuota>>,
+    ticker: Arc<dyn Ticker>,
+    rejected: AtomicU64,
+}
+
+impl FleetKeyedLimiter {
+    pub fn new(
+        rate: RateConfig,
+        config: FleetQuotaConfig,
+        max_keys: u64,
+        idle: Duration,
+        ticker: Arc<dyn Ticker>,
+    ) -> Self {
+        Self {
+            rate,
+            config,
+            buckets: moka::sync::Cache::builder()
+                .max_capacity(max_keys)
+                .time_to_idle(idle)
+                .build(),
+            ticker,
+            rejected: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes one token of `key`'s bucket, or says how long until one may be there.
+    pub async fn try_acquire(&self, key: &str) -> Result<(), Duration> {
+        let bucket = match self.buckets.get(key) {
+            Some(bucket) => bucket,
+            None => self.buckets.get_with(Arc::from(key), || {
+                let name = Arc::from(format!("client:{key}"));
+                Arc::new(FleetQuota::new(name, self.rate, self.config.clone()))
+            }),
+        };
+        let verdict = bucket.acquire(self.ticker.as_ref()).await;
+        if verdict.is_err() {
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+        }
+        verdict
+    }
+
+    /// Keys currently tracked (approximate) and requests refused since start.
+    pub fn stats(&self) -> (u64, u64) {
+        (
+            self.buckets.entry_count(),
+            self.rejected.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -389,7 +480,7 @@ mod tests {
     impl FleetTokens for FakeFleet {
         async fn take(
             &self,
-            _bucket: &'static str,
+            _bucket: &str,
             _rate: RateConfig,
             want: u32,
         ) -> Result<FleetGrant, String> {
@@ -431,11 +522,11 @@ mod tests {
     fn instance(fleet: &Arc<FakeFleet>, max_lease: u32) -> Arc<Quota> {
         Arc::new(Quota::new(
             RATE,
-            Some(FleetQuotaConfig {
-                tokens: Arc::clone(fleet) as Arc<dyn FleetTokens>,
+            Some(FleetQuotaConfig::for_contract(
+                Arc::clone(fleet) as Arc<dyn FleetTokens>,
                 max_lease,
-                retry_after_failure: Duration::from_secs(1),
-            }),
+                Duration::from_secs(1),
+            )),
             "coupons",
         ))
     }
@@ -532,11 +623,11 @@ mod tests {
                 per_second: 30.0,
                 burst: 6,
             },
-            Some(FleetQuotaConfig {
-                tokens: Arc::clone(&fleet) as Arc<dyn FleetTokens>,
-                max_lease: 8,
-                retry_after_failure: Duration::from_secs(1),
-            }),
+            Some(FleetQuotaConfig::for_contract(
+                Arc::clone(&fleet) as Arc<dyn FleetTokens>,
+                8,
+                Duration::from_secs(1),
+            )),
             "coupons",
         ));
         // A third of the quota: a burst of 2, refilled at 10 a second.

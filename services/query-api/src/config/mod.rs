@@ -890,6 +890,12 @@ impl Settings {
                 "fleet-wide quotas keep their tokens in Redis: set redis.enabled too",
             ));
         }
+        if self.resilience.client_limit.scope == resilience::LimitScope::Fleet && !redis.enabled {
+            return Err(invalid(
+                "resilience.client_limit.scope",
+                "a fleet-wide client limit keeps its buckets in Redis: set redis.enabled too",
+            ));
+        }
         if redis.prefix.is_empty() || redis.prefix.contains(char::is_whitespace) {
             return Err(invalid("redis.prefix", "must be non-empty without spaces"));
         }

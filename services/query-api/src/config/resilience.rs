@@ -144,6 +144,19 @@ pub struct ClientLimitSettings {
     /// Proxies in front of the service that append to `X-Forwarded-For`; the client address is
     /// the entry this many places from the right. 0 ignores the header (use the peer address).
     pub trusted_proxy_hops: u32,
+    /// Whose requests a client's bucket counts: this instance's, or the fleet's (in Redis).
+    pub scope: LimitScope,
+    /// With `scope = "fleet"`: tokens a grant takes beyond the request that asked, for the
+    /// client's next requests.
+    pub lease_ahead: u32,
+}
+
+/// Where a limit's buckets live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitScope {
+    Instance,
+    Fleet,
 }
 
 /// The four guarded dependencies, with their config section names.
@@ -316,6 +329,11 @@ impl ResilienceSettings {
             "resilience.client_limit.idle_secs",
             client.idle_secs,
             1..=86_400,
+        )?;
+        ensure_in(
+            "resilience.client_limit.lease_ahead",
+            client.lease_ahead,
+            0..=1_000,
         )?;
         if client.trusted_proxy_hops > 10 {
             return Err(invalid(

@@ -41,11 +41,11 @@ pub async fn limit_clients(
         Ok(key) => key,
         Err(error) => return error.into_response(),
     };
-    match clients.limiter.try_acquire(&key) {
+    match clients.limiter.try_acquire(&key).await {
         Ok(()) => next.run(request).await,
-        Err(exceeded) => {
+        Err(retry_after) => {
             // Whole seconds, rounded up: a client that waits Retry-After finds a token.
-            let nanos = exceeded.retry_after.as_nanos();
+            let nanos = retry_after.as_nanos();
             let retry_after_secs = u32::try_from(nanos.div_ceil(1_000_000_000))
                 .unwrap_or(u32::MAX)
                 .max(1);

@@ -33,7 +33,7 @@ pub use store::seed;
 use crate::admin_token::AdminToken;
 use crate::background;
 use crate::config::Settings;
-use crate::config::resilience::FleetSettings;
+use crate::config::resilience::{FleetSettings, LimitScope};
 use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
 use crate::fleet::Fleet;
@@ -305,12 +305,14 @@ impl Application {
 
 /// Breakers, bulkheads, quotas, the shedder and the per-client limiter, every guard reporting its
 /// calls to `metrics`.
-/// This instance's part in the fleet's shared state, when the quotas are fleet-wide: recorded in
-/// the registry once before the guards are built, so that its share is cut for the fleet it
-/// joins.
+/// This instance's part in the fleet's shared state, when quotas or the per-client limit are
+/// fleet-wide: recorded in the registry once before the guards are built, so that its share is
+/// cut for the fleet it joins.
 async fn join_fleet(settings: &Settings, tier: Option<&Arc<RedisTier>>) -> Option<Arc<Fleet>> {
-    let fleet_settings = &settings.resilience.fleet;
-    let tier = tier.filter(|_| fleet_settings.quotas)?;
+    let resilience = &settings.resilience;
+    let fleet_settings = &resilience.fleet;
+    let wanted = fleet_settings.quotas || resilience.client_limit.scope == LimitScope::Fleet;
+    let tier = tier.filter(|_| wanted)?;
     let fleet = Arc::new(Fleet::new(Arc::clone(tier), &settings.instance_id()));
     fleet
         .beat(fleet_settings.heartbeat() * FleetSettings::MISSED_BEATS)
