@@ -182,6 +182,8 @@ pub struct Series {
     pub upstream_items_per_request: Option<f64>,
     /// Product + rate loads that reached the store (`source_loads`) ÷ logical requests.
     pub store_loads_per_request: Option<f64>,
+    /// L1 misses of the four parts ÷ logical requests.
+    pub part_misses_per_request: Option<f64>,
     /// Product + rate `loads_started` (cache loads begun) ÷ logical requests.
     pub loads_started_per_request: Option<f64>,
     /// The service's `resilience.shedding.capacity_rps` and whether shedding was on.
@@ -261,10 +263,11 @@ impl Series {
         let per_request = |delta: u64| {
             (stats.logical_requests > 0).then(|| delta as f64 / stats.logical_requests as f64)
         };
-        let (upstream, items, store, started, shedding) = match input.readings {
+        let (upstream, items, misses, store, started, shedding) = match input.readings {
             Some((before, after)) => (
                 per_request(after.upstream_calls.saturating_sub(before.upstream_calls)),
                 per_request(after.upstream_items.saturating_sub(before.upstream_items)),
+                per_request(after.part_misses.saturating_sub(before.part_misses)),
                 per_request(after.source_loads.saturating_sub(before.source_loads)),
                 per_request(after.store_loads.saturating_sub(before.store_loads)),
                 Some(match (after.shedding_enabled, after.capacity_rps) {
@@ -273,7 +276,7 @@ impl Series {
                     _ => "unknown".to_owned(),
                 }),
             ),
-            None => (None, None, None, None, None),
+            None => (None, None, None, None, None, None),
         };
         let window_s = recorded.window.as_secs_f64();
         let window_count = recorded.windows.len().max(input.shed_samples.len());
@@ -329,6 +332,7 @@ impl Series {
             upstream_calls_per_request: upstream,
             upstream_items_per_request: items,
             store_loads_per_request: store,
+            part_misses_per_request: misses,
             loads_started_per_request: started,
             service_shedding: shedding,
             dispatch: input.dispatch,
@@ -583,7 +587,7 @@ pub fn markdown(report: &RunReport) -> String {
         if !scenario.series.is_empty() {
             let _ = writeln!(
                 out,
-                "| series | mode | offered rps | achieved rps | logical | P50 ms | P99 ms | P99.9 ms | max ms | admitted | admitted P50 ms | admitted P99 ms | 503 received | 5xx ≠ 503 | HTTP ok | business ok | upstream/req | upstream items/req | store/req | overflow | unfinished | sent | hot-key share | dispatch lag P99 ms | shedding |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+                "| series | mode | offered rps | achieved rps | logical | P50 ms | P99 ms | P99.9 ms | max ms | admitted | admitted P50 ms | admitted P99 ms | 503 received | 5xx ≠ 503 | HTTP ok | business ok | upstream/req | upstream items/req | store/req | L1 misses/req | overflow | unfinished | sent | hot-key share | dispatch lag P99 ms | shedding |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
             );
             for series in &scenario.series {
                 let mode = match series.concurrency {
@@ -592,7 +596,7 @@ pub fn markdown(report: &RunReport) -> String {
                 };
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     series.label,
                     mode,
                     number(series.offered_rps, 0),
@@ -612,6 +616,7 @@ pub fn markdown(report: &RunReport) -> String {
                     number(series.upstream_calls_per_request, 3),
                     number(series.upstream_items_per_request, 3),
                     number(series.store_loads_per_request, 3),
+                    number(series.part_misses_per_request, 4),
                     series.stats.client_overflow,
                     series.unfinished,
                     series.total_sent,
@@ -731,6 +736,7 @@ mod tests {
         let before = Readings {
             upstream_calls: 10,
             upstream_items: 10,
+            part_misses: 0,
             store_loads: 4,
             source_loads: 4,
             shed_level: Some(0),

@@ -304,6 +304,10 @@ impl ServiceProcess {
                 .iter()
                 .filter_map(|part| status["caches"][part]["source_loads"].as_u64())
                 .sum(),
+            part_misses: ["product", "rate", "coupons", "extras"]
+                .iter()
+                .filter_map(|part| status["caches"][part]["misses"].as_u64())
+                .sum(),
             shed_level: shed_level(&status),
             capacity_rps: status["protection"]["shedding_thresholds"]["capacity_rps"].as_u64(),
             shedding_enabled: status["protection"]["shedding_thresholds"]["enabled"].as_bool(),
@@ -442,6 +446,9 @@ pub struct Readings {
     pub upstream_items: u64,
     pub store_loads: u64,
     pub source_loads: u64,
+    /// L1 misses over the four parts: reads that found no fresh entry (a refresh ahead of the
+    /// expiry is not one).
+    pub part_misses: u64,
     pub shed_level: Option<u8>,
     pub capacity_rps: Option<u64>,
     pub shedding_enabled: Option<bool>,

@@ -209,6 +209,19 @@ impl DependencyGuard {
                 .is_none_or(|quota| quota.ready(self.ticker.now_nanos()))
     }
 
+    /// Whether the breaker would let a call through now (advisory, takes nothing).
+    pub fn breaker_allows(&self) -> bool {
+        self.breaker.state() != BreakerState::Open
+    }
+
+    /// How long until the outbound quota has a token (zero when it has one, or there is none):
+    /// a batch of loads waits that long for its call rather than being refused.
+    pub fn wait_for_quota(&self) -> Duration {
+        self.quota
+            .as_ref()
+            .map_or(Duration::ZERO, |quota| quota.wait(self.ticker.now_nanos()))
+    }
+
     /// Runs `attempt` under the guard, retrying transient failures while the request's
     /// allowance, the global budget and the deadline allow.
     pub async fn call<T, F, Fut>(&self, mut attempt: F) -> Result<T, LoadFailure>

@@ -114,6 +114,14 @@ impl Quota {
         }
     }
 
+    /// How long from `now_nanos` until a call would get a token (advisory, takes nothing).
+    pub(crate) fn wait(&self, now_nanos: u64) -> Duration {
+        match self {
+            Quota::Local { bucket, .. } => bucket.wait_at(now_nanos),
+            Quota::Fleet(fleet) => fleet.wait(now_nanos),
+        }
+    }
+
     /// Whether a call starting now would get a token (advisory, takes nothing).
     pub(crate) fn ready(&self, now_nanos: u64) -> bool {
         match self {
@@ -297,6 +305,19 @@ impl FleetQuota {
             return Some(self.refuse(Duration::from_nanos(empty_until - now)));
         }
         None
+    }
+
+    /// How long from `now` until a call would get a token, as far as this instance knows (a
+    /// bucket not known to be empty may have one: zero).
+    fn wait(&self, now: u64) -> Duration {
+        if self.pool.load(Ordering::Acquire) > 0 && now < self.pool_expires.load(Ordering::Acquire)
+        {
+            return Duration::ZERO;
+        }
+        if now < self.unreachable_until.load(Ordering::Acquire) {
+            return self.share().wait_at(now);
+        }
+        Duration::from_nanos(self.empty_until.load(Ordering::Acquire).saturating_sub(now))
     }
 
     fn ready(&self, now: u64) -> bool {

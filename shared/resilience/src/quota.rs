@@ -108,6 +108,13 @@ impl TokenBucket {
         ahead <= self.tolerance
     }
 
+    /// How long from `now_nanos` until [`TokenBucket::try_acquire_at`] would grant a token
+    /// (zero when it would now), without taking it.
+    pub fn wait_at(&self, now_nanos: u64) -> Duration {
+        let (_, ahead) = self.next_after(self.tat.load(Ordering::Relaxed), now_nanos);
+        Duration::from_nanos(ahead.saturating_sub(self.tolerance))
+    }
+
     /// The theoretical arrival time after one more call at `now_nanos` given `tat`, and how far
     /// it is ahead of now.
     fn next_after(&self, tat: u64, now_nanos: u64) -> (u64, u64) {
@@ -198,10 +205,12 @@ mod tests {
         // The next token arrives one emission interval (1/45 s) later.
         assert_eq!(refused.retry_after, Duration::from_nanos(SECOND / 45));
         assert!(!bucket.has_token_at(now));
+        assert_eq!(bucket.wait_at(now), Duration::from_nanos(SECOND / 45));
         assert!(
             bucket.has_token_at(now + SECOND / 45),
             "looking takes nothing"
         );
+        assert_eq!(bucket.wait_at(now + SECOND / 45), Duration::ZERO);
         assert!(bucket.has_token_at(now + SECOND / 45));
         bucket.try_acquire_at(now + SECOND / 45).unwrap();
         assert!(!bucket.has_token_at(now + SECOND / 45));

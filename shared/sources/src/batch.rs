@@ -6,8 +6,11 @@
 //! Everything above a loader stays per key: the part cache's single flight (one load per key in
 //! this process), its L2 lease (one rebuild per key in the fleet) and its version fences.
 //!
-//! The window never eats into a caller's time: a load whose request must start its call sooner
-//! (its deadline less the time one attempt may take) flushes the batch it joins at that moment.
+//! The window is the least a batch waits. When the API's quota has no token, a batch keeps
+//! filling until one is there rather than being refused: under a quota that is the bottleneck,
+//! every call then carries as many items as arrived since the last one. No member waits longer
+//! than half its attempt's time (or past its deadline less half of it): the batch leaves by then,
+//! token or not, and the rest of that time is the call's.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -53,6 +56,9 @@ pub(crate) trait BatchFetch: Send + Sync + 'static {
     /// The API's name, for timelines and logs.
     fn name(&self) -> &'static str;
 
+    /// How long until a call may start: zero while the quota has a token (or there is none).
+    fn wait_for_token(&self) -> Duration;
+
     /// The keys the API answered, each with its value. A key it did not answer is missing.
     async fn fetch_many(
         &self,
@@ -73,6 +79,8 @@ pub struct BatchStats {
     pub items: u64,
     /// Calls sent because the batch was full, before its window ended.
     pub sent_full: u64,
+    /// Batches that waited past their window for a quota token.
+    pub waited_for_token: u64,
 }
 
 /// Collects concurrent loads into batch calls of `fetcher`. Share it through an `Arc`: the
@@ -99,6 +107,7 @@ struct Counters {
     calls: AtomicU64,
     items: AtomicU64,
     sent_full: AtomicU64,
+    waited_for_token: AtomicU64,
 }
 
 /// The batch being filled, if any, and the id the next one gets.
@@ -112,14 +121,23 @@ struct OpenBatch<V> {
     /// timer of a batch that already left must not send the next one.
     id: u64,
     members: Vec<Member<V>>,
-    /// When the batch is sent at the latest: its first load's window, brought forward by any
-    /// member whose request needs its call to start sooner.
-    send_at: Instant,
-    /// Wakes the timer when `send_at` moves forward.
+    /// The least the batch waits for loads to join: its first load's window.
+    window_ends: Instant,
+    /// When the batch leaves at the latest, token or not: the earliest of its members'.
+    send_by: Instant,
+    /// Wakes the timer when `send_by` moves forward.
     wake: Arc<Notify>,
     /// The call runs in the context of the member with the latest deadline (its attempt
     /// timeout, its retries): the one whose request can wait longest for a retry.
     context: Option<LoadContext>,
+}
+
+/// What a batch's timer does next.
+enum Step<V> {
+    /// The batch left full, or was sent: nothing to do.
+    Gone,
+    Wait(Instant),
+    Send(OpenBatch<V>),
 }
 
 struct Member<V> {
@@ -150,15 +168,6 @@ impl<F: BatchFetch> Coalescer<F> {
         &self.fetcher
     }
 
-    /// True while a batch is being filled and has room: a load joining it needs no quota token
-    /// of its own.
-    pub(crate) fn has_room(&self) -> bool {
-        self.lock()
-            .batch
-            .as_ref()
-            .is_some_and(|batch| batch.members.len() < self.config.max_items)
-    }
-
     pub(crate) fn stats(&self) -> BatchStats {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         BatchStats {
@@ -167,6 +176,7 @@ impl<F: BatchFetch> Coalescer<F> {
             calls: read(&self.counters.calls),
             items: read(&self.counters.items),
             sent_full: read(&self.counters.sent_full),
+            waited_for_token: read(&self.counters.waited_for_token),
         }
     }
 
@@ -177,14 +187,15 @@ impl<F: BatchFetch> Coalescer<F> {
     ) -> Result<Loaded<F::Value>, LoadFailure> {
         let (reply, answer) = oneshot::channel();
         let context = LoadContext::current();
-        let send_by = self.send_by(Instant::now(), context.as_ref());
+        let now = Instant::now();
+        let send_by = self.send_by(now, context.as_ref());
         let member = Member {
             key,
             reply,
             timeline: Timeline::current(),
             span: tracing::Span::current(),
         };
-        self.join(member, send_by, context);
+        self.join(member, now, send_by, context);
         answer.await.unwrap_or_else(|_| {
             Err(LoadFailure::error(format!(
                 "{} batch call ended without an answer",
@@ -193,22 +204,24 @@ impl<F: BatchFetch> Coalescer<F> {
         })
     }
 
-    /// When a load started `now` must be sent at the latest: after the window, or sooner when
-    /// its request needs the time one attempt may take before its deadline.
+    /// When a load started `now` must leave at the latest, token or not: after half the time
+    /// its attempt may take (and before its deadline less that half), or after the window for a
+    /// load of no request (the window then also bounds the wait for a token).
     fn send_by(&self, now: Instant, context: Option<&LoadContext>) -> Instant {
-        let after_window = now + self.config.window;
-        let call_needs = context.and_then(|context| {
-            let start_by = context
-                .deadline()?
-                .checked_sub(context.attempt_timeout()?)?;
-            Some(start_by.max(now))
+        let budget = context.and_then(|context| {
+            let half = context.attempt_timeout()? / 2;
+            let before_deadline = context.deadline().map_or(now + half, |deadline| {
+                deadline.checked_sub(half).unwrap_or(now)
+            });
+            Some((now + half).min(before_deadline).max(now))
         });
-        call_needs.map_or(after_window, |start_by| start_by.min(after_window))
+        budget.unwrap_or(now + self.config.window)
     }
 
     fn join(
         self: &Arc<Self>,
         member: Member<F::Value>,
+        now: Instant,
         send_by: Instant,
         context: Option<LoadContext>,
     ) {
@@ -223,15 +236,16 @@ impl<F: BatchFetch> Coalescer<F> {
                 slot.batch.insert(OpenBatch {
                     id,
                     members: Vec::with_capacity(self.config.max_items),
-                    send_at: send_by,
+                    window_ends: now + self.config.window,
+                    send_by,
                     wake,
                     context: None,
                 })
             }
         };
         batch.members.push(member);
-        if send_by < batch.send_at {
-            batch.send_at = send_by;
+        if send_by < batch.send_by {
+            batch.send_by = send_by;
             batch.wake.notify_one();
         }
         let later_deadline = match (&batch.context, &context) {
@@ -243,39 +257,85 @@ impl<F: BatchFetch> Coalescer<F> {
             batch.context = context;
         }
         if batch.members.len() >= self.config.max_items {
-            let full = slot.batch.take().expect("the batch just filled");
+            let mut full = slot.batch.take().expect("the batch just filled");
             drop(slot);
             self.counters.sent_full.fetch_add(1, Ordering::Relaxed);
-            // Its timer finds another id (or none) and ends.
+            // Its timer finds another id (or none) and ends; the next load opens a new batch.
             full.wake.notify_one();
-            tokio::spawn(Arc::clone(self).send(full));
+            full.window_ends = now;
+            tokio::spawn(Arc::clone(self).send_with_token(full));
         }
     }
 
-    /// The timer of batch `id`: sends it when due, unless it left full before.
+    /// When a batch should be looked at again: `None` to send it now — it is due (its window
+    /// over and a token there) or it must go (`send_by`, token or not).
+    fn next_check(&self, window_ends: Instant, send_by: Instant, now: Instant) -> Option<Instant> {
+        if now >= send_by {
+            return None;
+        }
+        if now < window_ends {
+            return Some(window_ends.min(send_by));
+        }
+        let wait = self.fetcher.wait_for_token();
+        if wait.is_zero() {
+            return None;
+        }
+        Some((now + wait).min(send_by))
+    }
+
+    /// A full batch, out of the slot: sent once a token is there, or by its `send_by`.
+    async fn send_with_token(self: Arc<Self>, batch: OpenBatch<F::Value>) {
+        let mut waited = false;
+        while let Some(check) = self.next_check(batch.window_ends, batch.send_by, Instant::now()) {
+            waited = true;
+            tokio::time::sleep_until(check).await;
+        }
+        if waited {
+            self.counters
+                .waited_for_token
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.send(batch).await;
+    }
+
+    /// The timer of batch `id`: sends it when due (see [`Coalescer::next_check`]), unless it
+    /// left full before.
     async fn send_when_due(self: Arc<Self>, id: u64, wake: Arc<Notify>) {
+        let mut waited = false;
         loop {
-            let send_at = match &self.lock().batch {
-                Some(batch) if batch.id == id => batch.send_at,
-                _ => return,
-            };
-            tokio::select! {
-                () = tokio::time::sleep_until(send_at) => {}
-                () = wake.notified() => continue,
-            }
-            let due = {
+            let now = Instant::now();
+            let step = {
                 let mut slot = self.lock();
                 match &slot.batch {
-                    Some(batch) if batch.id == id && batch.send_at <= Instant::now() => {
-                        slot.batch.take()
+                    Some(batch) if batch.id == id => {
+                        match self.next_check(batch.window_ends, batch.send_by, now) {
+                            None => Step::Send(slot.batch.take().expect("matched above")),
+                            Some(check) => {
+                                waited |= now >= batch.window_ends;
+                                Step::Wait(check)
+                            }
+                        }
                     }
-                    Some(batch) if batch.id == id => None,
-                    _ => return,
+                    _ => Step::Gone,
                 }
             };
-            if let Some(batch) = due {
-                self.send(batch).await;
-                return;
+            match step {
+                Step::Gone => return,
+                Step::Wait(check) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(check) => {}
+                        () = wake.notified() => {}
+                    }
+                }
+                Step::Send(batch) => {
+                    if waited {
+                        self.counters
+                            .waited_for_token
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.send(batch).await;
+                    return;
+                }
             }
         }
     }
@@ -363,11 +423,13 @@ mod tests {
     use super::*;
 
     /// Answers every key but `missing`, with the call's number as the version; records calls.
+    /// Its quota has a token from `token_at` on (the test's paused clock), none before.
     struct FakeApi {
         calls: StdMutex<Vec<Vec<ItemKey>>>,
         missing: Option<ItemKey>,
         fail: bool,
         delay: Duration,
+        token_at: StdMutex<Option<Instant>>,
     }
 
     impl FakeApi {
@@ -377,6 +439,7 @@ mod tests {
                 missing: None,
                 fail: false,
                 delay: Duration::ZERO,
+                token_at: StdMutex::new(None),
             }
         }
 
@@ -391,6 +454,12 @@ mod tests {
 
         fn name(&self) -> &'static str {
             "fake"
+        }
+
+        fn wait_for_token(&self) -> Duration {
+            self.token_at.lock().unwrap().map_or(Duration::ZERO, |at| {
+                at.saturating_duration_since(Instant::now())
+            })
         }
 
         async fn fetch_many(
@@ -504,8 +573,9 @@ mod tests {
         };
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(coalescer.fetcher().calls().is_empty());
-        // This request must start its call within 5 ms (deadline 105 ms, attempts of 100 ms).
-        let context = LoadContext::new(Some(Instant::now() + Duration::from_millis(105)), 2)
+        // This request must start its call within 5 ms: its deadline is 55 ms away and half its
+        // 100 ms attempt must be left for the call.
+        let context = LoadContext::new(Some(Instant::now() + Duration::from_millis(55)), 2)
             .for_part(Duration::from_millis(100));
         let joined = Instant::now();
         let urgent = context
@@ -567,32 +637,80 @@ mod tests {
         );
     }
 
+    /// A request whose call may take 100 ms joins at `at` (paused clock): it leaves by 50 ms
+    /// after joining, token or not.
+    async fn load_with_budget(
+        coalescer: &Arc<Coalescer<FakeApi>>,
+        id: u64,
+    ) -> Result<Loaded<String>, LoadFailure> {
+        let context = LoadContext::new(Some(Instant::now() + Duration::from_secs(1)), 2)
+            .for_part(Duration::from_millis(100));
+        let coalescer = Arc::clone(coalescer);
+        context
+            .scope(async move { coalescer.load(key(id)).await })
+            .await
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn room_is_reported_while_a_batch_fills() {
-        let coalescer = coalescer(
-            FakeApi {
-                delay: Duration::from_millis(20),
-                ..FakeApi::new()
-            },
-            2,
-            5,
+    async fn without_a_token_a_batch_keeps_filling_until_one_is_there() {
+        let coalescer = coalescer(FakeApi::new(), 40, 5);
+        *coalescer.fetcher().token_at.lock().unwrap() =
+            Some(Instant::now() + Duration::from_millis(30));
+        let started = Instant::now();
+        let early = tokio::spawn({
+            let coalescer = Arc::clone(&coalescer);
+            async move { load_with_budget(&coalescer, 100_001).await }
+        });
+        // Past the 5 ms window, before the token: the batch is still open and takes this load.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(coalescer.fetcher().calls().is_empty());
+        let late = load_with_budget(&coalescer, 100_002).await;
+        assert!(late.is_ok());
+        assert!(early.await.unwrap().is_ok());
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(30),
+            "sent when the token came"
         );
-        assert!(!coalescer.has_room());
-        let first = {
-            let coalescer = Arc::clone(&coalescer);
-            tokio::spawn(async move { coalescer.load(key(100_001)).await })
-        };
-        tokio::task::yield_now().await;
-        assert!(coalescer.has_room());
-        let second = {
-            let coalescer = Arc::clone(&coalescer);
-            tokio::spawn(async move { coalescer.load(key(100_002)).await })
-        };
-        tokio::task::yield_now().await;
-        // Full: it left, and nothing is being filled.
-        assert!(!coalescer.has_room());
-        assert!(first.await.unwrap().is_ok());
-        assert!(second.await.unwrap().is_ok());
+        assert_eq!(
+            coalescer.fetcher().calls(),
+            vec![vec![key(100_001), key(100_002)]]
+        );
+        assert_eq!(coalescer.stats().waited_for_token, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_leaves_by_half_its_members_attempt_time_token_or_not() {
+        let coalescer = coalescer(FakeApi::new(), 40, 5);
+        *coalescer.fetcher().token_at.lock().unwrap() =
+            Some(Instant::now() + Duration::from_secs(10));
+        let started = Instant::now();
+        assert!(load_with_budget(&coalescer, 100_001).await.is_ok());
+        // Half of the 100 ms attempt: the call then has the other half (here the fake answers).
+        assert_eq!(started.elapsed(), Duration::from_millis(50));
+        assert_eq!(coalescer.fetcher().calls().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_waits_for_its_token_while_the_next_one_fills() {
+        let coalescer = coalescer(FakeApi::new(), 2, 5);
+        *coalescer.fetcher().token_at.lock().unwrap() =
+            Some(Instant::now() + Duration::from_millis(20));
+        let started = Instant::now();
+        let loads: Vec<_> = (100_001..=100_003)
+            .map(|id| {
+                let coalescer = Arc::clone(&coalescer);
+                tokio::spawn(async move { load_with_budget(&coalescer, id).await })
+            })
+            .collect();
+        for load in loads {
+            assert!(load.await.unwrap().is_ok());
+        }
+        assert_eq!(started.elapsed(), Duration::from_millis(20));
+        let calls = coalescer.fetcher().calls();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0], vec![key(100_001), key(100_002)]);
+        assert_eq!(calls[1], vec![key(100_003)]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -196,13 +196,13 @@ impl<A: UpstreamApi> Loader<A::Value> for UpstreamClient<A> {
         }
     }
 
-    /// A load that joins a batch being filled needs no quota token of its own.
+    /// Batched loads wait in their batch for a quota token (within their budget): only an open
+    /// breaker makes them refuse at once. A single call needs a token now.
     fn ready(&self) -> bool {
-        self.calls.guard.ready()
-            || self
-                .batches
-                .as_ref()
-                .is_some_and(|batches| batches.has_room())
+        match &self.batches {
+            Some(_) => self.calls.guard.breaker_allows(),
+            None => self.calls.guard.ready(),
+        }
     }
 }
 
@@ -333,6 +333,10 @@ impl<A: UpstreamApi> BatchFetch for Arc<Calls<A>> {
 
     fn name(&self) -> &'static str {
         A::NAME
+    }
+
+    fn wait_for_token(&self) -> Duration {
+        self.guard.wait_for_quota()
     }
 
     async fn fetch_many(
