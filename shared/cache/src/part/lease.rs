@@ -75,6 +75,17 @@ where
                     bump(&self.stats.leases_won);
                     record_stage("lease", self.settings.name, "won", started, None);
                     leased = true;
+                    // Another instance may have taken the lease, written L2 and released it
+                    // between the read above and this lease: look once more before loading.
+                    if let Ok(Some(envelope)) = self.read_l2(l2, tier_key).await
+                        && envelope.version >= fence
+                        && newer(&envelope)
+                    {
+                        let tier = Arc::clone(&l2.tier);
+                        tokio::spawn(async move { tier.release_lease(tier_key, token).await });
+                        bump(&self.stats.l2_hits);
+                        return Ok(self.adopt_from_l2(key, envelope));
+                    }
                 }
                 Ok(false) => {
                     bump(&self.stats.leases_lost);

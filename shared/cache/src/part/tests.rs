@@ -732,3 +732,119 @@ async fn a_refresh_reads_l2_until_l2_itself_needs_the_reload() {
     }
     panic!("the reload never reached L2");
 }
+
+/// A shared tier whose lease requests wait at a gate the test opens: it decides when an
+/// instance's lease request reaches the tier.
+#[derive(Debug)]
+struct GatedLeases {
+    tier: Arc<MemoryTier>,
+    /// Told when a lease request arrives at the gate.
+    arrived: tokio::sync::Notify,
+    gate: tokio::sync::Semaphore,
+}
+
+#[async_trait]
+impl SharedTier for GatedLeases {
+    async fn get_many(&self, keys: &[TierKey]) -> Result<Vec<Option<TierEntry>>, crate::TierError> {
+        self.tier.get_many(keys).await
+    }
+
+    async fn put_fenced(
+        &self,
+        key: TierKey,
+        entry: &TierEntry,
+        ttl: Duration,
+    ) -> Result<crate::FenceOutcome, crate::TierError> {
+        self.tier.put_fenced(key, entry, ttl).await
+    }
+
+    async fn put_fence(
+        &self,
+        key: TierKey,
+        entry: &TierEntry,
+        ttl: Duration,
+    ) -> Result<crate::FenceOutcome, crate::TierError> {
+        self.tier.put_fence(key, entry, ttl).await
+    }
+
+    async fn try_lease(
+        &self,
+        key: TierKey,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<bool, crate::TierError> {
+        self.arrived.notify_one();
+        self.gate
+            .acquire()
+            .await
+            .expect("the gate stays open")
+            .forget();
+        self.tier.try_lease(key, token, ttl).await
+    }
+
+    async fn release_lease(&self, key: TierKey, token: u64) -> Result<(), crate::TierError> {
+        self.tier.release_lease(key, token).await
+    }
+
+    async fn ping(&self) -> Result<(), crate::TierError> {
+        self.tier.ping().await
+    }
+}
+
+/// An instance whose L2 read missed takes the lease only after another instance has taken it,
+/// rebuilt the key, written L2 and released it: the lease is free, and without a second look at
+/// L2 the key would be rebuilt twice. With it, the late instance takes the value from L2.
+#[tokio::test]
+async fn a_lease_won_after_someone_elses_whole_rebuild_takes_its_value() {
+    let source = Arc::new(FakeSource::default());
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let gated = Arc::new(GatedLeases {
+        tier: Arc::clone(&tier),
+        arrived: tokio::sync::Notify::new(),
+        gate: tokio::sync::Semaphore::new(0),
+    });
+    let loader: Arc<dyn Loader<String>> = source.clone();
+    let late = PartCache::with_shared_tier(
+        settings(),
+        L2Config {
+            tier: gated.clone(),
+            ttl: TtlPolicy {
+                fresh: Duration::from_secs(900),
+                jitter: Jitter::UpTo(Duration::from_secs(300)),
+                stale: Duration::from_secs(1800),
+                not_found: Duration::from_secs(120),
+            },
+            lease_ttl: Duration::from_secs(3),
+            lease_wait: Duration::from_millis(300),
+            lease_poll: Duration::from_millis(10),
+        },
+        loader,
+        Arc::new(clock.clone()),
+    );
+    let early = instance(&source, &tier, &clock);
+    // The late instance reads L2 (a miss) and stops at the gate on its way to the lease.
+    let waiting = tokio::spawn({
+        let late = late.clone();
+        async move { late.get(key(), BUDGET).await }
+    });
+    gated.arrived.notified().await;
+    // Meanwhile the other instance rebuilds the key from start to end.
+    assert!(matches!(
+        early.get(key(), BUDGET).await,
+        CacheOutcome::Loaded(_)
+    ));
+    until(|| tier.version_of(tier_key()).is_some()).await;
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    gated.gate.add_permits(1);
+    match waiting.await.unwrap() {
+        CacheOutcome::Loaded(envelope) => {
+            assert_eq!(envelope.value.as_deref(), Some("taobao:100001#1"))
+        }
+        other => panic!("expected the other instance's value, got {other:?}"),
+    }
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1, "rebuilt once");
+    assert_eq!(late.stats().leases_won, 1);
+}
