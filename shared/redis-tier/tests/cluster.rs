@@ -9,87 +9,17 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use common::{ServerProcess, key, redis_binaries_missing};
+use common::key;
 use rebate_cache::{FenceOutcome, SharedTier, TierEntry, TierKey};
 use rebate_domain::PartKind;
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig};
+use rebate_testkit::redis_server::{RedisCluster, redis_binaries_missing};
 use redis::aio::MultiplexedConnection;
 use redis::cluster_routing::{Route, SlotAddr};
 
 const TTL: Duration = Duration::from_secs(60);
 /// The whole test, cluster start included, must finish well inside this.
 const BUDGET: Duration = Duration::from_secs(15);
-
-/// Three cluster primaries in a scratch directory; the processes die with it.
-struct LocalCluster {
-    nodes: Vec<ServerProcess>,
-    /// Holds the nodes' config files; removed after the nodes (fields drop in order).
-    _dir: tempfile::TempDir,
-}
-
-impl LocalCluster {
-    async fn start(deadline: Instant) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let nodes: Vec<ServerProcess> = (0..3)
-            .map(|_| ServerProcess::start(dir.path(), true))
-            .collect();
-        let cluster = Self { nodes, _dir: dir };
-        cluster.create(deadline).await;
-        cluster.wait_until_ok(deadline).await;
-        cluster
-    }
-
-    async fn create(&self, deadline: Instant) {
-        let mut command = tokio::process::Command::new("redis-cli");
-        command.arg("--cluster").arg("create");
-        for node in &self.nodes {
-            command.arg(format!("127.0.0.1:{}", node.port));
-        }
-        command
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .kill_on_drop(true);
-        let output = tokio::time::timeout_at(deadline.into(), command.output())
-            .await
-            .expect("redis-cli --cluster create finishes in time")
-            .expect("redis-cli runs");
-        assert!(
-            output.status.success(),
-            "redis-cli --cluster create failed: {}",
-            String::from_utf8_lossy(&output.stdout)
-        );
-    }
-
-    async fn wait_until_ok(&self, deadline: Instant) {
-        for node in &self.nodes {
-            let mut connection = connect(&node.url()).await;
-            loop {
-                let info: String = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query_async(&mut connection)
-                    .await
-                    .unwrap();
-                if info.contains("cluster_state:ok") {
-                    break;
-                }
-                assert!(Instant::now() < deadline, "cluster never became ok: {info}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-
-    fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(ServerProcess::url).collect()
-    }
-}
-
-/// A plain connection to one node, which answers `MOVED` for keys it does not own.
-async fn connect(url: &str) -> MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
 
 fn entry(version: u64, bytes: &[u8]) -> TierEntry {
     TierEntry {
@@ -99,9 +29,9 @@ fn entry(version: u64, bytes: &[u8]) -> TierEntry {
 }
 
 /// Moves `slot` and its keys from `from` to `to`, as a resharding would, behind the tier's back.
-async fn migrate_slot(cluster: &LocalCluster, slot: u16, from: usize, to: usize) {
-    let mut source = connect(&cluster.nodes[from].url()).await;
-    let mut target = connect(&cluster.nodes[to].url()).await;
+async fn migrate_slot(cluster: &RedisCluster, slot: u16, from: usize, to: usize) {
+    let mut source = cluster.nodes()[from].connection().await;
+    let mut target = cluster.nodes()[to].connection().await;
     let id = |connection: &mut MultiplexedConnection| {
         let mut connection = connection.clone();
         async move {
@@ -132,7 +62,7 @@ async fn migrate_slot(cluster: &LocalCluster, slot: u16, from: usize, to: usize)
     if !keys.is_empty() {
         redis::cmd("MIGRATE")
             .arg("127.0.0.1")
-            .arg(cluster.nodes[to].port)
+            .arg(cluster.nodes()[to].port())
             .arg("")
             .arg(0)
             .arg(5000)
@@ -142,25 +72,10 @@ async fn migrate_slot(cluster: &LocalCluster, slot: u16, from: usize, to: usize)
             .await
             .unwrap();
     }
-    for node in &cluster.nodes {
-        let mut connection = connect(&node.url()).await;
+    for node in cluster.nodes() {
+        let mut connection = node.connection().await;
         setslot(&mut connection, "NODE", &target_id).await;
     }
-}
-
-/// Which node index owns `name`, asked of the nodes themselves.
-async fn owner_of(cluster: &LocalCluster, name: &str) -> usize {
-    for (index, node) in cluster.nodes.iter().enumerate() {
-        let mut connection = connect(&node.url()).await;
-        let answer = redis::cmd("EXISTS")
-            .arg(name)
-            .query_async::<i64>(&mut connection)
-            .await;
-        if answer.is_ok() {
-            return index;
-        }
-    }
-    panic!("no node owns {name}");
 }
 
 #[tokio::test]
@@ -171,7 +86,7 @@ async fn a_cluster_serves_batches_per_node_fences_writes_and_leases() {
     }
     let started = Instant::now();
     let deadline = started + BUDGET;
-    let cluster = LocalCluster::start(deadline).await;
+    let cluster = RedisCluster::start(3, 0).await;
 
     // One seed node is enough: the tier discovers the others.
     let mut settings = RedisTierConfig::new(RedisTarget::Cluster(vec![cluster.urls()[0].clone()]));
@@ -306,10 +221,10 @@ async fn a_cluster_serves_batches_per_node_fences_writes_and_leases() {
     // answers MOVED; that key is fetched on its own and the map is refreshed.
     let moved = present[0];
     let moved_name = tier.key_name(moved);
-    let from = owner_of(&cluster, &moved_name).await;
+    let from = cluster.owner_of(&moved_name).await;
     let to = (from + 1) % 3;
     let moved_slot = {
-        let mut connection = connect(&cluster.nodes[from].url()).await;
+        let mut connection = cluster.nodes()[from].connection().await;
         redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(&moved_name)
@@ -318,7 +233,7 @@ async fn a_cluster_serves_batches_per_node_fences_writes_and_leases() {
             .unwrap()
     };
     migrate_slot(&cluster, moved_slot, from, to).await;
-    assert_eq!(owner_of(&cluster, &moved_name).await, to);
+    assert_eq!(cluster.owner_of(&moved_name).await, to);
 
     let mut current = expected.clone();
     current[batch.iter().position(|&k| k == fenced).unwrap()] = Some(entry(9, b"v9"));

@@ -9,10 +9,11 @@ mod common;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use common::{Namespace, SHARED_URL, ServerProcess, key, raw_connection, redis_binaries_missing};
+use common::{Namespace, SHARED_URL, key, raw_connection};
 use rebate_cache::{SharedTier, TierEntry, TierError};
 use rebate_domain::PartKind;
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig};
+use rebate_testkit::redis_server::{Mode, RedisProcess, redis_binaries_missing};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(100);
@@ -79,7 +80,7 @@ async fn commands_time_out_while_the_server_is_paused_and_work_again_after() {
     // A private server when possible: pausing the shared one would stall everyone using it.
     let scratch = tempfile::tempdir().unwrap();
     let private = match redis_binaries_missing() {
-        None => Some(ServerProcess::start(scratch.path(), false)),
+        None => Some(RedisProcess::start(scratch.path(), Mode::Standalone).await),
         Some(reason) => {
             eprintln!("pausing the shared redis instead of a private one: {reason}");
             None
@@ -87,7 +88,7 @@ async fn commands_time_out_while_the_server_is_paused_and_work_again_after() {
     };
     let url = private
         .as_ref()
-        .map_or_else(|| SHARED_URL.to_owned(), ServerProcess::url);
+        .map_or_else(|| SHARED_URL.to_owned(), RedisProcess::url);
     let namespace = Namespace::new(&url);
     let mut tier_settings = settings(RedisTarget::Single(url.clone()));
     tier_settings.prefix = namespace.prefix.clone();

@@ -1,15 +1,29 @@
 //! Helpers shared by the workspace's test suites (a dev-dependency only; never in the service).
 //!
+//! Contract: every wait is bounded and fails the test naming what it waited for; every process a
+//! helper starts dies with its guard, also when the test panics; names never collide with a test
+//! running at the same time, and ports are asked of the kernel, never fixed. Nothing here knows
+//! the service's crates.
+//!
+//! # Layout
 //! - [`wait_until`] / [`wait_until_true`]: poll a condition every 10 ms, and fail the test naming
 //!   what it waited for once [`WAIT_LIMIT`] has passed. For tests against real servers, whose
 //!   progress no virtual clock can drive; a test of time-based logic moves its clock instead.
 //! - [`unique_suffix`]: keeps the names (databases, key prefixes, queues) of tests running at the
 //!   same time apart.
+//! - [`free_port`] / [`free_ports`]: loopback ports nobody listens on, for processes the test
+//!   starts.
+//! - `redis_server` (feature `redis`): `RedisProcess`, a private `redis-server` (single, or one
+//!   cluster node), and `RedisCluster`, a Redis Cluster of them with replicas that can fail a
+//!   master over (`CLUSTER FAILOVER`).
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
+
+#[cfg(feature = "redis")]
+pub mod redis_server;
 
 /// How long a condition may take before the test fails.
 pub const WAIT_LIMIT: Duration = Duration::from_secs(10);
@@ -40,6 +54,23 @@ pub fn unique_suffix() -> u32 {
         .map(|elapsed| elapsed.subsec_nanos())
         .unwrap_or_default();
     nanos ^ std::process::id().rotate_left(16)
+}
+
+/// A loopback port nobody listens on right now (bound, then released). Another process may take
+/// it before the test's own process binds it: starting that process fails then, and whoever
+/// waits for it says so.
+pub fn free_port() -> u16 {
+    let [port] = free_ports();
+    port
+}
+
+/// `N` different loopback ports nobody listens on right now: all are held while they are picked,
+/// so none is handed out twice.
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: [std::net::TcpListener; N] = std::array::from_fn(|_| {
+        std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port")
+    });
+    listeners.map(|listener| listener.local_addr().expect("a bound address").port())
 }
 
 #[cfg(test)]

@@ -1,15 +1,8 @@
-//! Test helpers: a unique key namespace per test on the shared Redis, and private
-//! `redis-server` processes (single or cluster) that die with their guard.
+//! Test helpers: a unique key namespace per test on the shared Redis. Private `redis-server`
+//! processes (single or cluster) come from `rebate_testkit::redis_server`.
 #![allow(dead_code)] // each test binary uses a different subset
-#![allow(
-    clippy::disallowed_methods,
-    reason = "tests against a real Redis wait on the wall clock"
-)]
 
-use std::net::TcpListener;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rebate_cache::TierKey;
 use rebate_domain::{ItemId, ItemKey, PartKind, Platform};
@@ -98,97 +91,4 @@ pub(crate) async fn raw_connection(url: &str) -> redis::aio::MultiplexedConnecti
         .get_multiplexed_async_connection()
         .await
         .unwrap_or_else(|error| panic!("redis at {url} must be running for these tests: {error}"))
-}
-
-/// Why `redis-server`/`redis-cli` cannot be used, if they cannot.
-pub(crate) fn redis_binaries_missing() -> Option<String> {
-    for binary in ["redis-server", "redis-cli"] {
-        let found = Command::new(binary)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        if let Err(error) = found {
-            return Some(format!("{binary} is not runnable: {error}"));
-        }
-    }
-    None
-}
-
-/// A port, and the port 10000 above it (a cluster node's bus port), both free right now.
-pub(crate) fn free_port_pair() -> u16 {
-    loop {
-        let port: u16 = 20_000 + rand::random::<u16>() % 10_000;
-        let free = |port: u16| TcpListener::bind(("127.0.0.1", port)).is_ok();
-        if free(port) && free(port + 10_000) {
-            return port;
-        }
-    }
-}
-
-/// A `redis-server` child process, killed and reaped on drop so a failing test leaks nothing.
-#[derive(Debug)]
-pub(crate) struct ServerProcess {
-    pub port: u16,
-    child: Child,
-}
-
-impl ServerProcess {
-    pub(crate) fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Starts a server in `dir` on a free port and waits until it answers; retries on another
-    /// port if the chosen one was taken in the meantime.
-    pub(crate) fn start(dir: &Path, cluster: bool) -> Self {
-        for _attempt in 0..5 {
-            let port = free_port_pair();
-            let mut command = Command::new("redis-server");
-            command
-                .arg("--port")
-                .arg(port.to_string())
-                .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .args(["--daemonize", "no", "--protected-mode", "no"])
-                .arg("--dir")
-                .arg(dir)
-                .arg("--logfile")
-                .arg(dir.join(format!("redis-{port}.log")))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            if cluster {
-                command
-                    .args(["--cluster-enabled", "yes", "--cluster-config-file"])
-                    .arg(format!("nodes-{port}.conf"));
-            }
-            let child = command.spawn().expect("redis-server starts");
-            let mut server = Self { port, child };
-            if server.wait_until_answering(Duration::from_secs(3)) {
-                return server;
-            }
-        }
-        panic!("could not start redis-server on a free port in 5 attempts");
-    }
-
-    fn wait_until_answering(&mut self, limit: Duration) -> bool {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Ok(Some(_exited)) = self.child.try_wait() {
-                return false;
-            }
-            let answered = sync_connection(&self.url())
-                .and_then(|mut connection| redis::cmd("PING").query::<String>(&mut connection));
-            if answered.is_ok() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
