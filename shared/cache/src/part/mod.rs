@@ -209,8 +209,9 @@ where
 
     /// Reloads `key`, whose L1 entry is fresh until `fresh_until`, in the background unless a
     /// load of it is in flight or its source would refuse now. The refresh is nobody's request:
-    /// it runs without a caller's deadline, retries or timeline, and takes an L2 copy only if
-    /// that copy stays fresh longer than L1's (else the source, under the key's lease).
+    /// it runs without a caller's retries or timeline, with the entry's end as its deadline, and
+    /// takes an L2 copy only if that copy stays fresh longer than L1's (else the source, under
+    /// the key's lease).
     fn start_refresh(&self, key: ItemKey, fresh_until: Timestamp) -> bool {
         let inner = &self.inner;
         if !inner.loader.ready() {
@@ -305,7 +306,8 @@ where
 
     /// The load for `key`, running in its own task: it outlives its caller, but keeps the
     /// caller's deadline, retry allowance and timeline, and its spans are children of the
-    /// caller's. A refresh (`refreshing` the entry fresh until then) keeps none of these.
+    /// caller's. A refresh (`refreshing` the entry fresh until then) keeps none of these: its
+    /// deadline is the entry's end, and it spends no retries.
     fn start_load(
         &self,
         key: ItemKey,
@@ -322,7 +324,16 @@ where
         let run = Inner::run_load(Arc::clone(inner), key, load_id, refreshing).instrument(span);
         let (context, timeline) = match refreshing {
             None => (LoadContext::current(), Timeline::current()),
-            Some(_) => (None, None),
+            // Nobody waits for a refresh: its deadline is when the entry stops being fresh, so
+            // that a batch of refreshes may wait for a quota token until shortly before then,
+            // and it spends no retries.
+            Some(fresh_until) => {
+                let left = fresh_until.millis_since(inner.clock.now());
+                let deadline = tokio::time::Instant::now() + Duration::from_millis(left);
+                let context =
+                    LoadContext::new(Some(deadline), 0).for_part(inner.settings.load_timeout);
+                (Some(context), None)
+            }
         };
         let task = tokio::spawn(async move {
             let run = async move {

@@ -848,3 +848,50 @@ async fn a_lease_won_after_someone_elses_whole_rebuild_takes_its_value() {
     assert_eq!(source.calls.load(Ordering::SeqCst), 1, "rebuilt once");
     assert_eq!(late.stats().leases_won, 1);
 }
+
+/// Records the load context each load ran in.
+#[derive(Debug, Default)]
+struct ContextProbe {
+    seen: std::sync::Mutex<Vec<Option<(Option<tokio::time::Instant>, u32)>>>,
+}
+
+#[async_trait]
+impl Loader<String> for ContextProbe {
+    async fn load(&self, key: ItemKey) -> Result<Loaded<String>, LoadFailure> {
+        let context = crate::LoadContext::current()
+            .map(|context| (context.deadline(), context.retries_left()));
+        self.seen.lock().unwrap().push(context);
+        Ok(Loaded {
+            value: Some(key.to_string()),
+            version: 1,
+        })
+    }
+}
+
+/// A refresh is nobody's request: it spends no retries, and its deadline is the moment the
+/// entry it refreshes stops being fresh (a batch of refreshes may wait for a token until then).
+#[tokio::test(start_paused = true)]
+async fn a_refresh_runs_to_the_entrys_end_without_retries() {
+    let probe = Arc::new(ContextProbe::default());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let loader: Arc<dyn Loader<String>> = probe.clone();
+    let cache = PartCache::new(
+        PartCacheConfig {
+            refresh_lead: Duration::from_secs(1),
+            ..settings()
+        },
+        loader,
+        Arc::new(clock.clone()),
+    );
+    cache.get(key(), BUDGET).await;
+    let fresh_until = cache.peek(&key()).unwrap().fresh_until;
+    clock.advance(Duration::from_millis(
+        fresh_until.millis_since(clock.now()) - 400,
+    ));
+    let started = tokio::time::Instant::now();
+    assert!(cache.refresh_ahead(key(), fresh_until));
+    until(|| probe.seen.lock().unwrap().len() == 2).await;
+    let (deadline, retries) = probe.seen.lock().unwrap()[1].expect("a context");
+    assert_eq!(deadline, Some(started + Duration::from_millis(400)));
+    assert_eq!(retries, 0);
+}
