@@ -209,9 +209,8 @@ where
 
     /// Reloads `key`, whose L1 entry is fresh until `fresh_until`, in the background unless a
     /// load of it is in flight or its source would refuse now. The refresh is nobody's request:
-    /// it runs without a caller's retries or timeline, with the entry's end as its deadline, and
-    /// takes an L2 copy only if that copy stays fresh longer than L1's (else the source, under
-    /// the key's lease).
+    /// it runs without a caller's deadline, retries or timeline, and takes an L2 copy only if
+    /// that copy stays fresh longer than L1's (else the source, under the key's lease).
     fn start_refresh(&self, key: ItemKey, fresh_until: Timestamp) -> bool {
         let inner = &self.inner;
         if !inner.loader.ready() {
@@ -307,7 +306,7 @@ where
     /// The load for `key`, running in its own task: it outlives its caller, but keeps the
     /// caller's deadline, retry allowance and timeline, and its spans are children of the
     /// caller's. A refresh (`refreshing` the entry fresh until then) keeps none of these: its
-    /// deadline is the entry's end, and it spends no retries.
+    /// attempts may take the part's load timeout, it has no deadline and spends no retries.
     fn start_load(
         &self,
         key: ItemKey,
@@ -324,14 +323,12 @@ where
         let run = Inner::run_load(Arc::clone(inner), key, load_id, refreshing).instrument(span);
         let (context, timeline) = match refreshing {
             None => (LoadContext::current(), Timeline::current()),
-            // Nobody waits for a refresh: its deadline is when the entry stops being fresh, so
-            // that a batch of refreshes may wait for a quota token until shortly before then,
+            // Nobody waits for a refresh: it has no deadline (a batch of refreshes may wait
+            // half the part's load timeout for a quota token, however close the entry's end:
+            // a refresh sent at once without a token is refused, and the entry expires anyway),
             // and it spends no retries.
-            Some(fresh_until) => {
-                let left = fresh_until.millis_since(inner.clock.now());
-                let deadline = tokio::time::Instant::now() + Duration::from_millis(left);
-                let context =
-                    LoadContext::new(Some(deadline), 0).for_part(inner.settings.load_timeout);
+            Some(_) => {
+                let context = LoadContext::new(None, 0).for_part(inner.settings.load_timeout);
                 (Some(context), None)
             }
         };
