@@ -11,6 +11,7 @@
 set -euo pipefail
 lead=${1:?usage: refresh-ahead-bench.sh LEAD_MS}
 cd "$(dirname "$0")/.."
+command -v wrk >/dev/null || { echo "needs wrk (Debian: apt-get install wrk)" >&2; exit 1; }
 binary=${REBATE_QUERY_BIN:-target/release/rebate-query}
 work=$(mktemp -d)
 token=refresh-bench-token-0123456789
