@@ -158,6 +158,9 @@ pub enum Attempt {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RequestKind {
     Single(ItemKey),
+    /// The single-item GET marked `x-request-class: prefetch`: a page loaded ahead of a click,
+    /// which the service may refuse first.
+    Prefetch(ItemKey),
     /// Distinct keys, 1–50.
     Batch(Vec<ItemKey>),
 }
@@ -165,9 +168,57 @@ pub enum RequestKind {
 impl RequestKind {
     pub fn items(&self) -> usize {
         match self {
-            Self::Single(_) => 1,
+            Self::Single(_) | Self::Prefetch(_) => 1,
             Self::Batch(keys) => keys.len(),
         }
+    }
+
+    /// The class the service gives this request.
+    pub fn class(&self) -> RequestClass {
+        match self {
+            Self::Single(_) => RequestClass::Page,
+            Self::Prefetch(_) => RequestClass::Prefetch,
+            Self::Batch(_) => RequestClass::List,
+        }
+    }
+
+    /// The `x-request-class` value to send: only a request below its route's own class needs
+    /// one (the route already makes a GET a page and a batch a list).
+    pub fn class_header(&self) -> Option<&'static str> {
+        match self {
+            Self::Prefetch(_) => Some(RequestClass::Prefetch.as_str()),
+            Self::Single(_) | Self::Batch(_) => None,
+        }
+    }
+}
+
+/// The service's request class (README, "Request classes"): its route's (`page` for the
+/// single-item GET, `list` for the batch POST), lowered by `x-request-class`. Under shedding a
+/// list is served one level above the measured one and a prefetch two (refused from level 2),
+/// so the report gives each class its own figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestClass {
+    Page,
+    List,
+    Prefetch,
+}
+
+impl RequestClass {
+    /// Every class, in the order the report lists them (and [`RequestClass::index`] counts).
+    pub const ALL: [Self; 3] = [Self::Page, Self::List, Self::Prefetch];
+
+    /// The service's name for it (the `x-request-class` value and the report's).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Page => "page",
+            Self::List => "list",
+            Self::Prefetch => "prefetch",
+        }
+    }
+
+    /// Its position in [`RequestClass::ALL`], for per-class arrays.
+    pub fn index(self) -> usize {
+        self as usize
     }
 }
 
@@ -401,13 +452,16 @@ impl LoadClient {
     ) -> Attempt {
         let pool = self.pool_for(client_id);
         let (path, body) = match request {
-            RequestKind::Single(key) => (target.single_path(key), String::new()),
+            RequestKind::Single(key) | RequestKind::Prefetch(key) => {
+                (target.single_path(key), String::new())
+            }
             RequestKind::Batch(keys) => (BATCH_PATH.to_owned(), batch_body(keys)),
         };
         let wire_request = wire::Request {
             post: matches!(request, RequestKind::Batch(_)),
             path: &path,
             client_id,
+            class: request.class_header(),
             body: body.as_bytes(),
         };
         let sent = pool.send(target.address, &target.authority, wire_request);
@@ -633,6 +687,31 @@ mod tests {
             Some(Duration::from_millis(500))
         );
         assert_eq!(behaviour.retry_delay(0, &response(404, None), 0.3), None);
+    }
+
+    #[test]
+    fn only_a_prefetch_names_its_class_in_a_header() {
+        let key = ItemKey {
+            platform: "jd",
+            item_id: 100_002,
+        };
+        let cases = [
+            (RequestKind::Single(key), RequestClass::Page, None),
+            (RequestKind::Batch(vec![key]), RequestClass::List, None),
+            (
+                RequestKind::Prefetch(key),
+                RequestClass::Prefetch,
+                Some("prefetch"),
+            ),
+        ];
+        for (request, class, header) in cases {
+            assert_eq!(request.class(), class, "{request:?}");
+            assert_eq!(request.class_header(), header, "{request:?}");
+            assert_eq!(request.items(), 1);
+        }
+        for (index, class) in RequestClass::ALL.into_iter().enumerate() {
+            assert_eq!(class.index(), index);
+        }
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::client::{
     Target,
 };
 use crate::keys::KeyPicker;
-use crate::recorder::{Final, Kind, Phase, Recorded, Recorder};
+use crate::recorder::{Final, Phase, Recorded, Recorder};
 use crate::schedule::Schedule;
 
 /// What the simulated clients ask for and how they behave.
@@ -37,6 +37,11 @@ pub struct Workload {
     /// Keys per batch, drawn uniformly in `batch_min..=batch_max` (1–50).
     pub batch_min: usize,
     pub batch_max: usize,
+    /// Share of the *single-item* requests marked `x-request-class: prefetch` (0–1), so that
+    /// a run shows the service refusing prefetches first. A share of the singles, not of all
+    /// requests, so that any value fits any `batch_ratio`: all requests × (1 − batch_ratio) ×
+    /// prefetch_ratio are prefetches.
+    pub prefetch_ratio: f64,
     /// Share of requests from App clients (`app-ios-N`); the rest are H5 (`h5-web-N`).
     pub app_share: f64,
     /// Distinct client ids of each kind.
@@ -52,6 +57,7 @@ impl Workload {
             batch_ratio: 0.0,
             batch_min: 1,
             batch_max: 50,
+            prefetch_ratio: 0.0,
             app_share: 0.7,
             clients_per_kind: 1000,
             behaviour: Behaviour::WellBehaved,
@@ -95,7 +101,15 @@ impl Workload {
             (RequestKind::Batch(keys), client_id, draws, hot)
         } else {
             let (key, is_hot) = self.keys.pick(rng);
-            (RequestKind::Single(key), client_id, 1, u32::from(is_hot))
+            // Drawn only when asked for, so that without prefetches a seed still draws the
+            // requests it drew before they existed.
+            let prefetch = self.prefetch_ratio > 0.0 && rng.random::<f64>() < self.prefetch_ratio;
+            let request = if prefetch {
+                RequestKind::Prefetch(key)
+            } else {
+                RequestKind::Single(key)
+            };
+            (request, client_id, 1, u32::from(is_hot))
         }
     }
 }
@@ -197,17 +211,14 @@ pub async fn run_open_loop(
         lag.saturating_record(Instant::now().saturating_duration_since(due).as_micros() as u64);
         key_draws += u64::from(draws);
         hot_key_draws += u64::from(hot);
-        let kind = match request {
-            RequestKind::Single(_) => Kind::Single,
-            RequestKind::Batch(_) => Kind::Batch,
-        };
+        let class = request.class();
         let items = request.items() as u32;
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             recorder.record(
                 offset,
                 Duration::ZERO,
                 Final::ClientOverflow,
-                kind,
+                class,
                 items,
                 &[],
             );
@@ -239,7 +250,7 @@ pub async fn run_open_loop(
                 offset,
                 latency,
                 final_of(&outcome),
-                kind,
+                class,
                 items,
                 &outcome.log,
             );
@@ -355,10 +366,6 @@ pub async fn closed_loop_probe(
                 let latency = sent_at.elapsed();
                 if sent_at >= measure_from {
                     sent.fetch_add(1, Ordering::Relaxed);
-                    let kind = match request {
-                        RequestKind::Single(_) => Kind::Single,
-                        RequestKind::Batch(_) => Kind::Batch,
-                    };
                     let record = AttemptRecord {
                         status: attempt.status(),
                         latency,
@@ -374,7 +381,7 @@ pub async fn closed_loop_probe(
                         sent_at - measure_from,
                         latency,
                         final_of(&outcome),
-                        kind,
+                        request.class(),
                         request.items() as u32,
                         &[record],
                     );
@@ -400,9 +407,12 @@ pub async fn closed_loop_probe(
 #[cfg(test)]
 mod tests {
     use axum::Router;
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
     use axum::routing::get;
 
     use super::*;
+    use crate::client::RequestClass;
     use crate::schedule::Segment;
 
     async fn slow_server(delay: Duration) -> Target {
@@ -560,6 +570,99 @@ mod tests {
         assert!(admitted < 100.0, "admitted-attempt latency {admitted} ms");
         let window = &output.recorded.windows[0].summary();
         assert_eq!(window.admitted_p99_ms, total.admitted_p99_ms);
+    }
+
+    /// Answers a prefetch as the shedding service may (503 `overloaded`, `Retry-After: 0`,
+    /// `x-shed-level: 3`), any other class header 400, and a page 200 at `x-shed-level: 1`.
+    async fn class_aware_server() -> Target {
+        let app = Router::new().fallback(get(|headers: HeaderMap| async move {
+            match headers.get("x-request-class").map(|value| value.as_bytes()) {
+                Some(b"prefetch") => (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [("x-shed-level", "3"), ("retry-after", "0")],
+                    r#"{"error":{"code":"overloaded"}}"#,
+                )
+                    .into_response(),
+                Some(_) => StatusCode::BAD_REQUEST.into_response(),
+                None => ([("x-shed-level", "1")], r#"{"degraded":false}"#).into_response(),
+            }
+        }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Target::parse(&format!("http://{address}")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn prefetches_carry_their_class_and_are_recorded_apart() {
+        let target = class_aware_server().await;
+        let client = LoadClient::new(Duration::from_secs(2)).unwrap();
+        let mut workload = workload();
+        workload.prefetch_ratio = 0.5;
+        let plan = OpenLoop {
+            schedule: Schedule::constant(200.0, Duration::from_millis(500)).unwrap(),
+            measure_from: Duration::ZERO,
+            phases: vec![Phase {
+                name: "all".into(),
+                start: Duration::ZERO,
+            }],
+            max_in_flight: 1000,
+            drain_timeout: Duration::from_secs(3),
+            window: Duration::from_secs(1),
+            seed: 5,
+        };
+        let output = run_open_loop(&client, &target, &workload, &plan, Instant::now()).await;
+        let page = output.recorded.class(RequestClass::Page).summary();
+        let prefetch = output.recorded.class(RequestClass::Prefetch).summary();
+        assert_eq!(page.logical_requests + prefetch.logical_requests, 100);
+        assert!(
+            (30..=70).contains(&prefetch.logical_requests),
+            "{prefetch:?}"
+        );
+        assert_eq!(page.ok_2xx, page.logical_requests, "no page sent a class");
+        assert_eq!(page.max_shed_level_seen, Some(1));
+        // Refused, retried twice after the `Retry-After: 0`, refused again.
+        assert_eq!(prefetch.ok_2xx, 0);
+        assert_eq!(prefetch.received_503, 3 * prefetch.logical_requests);
+        assert_eq!(prefetch.max_shed_level_seen, Some(3));
+        assert_eq!(output.recorded.class(RequestClass::List).logical(), 0);
+        // The window's level is the pages' (the level the service measured).
+        assert_eq!(
+            output.recorded.windows[0].summary().max_shed_level_seen,
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn the_prefetch_share_is_a_share_of_the_single_item_requests() {
+        let mut workload = workload();
+        workload.batch_ratio = 0.2;
+        workload.batch_min = 2;
+        workload.batch_max = 5;
+        workload.prefetch_ratio = 0.25;
+        let mut rng = SmallRng::seed_from_u64(11);
+        let draws = 20_000;
+        let (mut batches, mut prefetches) = (0_u32, 0_u32);
+        for _ in 0..draws {
+            match workload.next(&mut rng).0 {
+                RequestKind::Batch(_) => batches += 1,
+                RequestKind::Prefetch(_) => prefetches += 1,
+                RequestKind::Single(_) => {}
+            }
+        }
+        let batch_share = f64::from(batches) / f64::from(draws);
+        let prefetch_share_of_singles = f64::from(prefetches) / f64::from(draws - batches);
+        assert!((batch_share - 0.2).abs() < 0.015, "{batch_share}");
+        assert!(
+            (prefetch_share_of_singles - 0.25).abs() < 0.015,
+            "{prefetch_share_of_singles}"
+        );
+
+        workload.prefetch_ratio = 0.0;
+        for _ in 0..1000 {
+            let (request, _, _, _) = workload.next(&mut rng);
+            assert!(!matches!(request, RequestKind::Prefetch(_)));
+        }
     }
 
     #[test]

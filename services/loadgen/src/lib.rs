@@ -14,7 +14,7 @@
 //! - [`client`]: one logical request — build, send, retry (well-behaved / naive), classify;
 //!   [`wire`]: the lean keep-alive HTTP/1.1 connections it sends on.
 //! - [`recorder`]: HDR histograms (logical latency and admitted attempts) and counters: total,
-//!   per second, per phase, per kind.
+//!   per second, per phase, per request class.
 //! - [`generator`]: the open-loop dispatcher and the closed-loop saturation probe.
 //! - [`ceiling`]: the fixed-body axum server on its own runtime.
 //! - [`service`]: the service child process, its admin and simulator APIs, Redis, MariaDB.

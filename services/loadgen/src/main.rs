@@ -173,6 +173,10 @@ struct RunArgs {
     batch_min: usize,
     #[arg(long, default_value_t = 50)]
     batch_max: usize,
+    /// Share of single-item requests marked `x-request-class: prefetch` in burst, steady and
+    /// mixed (0–1; a share of the singles, so any value fits any --batch-ratio).
+    #[arg(long, default_value_t = 0.0)]
+    prefetch_ratio: f64,
     /// Share of requests from App clients (`x-client-id: app-ios-N`); the rest are H5.
     #[arg(long, default_value_t = 0.7)]
     app_share: f64,
@@ -203,8 +207,10 @@ fn main() -> anyhow::Result<()> {
         Command::Soak(args) => return soak_main(args),
     };
     anyhow::ensure!(
-        (0.0..=1.0).contains(&args.batch_ratio) && (0.0..=1.0).contains(&args.app_share),
-        "--batch-ratio and --app-share are shares between 0 and 1"
+        [args.batch_ratio, args.prefetch_ratio, args.app_share]
+            .iter()
+            .all(|share| (0.0..=1.0).contains(share)),
+        "--batch-ratio, --prefetch-ratio and --app-share are shares between 0 and 1"
     );
     anyhow::ensure!(
         1 <= args.batch_min && args.batch_min <= args.batch_max && args.batch_max <= 50,
@@ -357,6 +363,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         batch_ratio: args.batch_ratio,
         batch_min: args.batch_min,
         batch_max: args.batch_max,
+        prefetch_ratio: args.prefetch_ratio,
         app_share: args.app_share,
         clients_per_kind: args.clients.max(1),
         service_capacity_rps: args.service_capacity_rps,

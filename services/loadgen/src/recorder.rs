@@ -1,5 +1,5 @@
 //! Where completed logical requests are counted: a total, one set per 1-second window (by
-//! *scheduled* time, for the charts), one per named phase, one per request kind.
+//! *scheduled* time, for the charts), one per named phase, one per request class.
 //!
 //! Latencies go into HDR histograms in microseconds with 3 significant digits: the *logical*
 //! latency (due time to final answer, retries and their waits included) and, separately, the
@@ -15,7 +15,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::client::{AttemptRecord, Refusal, TransportError};
+use crate::client::{AttemptRecord, Refusal, RequestClass, TransportError};
 
 /// Largest latency the histograms hold (longer ones are recorded as this): 2 minutes.
 const MAX_LATENCY_MICROS: u64 = 120_000_000;
@@ -33,13 +33,6 @@ pub enum Final {
     ClientOverflow,
 }
 
-/// Which endpoint a logical request used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Single,
-    Batch,
-}
-
 fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_max(MAX_LATENCY_MICROS, 3)
         .expect("3 significant digits up to 2 minutes is a valid histogram")
@@ -49,6 +42,24 @@ fn micros(latency: Duration) -> u64 {
     u64::try_from(latency.as_micros())
         .unwrap_or(u64::MAX)
         .max(1)
+}
+
+impl Final {
+    /// The same outcome, its `x-shed-level` left out.
+    fn without_shed_level(self) -> Self {
+        match self {
+            Self::Response {
+                status,
+                business_ok,
+                ..
+            } => Self::Response {
+                status,
+                business_ok,
+                shed_level: None,
+            },
+            other => other,
+        }
+    }
 }
 
 /// Counters and latency histograms for one slice of a run.
@@ -262,7 +273,8 @@ pub struct StatsSummary {
     pub connect_errors: u64,
     pub other_errors: u64,
     pub client_overflow: u64,
-    /// Highest `x-shed-level` header seen.
+    /// Highest `x-shed-level` header seen: the level a request was served at (for a refused
+    /// one, the measured level), so per class it shows lists and prefetches served higher.
     pub max_shed_level_seen: Option<u8>,
 }
 
@@ -278,8 +290,8 @@ struct Inner {
     total: Stats,
     windows: Vec<Stats>,
     phases: Vec<Stats>,
-    single: Stats,
-    batch: Stats,
+    /// By [`RequestClass::index`].
+    classes: [Stats; RequestClass::ALL.len()],
 }
 
 /// Collects completions from every request task of one run.
@@ -304,8 +316,7 @@ impl Recorder {
                 total: Stats::default(),
                 windows: Vec::new(),
                 phases: phase_stats,
-                single: Stats::default(),
-                batch: Stats::default(),
+                classes: Default::default(),
             }),
         }
     }
@@ -317,7 +328,7 @@ impl Recorder {
         offset: Duration,
         latency: Duration,
         outcome: Final,
-        kind: Kind,
+        class: RequestClass,
         items: u32,
         attempts: &[AttemptRecord],
     ) {
@@ -335,14 +346,17 @@ impl Recorder {
         if inner.windows.len() <= window_index {
             inner.windows.resize_with(window_index + 1, Stats::default);
         }
-        inner.windows[window_index].record(latency, outcome, items, attempts);
+        // A window's shed level charts the level the service measured, and only a page is
+        // served at it: a list or prefetch header says a higher one (or a refusal).
+        let window_outcome = match class {
+            RequestClass::Page => outcome,
+            RequestClass::List | RequestClass::Prefetch => outcome.without_shed_level(),
+        };
+        inner.windows[window_index].record(latency, window_outcome, items, attempts);
         if let Some(phase) = inner.phases.get_mut(phase_index) {
             phase.record(latency, outcome, items, attempts);
         }
-        match kind {
-            Kind::Single => inner.single.record(latency, outcome, items, attempts),
-            Kind::Batch => inner.batch.record(latency, outcome, items, attempts),
-        }
+        inner.classes[class.index()].record(latency, outcome, items, attempts);
     }
 
     /// Everything recorded so far.
@@ -361,8 +375,7 @@ impl Recorder {
                 .cloned()
                 .zip(inner.phases.iter().cloned())
                 .collect(),
-            single: inner.single.clone(),
-            batch: inner.batch.clone(),
+            classes: inner.classes.clone(),
         }
     }
 }
@@ -374,8 +387,15 @@ pub struct Recorded {
     pub total: Stats,
     pub windows: Vec<Stats>,
     pub phases: Vec<(Phase, Stats)>,
-    pub single: Stats,
-    pub batch: Stats,
+    /// By [`RequestClass::index`]; see [`Recorded::class`].
+    pub classes: [Stats; RequestClass::ALL.len()],
+}
+
+impl Recorded {
+    /// The requests of one class.
+    pub fn class(&self, class: RequestClass) -> &Stats {
+        &self.classes[class.index()]
+    }
 }
 
 #[cfg(test)]
@@ -399,7 +419,7 @@ mod tests {
     }
 
     #[test]
-    fn counts_land_in_total_window_phase_and_kind() {
+    fn counts_land_in_total_window_phase_and_class() {
         let recorder = Recorder::new(
             Duration::from_secs(1),
             vec![
@@ -418,7 +438,7 @@ mod tests {
             ms(100),
             ms(2),
             ok(true),
-            Kind::Single,
+            RequestClass::Page,
             1,
             &[attempt(Ok(200), 2)],
         );
@@ -426,7 +446,7 @@ mod tests {
             ms(1200),
             ms(4),
             ok(false),
-            Kind::Single,
+            RequestClass::Page,
             1,
             &[attempt(Ok(200), 4)],
         );
@@ -434,7 +454,7 @@ mod tests {
             ms(1600),
             ms(900),
             Final::Transport(TransportError::Timeout),
-            Kind::Batch,
+            RequestClass::List,
             10,
             &[attempt(Err(TransportError::Timeout), 900)],
         );
@@ -442,7 +462,7 @@ mod tests {
             ms(2100),
             Duration::ZERO,
             Final::ClientOverflow,
-            Kind::Single,
+            RequestClass::Page,
             1,
             &[],
         );
@@ -454,7 +474,7 @@ mod tests {
                 business_ok: false,
                 shed_level: Some(3),
             },
-            Kind::Single,
+            RequestClass::Page,
             1,
             &[attempt(Ok(503), 8)],
         );
@@ -491,7 +511,7 @@ mod tests {
         );
         assert_eq!(recorded.phases[0].1.logical(), 2);
         assert_eq!(recorded.phases[1].1.logical(), 3);
-        assert_eq!(recorded.batch.logical(), 1);
+        assert_eq!(recorded.class(RequestClass::List).logical(), 1);
         // Overflow has no latency: three of the four others are ≤ 8 ms.
         let p50 = recorded.total.quantile_ms(0.5).unwrap();
         assert!((3.9..=4.1).contains(&p50), "{p50}");
@@ -521,7 +541,7 @@ mod tests {
             ms(300),
             ms(3_010),
             ok(true),
-            Kind::Single,
+            RequestClass::Page,
             1,
             &[
                 attempt(Ok(503), 1),
@@ -533,7 +553,7 @@ mod tests {
             ms(1_300),
             ms(2),
             ok(true),
-            Kind::Single,
+            RequestClass::Page,
             1,
             &[attempt(Ok(200), 2)],
         );
@@ -557,6 +577,77 @@ mod tests {
         let window = recorded.windows[1].summary();
         assert_eq!((window.attempts, window.received_503), (1, 0));
         assert_eq!(window.admitted_p99_ms, window.p99_ms);
+    }
+
+    #[test]
+    fn classes_are_counted_apart_and_only_pages_set_a_windows_shed_level() {
+        let recorder = Recorder::new(
+            Duration::from_secs(1),
+            vec![Phase {
+                name: "all".into(),
+                start: Duration::ZERO,
+            }],
+        );
+        let ms = Duration::from_millis;
+        let served = |status, shed_level| Final::Response {
+            status,
+            business_ok: status == 200,
+            shed_level: Some(shed_level),
+        };
+        // Measured level 1: a page is served at 1, a list at 2, a prefetch at 3; a later
+        // prefetch is refused at level 2.
+        recorder.record(
+            ms(10),
+            ms(2),
+            served(200, 1),
+            RequestClass::Page,
+            1,
+            &[attempt(Ok(200), 2)],
+        );
+        recorder.record(
+            ms(20),
+            ms(9),
+            served(200, 2),
+            RequestClass::List,
+            20,
+            &[attempt(Ok(200), 9)],
+        );
+        recorder.record(
+            ms(30),
+            ms(1),
+            served(200, 3),
+            RequestClass::Prefetch,
+            1,
+            &[attempt(Ok(200), 1)],
+        );
+        recorder.record(
+            ms(40),
+            ms(1),
+            served(503, 2),
+            RequestClass::Prefetch,
+            1,
+            &[attempt(Ok(503), 1)],
+        );
+        let recorded = recorder.snapshot();
+        let figures = |class| recorded.class(class).summary();
+        let page = figures(RequestClass::Page);
+        let list = figures(RequestClass::List);
+        let prefetch = figures(RequestClass::Prefetch);
+        assert_eq!(
+            (page.logical_requests, list.logical_requests),
+            (1, 1),
+            "{page:?} {list:?}"
+        );
+        assert_eq!((list.items, prefetch.logical_requests), (20, 2));
+        assert_eq!((prefetch.ok_2xx, prefetch.received_503), (1, 1));
+        assert_eq!(page.received_503 + list.received_503, 0);
+        assert_eq!(
+            [page, list, prefetch].map(|summary| summary.max_shed_level_seen),
+            [Some(1), Some(2), Some(3)]
+        );
+        assert_eq!(recorded.total.summary().max_shed_level_seen, Some(3));
+        assert_eq!(recorded.windows[0].summary().max_shed_level_seen, Some(1));
+        assert_eq!(recorded.windows[0].logical(), 4);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
+use crate::client::RequestClass;
 use crate::generator::DispatchHealth;
 use crate::recorder::{Recorded, StatsSummary};
 use crate::service::{Readings, ShedSample};
@@ -190,6 +191,8 @@ pub struct Series {
     pub service_shedding: Option<String>,
     pub dispatch: Option<DispatchHealth>,
     pub phases: Vec<PhaseReport>,
+    /// Per request class (`page`, `list`, `prefetch`: [`RequestClass::as_str`]), every class
+    /// present when more than one is; empty otherwise (the series' own figures are the class's).
     pub kinds: BTreeMap<String, StatsSummary>,
     pub windows: Vec<WindowReport>,
 }
@@ -221,7 +224,8 @@ pub struct WindowReport {
     pub received_503: u64,
     pub server_errors_non_503: u64,
     /// The service's shed level: the status page sampled in this second, or the highest
-    /// `x-shed-level` header seen, whichever is higher.
+    /// `x-shed-level` header seen on a `page` request (lists and prefetches are served above
+    /// the measured level), whichever is higher.
     pub shed_level: Option<u8>,
     /// The shedder's load signal, concurrency limit and throughput as sampled in this second.
     pub shed_load: Option<f64>,
@@ -307,11 +311,18 @@ impl Series {
                 }
             })
             .collect();
-        let mut kinds = BTreeMap::new();
-        if recorded.single.logical() > 0 && recorded.batch.logical() > 0 {
-            kinds.insert("single".to_owned(), recorded.single.summary());
-            kinds.insert("batch".to_owned(), recorded.batch.summary());
-        }
+        let present: Vec<RequestClass> = RequestClass::ALL
+            .into_iter()
+            .filter(|class| recorded.class(*class).logical() > 0)
+            .collect();
+        let kinds = if present.len() > 1 {
+            present
+                .iter()
+                .map(|class| (class.as_str().to_owned(), recorded.class(*class).summary()))
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
         Self {
             label: input.label,
             target: input.target,
@@ -386,11 +397,11 @@ impl Series {
         }
     }
 
-    /// The figures of one request kind (`single` / `batch`) of a mixed series.
-    pub fn kind_figures(&self, kind: &str) -> Option<Figures> {
-        let stats = self.kinds.get(kind)?;
+    /// The figures of one request class of a series that has more than one.
+    pub fn class_figures(&self, class: RequestClass) -> Option<Figures> {
+        let stats = self.kinds.get(class.as_str())?;
         Some(Figures {
-            label: format!("{} / {kind} requests", self.label),
+            label: format!("{} / {} requests", self.label, class.as_str()),
             offered_rps: None,
             achieved_rps: stats.logical_requests as f64
                 / self.elapsed_s.max(self.duration_s).max(1e-9),
@@ -672,22 +683,30 @@ pub fn markdown(report: &RunReport) -> String {
             if series.kinds.is_empty() {
                 continue;
             }
-            let _ = writeln!(out, "{} by request kind:\n", series.label);
+            let _ = writeln!(out, "{} by request class:\n", series.label);
             let _ = writeln!(
                 out,
-                "| kind | logical | items | P50 ms | P99 ms | admitted P99 ms | HTTP ok | business ok |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+                "| class | logical | items | HTTP ok | business ok | 503 received | P50 ms | P99 ms | admitted P99 ms | max x-shed-level |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
             );
-            for (kind, stats) in &series.kinds {
+            for class in RequestClass::ALL {
+                let Some(stats) = series.kinds.get(class.as_str()) else {
+                    continue;
+                };
                 let _ = writeln!(
                     out,
-                    "| {kind} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    class.as_str(),
                     stats.logical_requests,
                     stats.items,
+                    percent(stats.http_success_rate),
+                    percent(stats.business_success_rate),
+                    stats.received_503,
                     number(stats.p50_ms, 2),
                     number(stats.p99_ms, 2),
                     number(stats.admitted_p99_ms, 2),
-                    percent(stats.http_success_rate),
-                    percent(stats.business_success_rate),
+                    stats
+                        .max_shed_level_seen
+                        .map_or("–".to_owned(), |level| level.to_string()),
                 );
             }
             out.push('\n');
@@ -705,7 +724,7 @@ mod tests {
 
     use super::*;
     use crate::client::AttemptRecord;
-    use crate::recorder::{Final, Kind, Phase, Recorder};
+    use crate::recorder::{Final, Phase, Recorder};
 
     fn sample_series(label: &str, latency_ms: u64) -> Series {
         let recorder = Recorder::new(
@@ -724,7 +743,7 @@ mod tests {
                     business_ok: index % 10 != 0,
                     shed_level: None,
                 },
-                Kind::Single,
+                RequestClass::Page,
                 1,
                 &[AttemptRecord {
                     status: Ok(200),
@@ -791,26 +810,15 @@ mod tests {
             "a sampled second without requests still shows"
         );
         assert_eq!(series.windows[1].shed_level, Some(1));
+        assert!(series.kinds.is_empty(), "one class: no per-class figures");
         assert_eq!(
             series.service_shedding.as_deref(),
             Some("enabled, capacity_rps 5000")
         );
     }
 
-    #[test]
-    fn markdown_has_the_summary_table_with_reference_and_ratios() {
-        let measured = sample_series("service", 2);
-        let reference = sample_series("ceiling", 1);
-        let mut scenario = ScenarioReport::new("steady", "80 % of capacity.");
-        scenario.figures = Some(measured.figures());
-        scenario.reference = Some(reference.figures());
-        scenario.ratios.insert(
-            "p99_vs_ceiling".into(),
-            ratio(measured.stats.p99_ms, reference.stats.p99_ms),
-        );
-        scenario.series = vec![measured, reference];
-        scenario.charts.push("steady-latency.svg".into());
-        let report = RunReport {
+    fn run_report(scenarios: Vec<ScenarioReport>) -> RunReport {
+        RunReport {
             tool: "rebate-loadgen",
             version: "0.1.0",
             started_at: "2026-12-01T00:00:00Z".into(),
@@ -829,11 +837,27 @@ mod tests {
                 source: "--capacity".into(),
             }),
             service_binary: "target/release/rebate-query".into(),
-            scenarios: vec![
-                scenario,
-                ScenarioReport::skipped("redis-outage", "…", "redis-server not found".into()),
-            ],
-        };
+            scenarios,
+        }
+    }
+
+    #[test]
+    fn markdown_has_the_summary_table_with_reference_and_ratios() {
+        let measured = sample_series("service", 2);
+        let reference = sample_series("ceiling", 1);
+        let mut scenario = ScenarioReport::new("steady", "80 % of capacity.");
+        scenario.figures = Some(measured.figures());
+        scenario.reference = Some(reference.figures());
+        scenario.ratios.insert(
+            "p99_vs_ceiling".into(),
+            ratio(measured.stats.p99_ms, reference.stats.p99_ms),
+        );
+        scenario.series = vec![measured, reference];
+        scenario.charts.push("steady-latency.svg".into());
+        let report = run_report(vec![
+            scenario,
+            ScenarioReport::skipped("redis-outage", "…", "redis-server not found".into()),
+        ]);
         let text = markdown(&report);
         assert!(text.contains("2 CPUs (`nproc`), Test CPU"));
         assert!(text.contains("rebate-loadgen run --scenario steady --quick"));
@@ -863,5 +887,106 @@ mod tests {
         assert_eq!(steady["series"][0]["server_errors_non_503"], 0);
         assert_eq!(steady["series"][0]["windows"][0]["admitted_p99_ms"], 2.0);
         assert_eq!(json["scenarios"][1]["status"], "skipped");
+    }
+
+    /// Pages served at level 1; lists at 2, the slowest; prefetches at 3, half of them
+    /// refused.
+    fn three_class_series() -> Series {
+        let recorder = Recorder::new(
+            Duration::from_secs(1),
+            vec![Phase {
+                name: "all".into(),
+                start: Duration::ZERO,
+            }],
+        );
+        for index in 0..120_u64 {
+            let (class, items, latency_ms, shed_level) = match index % 3 {
+                0 => (RequestClass::Page, 1, 2, 1),
+                1 => (RequestClass::List, 10, 8, 2),
+                _ => (RequestClass::Prefetch, 1, 1, 3),
+            };
+            let refused = class == RequestClass::Prefetch && index % 2 == 0;
+            let status = if refused { 503 } else { 200 };
+            recorder.record(
+                Duration::from_millis(index * 10),
+                Duration::from_millis(latency_ms),
+                Final::Response {
+                    status,
+                    business_ok: !refused,
+                    shed_level: Some(shed_level),
+                },
+                class,
+                items,
+                &[AttemptRecord {
+                    status: Ok(status),
+                    latency: Duration::from_millis(latency_ms),
+                    refusal: None,
+                }],
+            );
+        }
+        Series::build(
+            SeriesInput {
+                label: "service".into(),
+                duration_s: 1.2,
+                ..SeriesInput::default()
+            },
+            &recorder.snapshot(),
+        )
+    }
+
+    #[test]
+    fn every_class_of_a_mixed_series_is_reported_apart() {
+        let series = three_class_series();
+        assert_eq!(
+            series.kinds.keys().collect::<Vec<_>>(),
+            ["list", "page", "prefetch"]
+        );
+        let page = &series.kinds["page"];
+        let prefetch = &series.kinds["prefetch"];
+        assert_eq!((page.logical_requests, page.received_503), (40, 0));
+        assert_eq!((prefetch.logical_requests, prefetch.received_503), (40, 20));
+        assert_eq!(prefetch.http_success_rate, Some(0.5));
+        assert_eq!(series.kinds["list"].items, 400);
+        assert_eq!(
+            ["page", "list", "prefetch"].map(|class| series.kinds[class].max_shed_level_seen),
+            [Some(1), Some(2), Some(3)]
+        );
+        assert_eq!(series.windows[0].shed_level, Some(1), "pages only");
+        // What `mixed` compares: lists against pages.
+        let pages = series.class_figures(RequestClass::Page).unwrap();
+        let lists = series.class_figures(RequestClass::List).unwrap();
+        assert_eq!(pages.label, "service / page requests");
+        let lists_vs_pages = ratio(lists.p99_ms, pages.p99_ms).unwrap();
+        assert!((lists_vs_pages - 4.0).abs() < 0.01, "{lists_vs_pages}");
+
+        let mut scenario = ScenarioReport::new("mixed", "Singles and batches.");
+        scenario.figures = Some(series.figures());
+        scenario.series = vec![series];
+        let report = run_report(vec![scenario]);
+        let text = markdown(&report);
+        assert!(text.contains(
+            "service by request class:\n\n| class | logical | items | HTTP ok | business ok | 503 received | P50 ms | P99 ms | admitted P99 ms | max x-shed-level |"
+        ));
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|line| {
+                line.starts_with("| page |")
+                    || line.starts_with("| list |")
+                    || line.starts_with("| prefetch |")
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                "| page | 40 | 40 | 100.0 % | 100.0 % | 0 | 2.00 | 2.00 | 2.00 | 1 |",
+                "| list | 40 | 400 | 100.0 % | 100.0 % | 0 | 8.00 | 8.00 | 8.00 | 2 |",
+                "| prefetch | 40 | 40 | 50.0 % | 50.0 % | 20 | 1.00 | 1.00 | 1.00 | 3 |",
+            ]
+        );
+        let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+        let kinds = &json["scenarios"][0]["series"][0]["kinds"];
+        assert_eq!(kinds["prefetch"]["received_503"], 20);
+        assert_eq!(kinds["list"]["max_shed_level_seen"], 2);
+        assert_eq!(kinds["page"]["logical_requests"], 40);
     }
 }

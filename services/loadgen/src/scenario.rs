@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::ceiling::CeilingServer;
 use crate::chart;
-use crate::client::{Attempt, Behaviour, LoadClient, RequestKind, Target};
+use crate::client::{Attempt, Behaviour, LoadClient, RequestClass, RequestKind, Target};
 use crate::generator::{
     OpenLoop, ProbeOutput, RunOutput, Workload, closed_loop_probe, run_open_loop,
 };
@@ -85,7 +85,8 @@ impl ScenarioName {
             Self::Mixed => {
                 "Singles and 20 % batches (1–50 keys) over the whole catalogue, at a request rate \
                  whose item rate is the moderate rate (50 % of the lesser of capacity and the \
-                 service's shedding capacity_rps). Reference: the singles within the same run."
+                 service's shedding capacity_rps). Reference: the pages (singles not marked \
+                 prefetch) within the same run."
             }
             Self::CouponFault => {
                 "Open loop at the moderate rate (50 % of the lesser of capacity and the service's \
@@ -129,6 +130,9 @@ pub struct Options {
     pub batch_ratio: f64,
     pub batch_min: usize,
     pub batch_max: usize,
+    /// Share of single-item requests marked `x-request-class: prefetch` in burst, steady and
+    /// mixed (the scenarios that show shedding by class).
+    pub prefetch_ratio: f64,
     pub app_share: f64,
     pub clients_per_kind: u32,
     pub service_capacity_rps: Option<u32>,
@@ -366,6 +370,7 @@ impl Harness {
             batch_ratio: 0.0,
             batch_min: self.options.batch_min,
             batch_max: self.options.batch_max,
+            prefetch_ratio: 0.0,
             app_share: self.options.app_share,
             clients_per_kind: self.options.clients_per_kind,
             behaviour,
@@ -850,7 +855,14 @@ impl Harness {
             .notes
             .push(format!("load levels are fractions of {}", sized.describe()));
         let capacity = sized.rps;
-        let workload = self.workload(keys, Behaviour::WellBehaved);
+        let mut workload = self.workload(keys, Behaviour::WellBehaved);
+        workload.prefetch_ratio = self.options.prefetch_ratio;
+        if workload.prefetch_ratio > 0.0 {
+            report.notes.push(format!(
+                "{:.0} % of the requests (all single-item) marked `x-request-class: prefetch`",
+                workload.prefetch_ratio * 100.0
+            ));
+        }
         let (schedule, measure_from, phases) = schedule(capacity, &self.timing)?;
         let mut plan = self.plan(schedule, phases, 2);
         plan.measure_from = measure_from;
@@ -942,6 +954,7 @@ impl Harness {
             self.start_catalogue_service(name, &[], &mut report).await?;
         let mut workload = self.workload(keys, Behaviour::WellBehaved);
         workload.batch_ratio = self.options.batch_ratio;
+        workload.prefetch_ratio = self.options.prefetch_ratio;
         let items_rate = self
             .moderate_rate(&service, capacity, &mut report.notes)
             .await?;
@@ -956,10 +969,12 @@ impl Harness {
             .measure_service(&service, "service", "service", &workload, &plan, no_actions)
             .await?;
         report.notes.push(format!(
-            "{:.0} % batches of {}–{} keys; {rate:.0} requests/s ≈ {:.0} items/s",
+            "{:.0} % batches of {}–{} keys, {:.0} % of the singles marked prefetch; {rate:.0} \
+             requests/s ≈ {:.0} items/s",
             workload.batch_ratio * 100.0,
             workload.batch_min,
             workload.batch_max,
+            workload.prefetch_ratio * 100.0,
             rate * workload.mean_items()
         ));
         report.headline.insert(
@@ -967,8 +982,9 @@ impl Harness {
             Some(series.stats.items as f64 / series.elapsed_s.max(series.duration_s)),
         );
         report.figures = Some(series.figures());
-        report.reference = series.kind_figures("single");
-        let batch = series.kind_figures("batch");
+        // Batches against the pages (singles not marked prefetch); the name predates classes.
+        report.reference = series.class_figures(RequestClass::Page);
+        let batch = series.class_figures(RequestClass::List);
         report.ratios.insert(
             "batch_p99_vs_single_p99".into(),
             ratio(
@@ -1720,7 +1736,7 @@ mod tests {
 
     fn storm_series(label: &str, successes: u64, attempts_each: usize) -> Series {
         use crate::client::AttemptRecord;
-        use crate::recorder::{Final, Kind, Recorder};
+        use crate::recorder::{Final, Recorder};
         let recorder = Recorder::new(Duration::from_secs(1), vec![phase("all", Duration::ZERO)]);
         for index in 0..100 {
             let status = if index < successes { 200 } else { 503 };
@@ -1745,7 +1761,7 @@ mod tests {
                     business_ok: status == 200,
                     shed_level: Some(3),
                 },
-                Kind::Single,
+                RequestClass::Page,
                 1,
                 &attempts,
             );

@@ -44,12 +44,16 @@ pub enum TransportError {
     Other,
 }
 
-/// One request as the harness sends it: method, path, the client id, and a body for POSTs.
+/// One request as the harness sends it: method, path, the client id, its class when the route's
+/// is not the one meant, and a body for POSTs.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {
     pub post: bool,
     pub path: &'a str,
     pub client_id: &'a str,
+    /// Sent as `x-request-class` when set (`prefetch`): a static string, so that the head is
+    /// still written without an allocation.
+    pub class: Option<&'static str>,
     /// Sent with `content-type: application/json` when `post`.
     pub body: &'a [u8],
 }
@@ -363,6 +367,10 @@ fn write_request(out: &mut Vec<u8>, host: &str, request: Request<'_>) {
     out.extend_from_slice(host.as_bytes());
     out.extend_from_slice(b"\r\nx-client-id: ");
     out.extend_from_slice(request.client_id.as_bytes());
+    if let Some(class) = request.class {
+        out.extend_from_slice(b"\r\nx-request-class: ");
+        out.extend_from_slice(class.as_bytes());
+    }
     if request.post {
         out.extend_from_slice(b"\r\ncontent-type: application/json\r\ncontent-length: ");
         out.extend_from_slice(request.body.len().to_string().as_bytes());
@@ -489,8 +497,37 @@ mod tests {
             post: false,
             path,
             client_id: "app-ios-1",
+            class: None,
             body: b"",
         }
+    }
+
+    #[test]
+    fn the_head_names_a_class_only_when_one_is_given() {
+        let mut out = Vec::new();
+        let prefetch = Request {
+            class: Some("prefetch"),
+            ..get("/api/v1/items/jd/100002/rebate")
+        };
+        write_request(&mut out, "127.0.0.1:8080", prefetch);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "GET /api/v1/items/jd/100002/rebate HTTP/1.1\r\nhost: 127.0.0.1:8080\r\n\
+             x-client-id: app-ios-1\r\nx-request-class: prefetch\r\n\r\n"
+        );
+        // The reused buffer holds only the next head, without the class.
+        write_request(&mut out, "h", get("/a"));
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "GET /a HTTP/1.1\r\nhost: h\r\nx-client-id: app-ios-1\r\n\r\n"
+        );
+        let list = Request {
+            post: true,
+            body: b"[1]",
+            ..get("/b")
+        };
+        write_request(&mut out, "h", list);
+        assert!(!String::from_utf8_lossy(&out).contains("x-request-class"));
     }
 
     #[tokio::test]
@@ -638,6 +675,7 @@ mod tests {
             post: true,
             path: "/b",
             client_id: "h5-web-9",
+            class: None,
             body: b"[1]",
         };
         let response = pool.send(server, "h:1", request).await.unwrap();
