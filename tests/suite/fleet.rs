@@ -150,7 +150,11 @@ async fn the_fleets_hot_keys_follow_the_traffic_of_every_instance() {
     use std::collections::HashMap;
 
     let env = ProductionEnv::new("hot_keys").await;
-    let learning = |settings: &mut Settings| settings.hot_keys.publish_interval_secs = 1;
+    let learning = |settings: &mut Settings| {
+        settings.hot_keys.publish_interval_secs = 1;
+        // Every answered item counted: 6,000 requests are too few to sample.
+        settings.hot_keys.sample_every = 1;
+    };
     let instances = [
         env.spawn_instance(learning).await,
         env.spawn_instance(learning).await,
@@ -237,7 +241,10 @@ async fn the_fleets_hot_keys_follow_the_traffic_of_every_instance() {
 async fn a_new_instance_warms_the_keys_the_fleet_is_hot_on() {
     let env = ProductionEnv::new("learned_warmup").await;
     let busy = env
-        .spawn_instance(|settings| settings.hot_keys.publish_interval_secs = 1)
+        .spawn_instance(|settings| {
+            settings.hot_keys.publish_interval_secs = 1;
+            settings.hot_keys.sample_every = 1;
+        })
         .await;
     let hot: Vec<String> = (107_001..107_011).map(|id: u64| id.to_string()).collect();
     for round in 0..5 {

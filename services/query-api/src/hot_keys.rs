@@ -1,6 +1,7 @@
 //! The hot items, learned from traffic (`[hot_keys]`).
 //!
-//! Every item the API answers is counted in a bounded heavy-hitter sketch (`rebate-hotkeys`);
+//! Every item the API answers (one in `sample_every`, counted for as many) goes into a bounded
+//! heavy-hitter sketch (`rebate-hotkeys`);
 //! its counts halve every `half_life_secs`, so the list follows what is hot now. With Redis,
 //! each instance publishes its top `publish_top` every `publish_interval_secs` and the fleet's
 //! list is the sum of the lists published within three intervals: a new instance warms the items
@@ -75,9 +76,19 @@ impl HotKeys {
         self.settings.half_life()
     }
 
-    /// Counts one answered item.
+    /// Counts one answered item: one in `sample_every`, at random (a per-thread sequence would
+    /// always pick the same item of a client that alternates between a few).
     pub fn record(&self, key: ItemKey) {
+        let every = self.settings.sample_every;
+        if every > 1 && !rand::random_ratio(1, every) {
+            return;
+        }
         self.sketch.record(key);
+    }
+
+    /// A sketch count in answered items.
+    fn answered(&self, count: u64) -> u64 {
+        count.saturating_mul(u64::from(self.settings.sample_every))
     }
 
     /// This instance's hottest `limit` keys.
@@ -87,8 +98,8 @@ impl HotKeys {
             .into_iter()
             .map(|HotKey { key, count, error }| KeyCount {
                 key,
-                count,
-                error: Some(error),
+                count: self.answered(count),
+                error: Some(self.answered(error)),
             })
             .collect()
     }
@@ -162,7 +173,7 @@ impl HotKeys {
             .top(self.settings.publish_top)
             .into_iter()
             .filter(|hot| hot.count > 0)
-            .map(|hot| (hot.key.to_string(), hot.count))
+            .map(|hot| (hot.key.to_string(), self.answered(hot.count)))
             .collect();
         let ttl = self.settings.publish_interval() * 3;
         if let Err(error) = fleet
@@ -206,6 +217,7 @@ mod tests {
         HotKeySettings {
             enabled: true,
             capacity: 64,
+            sample_every: 1,
             half_life_secs: 60,
             publish_interval_secs: 10,
             publish_top: 16,
@@ -242,5 +254,27 @@ mod tests {
             "twice more, with 10 s carried over"
         );
         assert!(hot_keys.fleet_top(10).await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_sample_counts_for_every_item_it_stands_for() {
+        let sampled = HotKeys::new(
+            &HotKeySettings {
+                sample_every: 4,
+                ..settings()
+            },
+            None,
+            "test",
+        )
+        .unwrap();
+        for _ in 0..8_000 {
+            sampled.record(key(100_001));
+        }
+        sampled.record(key(100_002));
+        let top = sampled.local_top(2);
+        assert_eq!(top[0].key, key(100_001));
+        // 2,000 draws expected, standard deviation about 39, counted four times each.
+        assert!((7_200..=8_800).contains(&top[0].count), "{top:?}");
+        assert_eq!(top[0].count % 4, 0);
     }
 }
