@@ -849,10 +849,13 @@ async fn a_lease_won_after_someone_elses_whole_rebuild_takes_its_value() {
     assert_eq!(late.stats().leases_won, 1);
 }
 
+/// A load's context as a loader saw it: its deadline and the retries left.
+type SeenContext = Option<(Option<tokio::time::Instant>, u32)>;
+
 /// Records the load context each load ran in.
 #[derive(Debug, Default)]
 struct ContextProbe {
-    seen: std::sync::Mutex<Vec<Option<(Option<tokio::time::Instant>, u32)>>>,
+    seen: std::sync::Mutex<Vec<SeenContext>>,
 }
 
 #[async_trait]
