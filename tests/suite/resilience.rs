@@ -472,6 +472,15 @@ async fn a_batch_spends_one_request_allowance_of_retries() {
     for id in 100_001..100_021u64 {
         assert_eq!(app.get_item("jd", &id.to_string()).await.status(), 200);
     }
+    // Ten first attempts and at most two retries for the whole batch.
+    let calls = coupon_calls_of_a_batch_of_ten_while_broken(&app).await;
+    assert!((10..=12).contains(&calls), "{calls} coupon calls");
+    app.stop().await;
+}
+
+/// Breaks the coupon API, asks a batch of ten cold items (each answered, with coupons
+/// degraded) and returns the coupon calls it cost.
+async fn coupon_calls_of_a_batch_of_ten_while_broken(app: &TestApp) -> u64 {
     app.break_upstream(Endpoint::Coupons);
     let before = app.upstream_calls(Endpoint::Coupons);
     let items: Vec<Value> = (100_101..100_111u64)
@@ -481,10 +490,7 @@ async fn a_batch_spends_one_request_allowance_of_retries() {
     for result in batch["results"].as_array().unwrap() {
         assert_eq!(result["status"], 200);
     }
-    // Ten first attempts and at most two retries for the whole batch.
-    let calls = app.upstream_calls(Endpoint::Coupons) - before;
-    assert!((10..=12).contains(&calls), "{calls} coupon calls");
-    app.stop().await;
+    app.upstream_calls(Endpoint::Coupons) - before
 }
 
 #[tokio::test]
@@ -535,16 +541,8 @@ async fn concurrent_cold_items_share_one_upstream_call_and_one_quota_token() {
         "{status}"
     );
 
-    app.break_upstream(Endpoint::Coupons);
-    let before = app.upstream_calls(Endpoint::Coupons);
-    let items: Vec<Value> = (100_101..100_111u64)
-        .map(|id| json!({"platform": "jd", "item_id": id.to_string()}))
-        .collect();
-    let batch = json_of(app.post_batch(&json!({ "items": items })).await).await;
-    for result in batch["results"].as_array().unwrap() {
-        assert_eq!(result["status"], 200);
-    }
-    let calls = app.upstream_calls(Endpoint::Coupons) - before;
+    // One batch call, and at most the request's two retries.
+    let calls = coupon_calls_of_a_batch_of_ten_while_broken(&app).await;
     assert!((1..=3).contains(&calls), "{calls} coupon calls");
     app.stop().await;
 }

@@ -1,7 +1,7 @@
 //! Coalescing concurrent loads of one part into the API's batch call.
 //!
 //! The affiliate APIs answer many item ids per call, and their contracts count calls, not ids.
-//! A [`Coalescer`] collects the loads that start within a short window (or until the batch is
+//! A `Coalescer` collects the loads that start within a short window (or until the batch is
 //! full) and sends them as one call: one quota token, one breaker permit, one bulkhead slot.
 //! Everything above a loader stays per key: the part cache's single flight (one load per key in
 //! this process), its L2 lease (one rebuild per key in the fleet) and its version fences.

@@ -106,24 +106,28 @@ fn instance(
     clock: &ManualClock,
 ) -> PartCache<String> {
     let loader: Arc<dyn Loader<String>> = source.clone();
-    let shared: Arc<dyn SharedTier> = tier.clone();
     PartCache::with_shared_tier(
         settings(),
-        L2Config {
-            tier: shared,
-            ttl: TtlPolicy {
-                fresh: Duration::from_secs(900),
-                jitter: Jitter::UpTo(Duration::from_secs(300)),
-                stale: Duration::from_secs(1800),
-                not_found: Duration::from_secs(120),
-            },
-            lease_ttl: Duration::from_secs(3),
-            lease_wait: Duration::from_millis(300),
-            lease_poll: Duration::from_millis(10),
-        },
+        l2_config(tier.clone()),
         loader,
         Arc::new(clock.clone()),
     )
+}
+
+/// The production profile's L2 lifetimes and lease timings over `tier`.
+fn l2_config(tier: Arc<dyn SharedTier>) -> L2Config {
+    L2Config {
+        tier,
+        ttl: TtlPolicy {
+            fresh: Duration::from_secs(900),
+            jitter: Jitter::UpTo(Duration::from_secs(300)),
+            stale: Duration::from_secs(1800),
+            not_found: Duration::from_secs(120),
+        },
+        lease_ttl: Duration::from_secs(3),
+        lease_wait: Duration::from_millis(300),
+        lease_poll: Duration::from_millis(10),
+    }
 }
 
 fn tier_key() -> TierKey {
@@ -807,18 +811,7 @@ async fn a_lease_won_after_someone_elses_whole_rebuild_takes_its_value() {
     let loader: Arc<dyn Loader<String>> = source.clone();
     let late = PartCache::with_shared_tier(
         settings(),
-        L2Config {
-            tier: gated.clone(),
-            ttl: TtlPolicy {
-                fresh: Duration::from_secs(900),
-                jitter: Jitter::UpTo(Duration::from_secs(300)),
-                stale: Duration::from_secs(1800),
-                not_found: Duration::from_secs(120),
-            },
-            lease_ttl: Duration::from_secs(3),
-            lease_wait: Duration::from_millis(300),
-            lease_poll: Duration::from_millis(10),
-        },
+        l2_config(gated.clone()),
         loader,
         Arc::new(clock.clone()),
     );
