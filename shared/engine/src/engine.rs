@@ -937,7 +937,7 @@ mod tests {
     /// rendering's end one read starts the refresh of the parts it ends with, so that when it
     /// ends the next read assembles from fresh parts and no read waits on a load.
     #[tokio::test(start_paused = true)]
-    async fn a_rendering_near_its_end_refreshes_its_parts_once() {
+    async fn a_rendering_near_its_end_refreshes_the_parts_that_end_it() {
         let clock = ManualClock::starting_now();
         let lead = Duration::from_secs(1);
         let engine = engine_refreshing(Duration::from_millis(5), false, Vec::new(), &clock, lead);
@@ -958,7 +958,8 @@ mod tests {
                 .map(|(_, part)| part.stats().refreshes)
                 .sum::<u64>()
         };
-        // The part that ends the rendering is refreshed, once, however many reads came.
+        // The part that ends the rendering is refreshed (and no more than the four parts,
+        // however many reads came).
         assert!(
             (1..=4).contains(&refreshes(&engine)),
             "{}",

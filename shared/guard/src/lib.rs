@@ -25,7 +25,6 @@ pub use dependency::{
     DependencySnapshot,
 };
 pub use quota::{
-    FleetGrant, FleetKeyedLimiter, FleetQuota, FleetQuotaConfig, FleetTokens, QuotaScope,
-    QuotaSnapshot,
+    FleetGrant, FleetKeyedLimiter, FleetQuotaConfig, FleetTokens, QuotaScope, QuotaSnapshot,
 };
 pub use tier::GuardedTier;

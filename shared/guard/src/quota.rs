@@ -181,7 +181,7 @@ pub struct FleetSnapshot {
 }
 
 /// A quota drawn from a fleet-wide bucket; see the module documentation.
-pub struct FleetQuota {
+pub(crate) struct FleetQuota {
     /// The bucket's name in the fleet (an API's, or a client's).
     name: Arc<str>,
     rate: RateConfig,
@@ -220,7 +220,7 @@ impl fmt::Debug for FleetQuota {
 }
 
 impl FleetQuota {
-    pub fn new(name: Arc<str>, rate: RateConfig, config: FleetQuotaConfig) -> Self {
+    pub(crate) fn new(name: Arc<str>, rate: RateConfig, config: FleetQuotaConfig) -> Self {
         let live = config.tokens.live_instances().max(1);
         Self {
             name,
@@ -242,7 +242,7 @@ impl FleetQuota {
     }
 
     /// Takes a token for a call starting now, or says how long until one may be there.
-    pub async fn acquire(&self, ticker: &dyn Ticker) -> Result<(), Duration> {
+    pub(crate) async fn acquire(&self, ticker: &dyn Ticker) -> Result<(), Duration> {
         if let Some(answer) = self.answer_without_grant(ticker.now_nanos()) {
             return answer;
         }
@@ -367,14 +367,6 @@ impl FleetQuota {
     fn refuse(&self, retry_after: Duration) -> Result<(), Duration> {
         self.refused.fetch_add(1, Ordering::Relaxed);
         Err(retry_after)
-    }
-
-    /// Calls granted and refused since start.
-    pub fn counts(&self) -> (u64, u64) {
-        (
-            self.granted.load(Ordering::Relaxed),
-            self.refused.load(Ordering::Relaxed),
-        )
     }
 
     fn snapshot(&self) -> QuotaSnapshot {
