@@ -226,6 +226,18 @@ async fn metrics_are_served_without_a_token_as_valid_openmetrics_text() {
         Some(1.0)
     );
     assert_eq!(metrics.value("rebate_shed_level", &[]), Some(0.0));
+    // The accept queue is read by the shedder's probe every 10 ms; at rest it is empty.
+    if cfg!(target_os = "linux") {
+        assert_eq!(
+            metrics.value("rebate_listen_queue_connections", &[]),
+            Some(0.0)
+        );
+        let backlog = metrics.value("rebate_listen_queue_backlog", &[]);
+        assert!(
+            backlog.is_some_and(|backlog| backlog >= 128.0),
+            "{backlog:?}"
+        );
+    }
 
     // Families with labels appear with their first sample.
     assert_eq!(app.get_item("jd", "100001").await.status(), 200);
@@ -245,6 +257,10 @@ async fn metrics_are_served_without_a_token_as_valid_openmetrics_text() {
         ("rebate_shed_level", "gauge"),
         ("rebate_client_limit_refused", "counter"),
         ("rebate_events", "counter"),
+        ("rebate_http_connections", "counter"),
+        ("rebate_http_connections_open", "gauge"),
+        ("rebate_listen_queue_connections", "gauge"),
+        ("rebate_listen_queue_wait_seconds", "gauge"),
     ] {
         assert_eq!(
             metrics.types.get(family).map(String::as_str),

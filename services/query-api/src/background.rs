@@ -1,5 +1,5 @@
 //! Background work that shares the service's shutdown token: Bloom filter builds, warm-up and
-//! the queue-delay probe of the load shedder.
+//! the queue-delay probe of the load shedder (the runtime's queue and the listener's).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -13,6 +13,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::hot_keys::HotKeys;
+use crate::listen_queue::AcceptWait;
 use crate::protection::Protection;
 
 /// Builds the filter from the store now, then again every `interval` (or sooner when
@@ -104,17 +105,20 @@ impl WarmupPlan {
     }
 }
 
-/// Loads the plan's keys through the normal query path (so L1 and L2 both fill) at a bounded
-/// rate, at start and then every `interval`, until shutdown. Warm-up is optional work: while the
-/// service sheds load (level ≥ 1) keys are skipped rather than loaded.
-/// Measures how long a task waits for a worker of the runtime, every `queue_probe_every`, and
-/// reports it to the load shedder: how late the probe's timer fired, or, if longer, how long one
-/// yield took to be polled again — both are time spent queued behind other tasks. A starved
-/// probe reports its lateness when it finally runs. Also reports how busy the runtime's workers
-/// were since the last period (tokio's per-worker busy time), which tells the shedder whether
-/// requests in flight are CPU work or waits. Costs one timer, one yield and one atomic read per
-/// worker per period.
-pub async fn probe_queue_delay(protection: Arc<Protection>, shutdown: CancellationToken) {
+/// Measures how long work waits before a worker of the runtime starts it, every
+/// `queue_probe_every`, and reports it to the load shedder: the longest of how late the probe's
+/// timer fired, how long one yield took to be polled again (both time spent queued behind other
+/// tasks; a starved probe reports its lateness when it finally runs) and, with `accept_wait`,
+/// how long connections wait in the listener's accept queue — where a saturated instance's
+/// queue stands when its runtime admits work as fast as it finishes it. Also reports how busy
+/// the runtime's workers were since the last period (tokio's per-worker busy time), which tells
+/// the shedder whether requests in flight are CPU work or waits. Costs one timer, one yield, one
+/// atomic read per worker and, with `accept_wait`, one netlink round trip per period.
+pub async fn probe_queue_delay(
+    protection: Arc<Protection>,
+    mut accept_wait: Option<AcceptWait>,
+    shutdown: CancellationToken,
+) {
     let Some(shedder) = protection.shedder.as_ref() else {
         return;
     };
@@ -130,7 +134,11 @@ pub async fn probe_queue_delay(protection: Arc<Protection>, shutdown: Cancellati
         let late = woke.saturating_duration_since(due);
         tokio::task::yield_now().await;
         let yielded = woke.elapsed();
-        shedder.record_queue_delay(late.max(yielded));
+        let accepting = accept_wait
+            .as_mut()
+            .and_then(AcceptWait::sample)
+            .unwrap_or_default();
+        shedder.record_queue_delay(late.max(yielded).max(accepting));
         let (busy_time, available) = busy.since_last();
         shedder.record_worker_busy(busy_time, available);
         due = Instant::now() + every;
@@ -183,6 +191,9 @@ impl WorkerBusy {
     }
 }
 
+/// Loads the plan's keys through the normal query path (so L1 and L2 both fill) at a bounded
+/// rate, at start and then every `interval`, until shutdown. Warm-up is optional work: while the
+/// service sheds load (level ≥ 1) keys are skipped rather than loaded.
 pub async fn warm_up(
     engine: QueryEngine,
     store: Arc<dyn CatalogRepository>,
@@ -226,5 +237,102 @@ pub async fn warm_up(
             () = tokio::time::sleep(plan.interval) => {}
             () = shutdown.cancelled() => return,
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use rebate_resilience::ManualTicker;
+
+    use super::*;
+    use crate::listen_queue::ListenQueue;
+    use crate::protection::DependencyTimeouts;
+    use crate::server::ConnectionStats;
+
+    /// Connections that wait in the listener's accept queue are the shedder's queue delay, as
+    /// the runtime's own queue is: a queue nobody drains puts the instance at level 3, and once
+    /// drained the levels walk back down.
+    #[tokio::test(start_paused = true)]
+    async fn connections_waiting_for_accept_shed_load_until_they_are_taken() {
+        let settings = crate::Settings::defaults().expect("embedded defaults");
+        let ticker = ManualTicker::new();
+        let protection = Arc::new(Protection::new(
+            &settings.resilience,
+            DependencyTimeouts {
+                mysql: Duration::from_secs(1),
+                coupons: Duration::from_secs(1),
+                extras: Duration::from_secs(1),
+            },
+            Arc::new(ticker.clone()),
+            None,
+            None,
+        ));
+        let listener = crate::server::bind("127.0.0.1:0".parse().unwrap(), 64).unwrap();
+        let address = listener.local_addr().unwrap();
+        let stats = Arc::new(ConnectionStats::default());
+        let accept_wait = AcceptWait::new(ListenQueue::open(&listener).unwrap(), stats);
+        let shutdown = CancellationToken::new();
+        let probe = tokio::spawn(probe_queue_delay(
+            Arc::clone(&protection),
+            Some(accept_wait),
+            shutdown.clone(),
+        ));
+        let shedder = protection
+            .shedder
+            .as_ref()
+            .expect("shedding is on by default");
+        // One interval of the shedder's: the probe reports on the paused clock, the shedder
+        // evaluates on its own ticker at the next admission.
+        let interval = |admissions: usize| {
+            let ticker = ticker.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                ticker.advance(Duration::from_millis(250));
+                for _ in 0..admissions {
+                    drop(shedder.admit());
+                }
+            }
+        };
+        for _ in 0..4 {
+            interval(2).await;
+        }
+        assert_eq!(
+            shedder.level(),
+            ShedLevel::Normal,
+            "{:?}",
+            shedder.snapshot()
+        );
+
+        let mut clients = Vec::new();
+        for _ in 0..20 {
+            clients.push(tokio::net::TcpStream::connect(address).await.unwrap());
+        }
+        for _ in 0..3 {
+            interval(2).await;
+        }
+        let snapshot = shedder.snapshot();
+        assert_eq!(snapshot.level, ShedLevel::CacheOnly, "{snapshot:?}");
+        assert!(snapshot.queue_delay_ms >= 100.0, "{snapshot:?}");
+
+        let mut accepted = Vec::new();
+        for _ in 0..20 {
+            accepted.push(listener.accept().await.unwrap());
+        }
+        // Half the admissions of the queued spell: a lower load than the one that saturated,
+        // so no hold keeps level 3 once the queue is gone.
+        let mut seconds_to_normal = None;
+        for step in 1..=40 {
+            interval(1).await;
+            if shedder.level() == ShedLevel::Normal {
+                seconds_to_normal = Some(f64::from(step) * 0.25);
+                break;
+            }
+        }
+        let snapshot = shedder.snapshot();
+        assert!(snapshot.queue_delay_ms < 1.0, "{snapshot:?}");
+        let seconds = seconds_to_normal.expect("back at level 0 within 10 s");
+        assert!(seconds <= 5.0, "{seconds} s to level 0: {snapshot:?}");
+        shutdown.cancel();
+        probe.await.unwrap();
     }
 }

@@ -21,6 +21,8 @@
 //! - [`fleet`]: [`Fleet`](fleet::Fleet), this instance's heartbeat in the registry of live
 //!   instances and the fleet-wide quota buckets in Redis.
 //! - [`lifecycle`]: starting, serving, draining: what readiness reports.
+//! - [`listen_queue`]: [`ListenQueue`](listen_queue::ListenQueue), the kernel's accept queue of
+//!   the API listener, read for the load shedder.
 //! - [`protection`]: [`Protection`](protection::Protection), the guards of every dependency, the
 //!   load shedder and the per-client limiter, from `[resilience]`.
 //! - [`memory`]: [`MemoryStats`](memory::MemoryStats), the allocator's counters and the
@@ -46,6 +48,7 @@ pub mod hot_keys;
 pub mod http;
 pub mod invalidation;
 pub mod lifecycle;
+pub mod listen_queue;
 pub mod memory;
 pub mod metrics;
 pub mod protection;

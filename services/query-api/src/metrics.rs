@@ -35,6 +35,7 @@ use rebate_sources::BatchStats;
 use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
 use crate::protection::Protection;
+use crate::server::ConnectionStats;
 use crate::upstreams::UpstreamClients;
 
 /// What `/metrics` answers with: the OpenMetrics text format that `prometheus-client` encodes
@@ -341,6 +342,7 @@ pub struct StateCollector {
     events: EventBus,
     consistency: Arc<ConsistencyObserver>,
     upstreams: UpstreamClients,
+    connections: Arc<ConnectionStats>,
 }
 
 impl StateCollector {
@@ -350,8 +352,10 @@ impl StateCollector {
         events: EventBus,
         consistency: Arc<ConsistencyObserver>,
         upstreams: UpstreamClients,
+        connections: Arc<ConnectionStats>,
     ) -> Self {
         Self {
+            connections,
             consistency,
             engine,
             protection,
@@ -685,7 +689,7 @@ impl StateCollector {
             single_gauge(
                 encoder,
                 "rebate_shed_queue_delay_seconds",
-                "The runtime queue delay the shedder compares: the lower of the last two intervals' minimum probe reports.",
+                "The queue delay the shedder compares (the runtime's or the listener's accept queue's, whichever is longer at each probe): the lower of the last two intervals' minimum probe reports.",
                 snapshot.queue_delay_ms / 1e3,
             )?;
             if let Some(busy) = snapshot.worker_busy {
@@ -751,6 +755,48 @@ impl StateCollector {
         )
     }
 
+    fn encode_connections(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let connections = self.connections.snapshot();
+        single_gauge(
+            encoder,
+            "rebate_http_connections_open",
+            "Connections open on the API listener.",
+            connections.open,
+        )?;
+        counters(
+            encoder,
+            "rebate_http_connections",
+            "Connections the API listener took off its accept queue: accepted, or refused at the listener's or the peer address's cap (answered 503 and closed).",
+            [
+                ("accepted", connections.accepted),
+                ("refused_listener_full", connections.refused_listener_full),
+                ("refused_peer_full", connections.refused_peer_full),
+            ]
+            .map(|(result, count)| ([("result", result)], count)),
+        )?;
+        let Some(queue) = connections.listen_queue else {
+            return Ok(());
+        };
+        single_gauge(
+            encoder,
+            "rebate_listen_queue_connections",
+            "Connections in the API listener's kernel accept queue at the shedder probe's last reading.",
+            queue.queued,
+        )?;
+        single_gauge(
+            encoder,
+            "rebate_listen_queue_backlog",
+            "The most connections the kernel queues for the API listener before it drops handshakes.",
+            queue.backlog,
+        )?;
+        single_gauge(
+            encoder,
+            "rebate_listen_queue_wait_seconds",
+            "The time a connection waits in the accept queue, estimated from its length and the accept rate at the last reading.",
+            queue.wait_ms / 1e3,
+        )
+    }
+
     fn encode_events(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let stats = self.events.stats();
         counters(
@@ -782,6 +828,7 @@ impl Collector for StateCollector {
         self.encode_bloom(&mut encoder)?;
         self.encode_dependencies(&mut encoder)?;
         self.encode_edge(&mut encoder)?;
+        self.encode_connections(&mut encoder)?;
         self.encode_events(&mut encoder)?;
         encode_memory(&mut encoder)
     }

@@ -27,7 +27,7 @@ use std::future::Future as _;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -73,22 +73,41 @@ impl ConnectionLimits {
     }
 }
 
-/// How often connections were refused, by reason, for the status page.
+/// How often connections were accepted and refused, by reason, and the listener's accept queue
+/// as the load shedder's probe last read it, for the status page and the metrics.
 #[derive(Debug, Default)]
 pub struct ConnectionStats {
     open: AtomicU64,
     accepted: AtomicU64,
     refused_listener_full: AtomicU64,
     refused_peer_full: AtomicU64,
+    /// Set once the probe has read the accept queue (Linux); the three below mean nothing before.
+    listen_queue_read: AtomicBool,
+    listen_queued: AtomicU64,
+    listen_backlog: AtomicU64,
+    listen_wait_micros: AtomicU64,
 }
 
 /// A copy of [`ConnectionStats`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct ConnectionSnapshot {
     pub open: u64,
     pub accepted: u64,
     pub refused_listener_full: u64,
     pub refused_peer_full: u64,
+    /// The kernel's accept queue; `None` where it cannot be read (not Linux) or no probe runs.
+    pub listen_queue: Option<ListenQueueSnapshot>,
+}
+
+/// The accept queue at the probe's last reading.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct ListenQueueSnapshot {
+    /// Connections whose handshake completed, not yet accepted.
+    pub queued: u64,
+    /// The most the kernel queues before it drops new handshakes.
+    pub backlog: u64,
+    /// The time a connection waits there, estimated from the queue and the accept rate.
+    pub wait_ms: f64,
 }
 
 impl ConnectionStats {
@@ -98,7 +117,34 @@ impl ConnectionStats {
             accepted: self.accepted.load(Ordering::Relaxed),
             refused_listener_full: self.refused_listener_full.load(Ordering::Relaxed),
             refused_peer_full: self.refused_peer_full.load(Ordering::Relaxed),
+            listen_queue: self.listen_queue_read.load(Ordering::Relaxed).then(|| {
+                ListenQueueSnapshot {
+                    queued: self.listen_queued.load(Ordering::Relaxed),
+                    backlog: self.listen_backlog.load(Ordering::Relaxed),
+                    wait_ms: self.listen_wait_micros.load(Ordering::Relaxed) as f64 / 1e3,
+                }
+            }),
         }
+    }
+
+    /// Connections taken off the accept queue so far: accepted, or accepted to be refused.
+    pub fn dequeued(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+            + self.refused_listener_full.load(Ordering::Relaxed)
+            + self.refused_peer_full.load(Ordering::Relaxed)
+    }
+
+    /// Records a reading of the accept queue and the wait estimated from it.
+    pub fn record_listen_queue(&self, queued: u32, backlog: u32, wait: Duration) {
+        self.listen_queued
+            .store(u64::from(queued), Ordering::Relaxed);
+        self.listen_backlog
+            .store(u64::from(backlog), Ordering::Relaxed);
+        self.listen_wait_micros.store(
+            u64::try_from(wait.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.listen_queue_read.store(true, Ordering::Relaxed);
     }
 }
 

@@ -42,6 +42,7 @@ use crate::http::edge::EdgeLimits;
 use crate::http::middleware::{LineBudget, RequestObserver};
 use crate::invalidation::{InvalidationConfig, Invalidator};
 use crate::lifecycle::{Lifecycle, Phase};
+use crate::listen_queue::{AcceptWait, ListenQueue};
 use crate::metrics::{Metrics, StateCollector};
 use crate::protection::{DependencyTimeouts, Protection};
 use crate::server::{ConnectionLimits, ConnectionStats};
@@ -130,6 +131,9 @@ impl Application {
         } else {
             None
         };
+        let listener = crate::server::bind(settings.http.listen, settings.http.listen_backlog)
+            .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
+        let connections = Arc::new(ConnectionStats::default());
         let tasks = TaskTracker::new();
         spawn_background(
             &settings,
@@ -137,6 +141,7 @@ impl Application {
             &store,
             &protection,
             hot_keys.as_ref(),
+            accept_wait(&listener, &connections),
             &tasks,
             &shutdown,
         )?;
@@ -175,10 +180,9 @@ impl Application {
             events.clone(),
             Arc::clone(&consistency),
             upstream_clients.clone(),
+            Arc::clone(&connections),
         ));
 
-        let listener = crate::server::bind(settings.http.listen, settings.http.listen_backlog)
-            .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
         let admin_listener = TcpListener::bind(settings.admin.listen)
             .await
             .with_context(|| format!("binding admin.listen {}", settings.admin.listen))?;
@@ -197,7 +201,7 @@ impl Application {
             limits: Arc::new(http_limits(&settings)),
             metrics: Arc::new(metrics),
             lifecycle: Arc::new(Lifecycle::default()),
-            connections: Arc::new(ConnectionStats::default()),
+            connections,
             upstreams: upstream_clients,
             hot_keys,
         });
@@ -340,13 +344,32 @@ fn build_protection(
     ))
 }
 
+/// The API listener's accept queue for the shedder's probe, where it can be read (Linux).
+fn accept_wait(listener: &TcpListener, connections: &Arc<ConnectionStats>) -> Option<AcceptWait> {
+    match ListenQueue::open(listener) {
+        Ok(queue) => Some(AcceptWait::new(queue, Arc::clone(connections))),
+        Err(error) => {
+            tracing::warn!(
+                %error,
+                "cannot read the listener's accept queue; the shedder measures the runtime's queue only"
+            );
+            None
+        }
+    }
+}
+
 /// Bloom rebuilds, the queue-delay probe, the hot keys' upkeep and warm-up, stopped with `shutdown`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "wiring: each argument is one part the background tasks share"
+)]
 fn spawn_background(
     settings: &Settings,
     engine: &QueryEngine,
     store: &Arc<dyn CatalogRepository>,
     protection: &Arc<Protection>,
     hot_keys: Option<&Arc<HotKeys>>,
+    accept_wait: Option<AcceptWait>,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
@@ -367,6 +390,7 @@ fn spawn_background(
     if protection.shedder.is_some() {
         tasks.spawn(background::probe_queue_delay(
             Arc::clone(protection),
+            accept_wait,
             shutdown.clone(),
         ));
     }

@@ -1,0 +1,467 @@
+//! The kernel's accept queue of a listening socket, read through the socket diagnostics netlink
+//! interface (what `ss -lnt` shows as Recv-Q and Send-Q for a listener).
+//!
+//! Contract: [`ListenQueue::open`] finds the listener by its socket inode; [`ListenQueue::read`]
+//! answers how many connections have completed their handshake and wait for the service's
+//! `accept`, and the backlog the kernel holds them up to, in one request and one reply (a few
+//! microseconds; the kernel dumps only listening TCP sockets of the listener's family, a handful
+//! on a host). Linux only: elsewhere `open` answers `Unsupported` and the caller does without.
+//!
+//! Why it matters: a connection in that queue waits where nothing in the process can see it.
+//! When the service's own threads are saturated, new connections pile up there while the
+//! requests the runtime has already taken in finish in a millisecond; the queue's length over
+//! the accept rate is the time they wait (see `background::probe_queue_delay`).
+//!
+//! Written here rather than taken from the netlink crates (`netlink-sys`,
+//! `netlink-packet-sock-diag` and their packet-core crates): one fixed-layout 72-byte request and
+//! a fixed-layout reply do not need five crates, and `socket2` (already in the tree through
+//! tokio) opens the netlink socket without `unsafe`.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+use crate::server::ConnectionStats;
+
+/// The longest wait an estimate reports: past it the figure says nothing more.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// One reading of a listener's accept queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueReading {
+    /// Connections whose handshake completed, waiting for `accept`.
+    pub queued: u32,
+    /// The most the kernel queues before it drops new handshakes (the backlog asked for, capped
+    /// by `net.core.somaxconn`).
+    pub backlog: u32,
+}
+
+/// A netlink socket that reads one listener's accept queue.
+#[derive(Debug)]
+pub struct ListenQueue {
+    #[cfg(target_os = "linux")]
+    inner: linux::Reader,
+}
+
+impl ListenQueue {
+    /// Finds `listener` for later readings. Fails where the netlink socket cannot be opened
+    /// (not Linux, a sandbox without `AF_NETLINK`) or the listener's inode cannot be read.
+    pub fn open(listener: &TcpListener) -> io::Result<Self> {
+        #[cfg(target_os = "linux")]
+        {
+            Ok(Self {
+                inner: linux::Reader::open(listener)?,
+            })
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = listener;
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the accept queue is read through Linux's socket diagnostics",
+            ))
+        }
+    }
+
+    /// The listener's queue now. `NotFound` when the kernel no longer lists it (closed).
+    pub fn read(&self) -> io::Result<QueueReading> {
+        #[cfg(target_os = "linux")]
+        {
+            self.inner.read()
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            Err(io::Error::from(io::ErrorKind::Unsupported))
+        }
+    }
+}
+
+/// The time connections wait in a listener's accept queue, estimated at each reading from the
+/// queue's length and the rate the service took connections off it since the last reading
+/// (Little's law), and recorded in the listener's [`ConnectionStats`].
+#[derive(Debug)]
+pub struct AcceptWait {
+    queue: ListenQueue,
+    connections: Arc<ConnectionStats>,
+    dequeued: u64,
+    read_at: Instant,
+    failing: bool,
+}
+
+impl AcceptWait {
+    /// `connections` must be the stats of the loop that accepts from `queue`'s listener. Takes
+    /// a first reading, so the stats show the queue from the start.
+    pub fn new(queue: ListenQueue, connections: Arc<ConnectionStats>) -> Self {
+        let mut wait = Self {
+            dequeued: connections.dequeued(),
+            read_at: Instant::now(),
+            queue,
+            connections,
+            failing: false,
+        };
+        wait.sample();
+        wait
+    }
+
+    /// Reads the queue and returns the estimated wait, or `None` when the read failed (logged
+    /// once until a read succeeds again).
+    pub fn sample(&mut self) -> Option<Duration> {
+        let now = Instant::now();
+        let dequeued = self.connections.dequeued();
+        let reading = match self.queue.read() {
+            Ok(reading) => reading,
+            Err(error) => {
+                if !self.failing {
+                    tracing::warn!(%error, "cannot read the listener's accept queue");
+                }
+                self.failing = true;
+                return None;
+            }
+        };
+        if self.failing {
+            tracing::info!("the listener's accept queue reads again");
+            self.failing = false;
+        }
+        let wait = estimated_wait(
+            reading.queued,
+            dequeued.saturating_sub(self.dequeued),
+            now.saturating_duration_since(self.read_at),
+        );
+        self.dequeued = dequeued;
+        self.read_at = now;
+        self.connections
+            .record_listen_queue(reading.queued, reading.backlog, wait);
+        Some(wait)
+    }
+}
+
+/// Little's law over one period of `elapsed`: `queued` connections wait, and the service took
+/// `dequeued` off the queue in the period, so the last of them waits `queued × elapsed ÷
+/// dequeued`. A queue the service took nothing from counts as one taken in the period (the
+/// wait is at least that long for every connection but the newest). At most [`MAX_WAIT`].
+pub fn estimated_wait(queued: u32, dequeued: u64, elapsed: Duration) -> Duration {
+    if queued == 0 {
+        return Duration::ZERO;
+    }
+    let per_connection = elapsed.as_secs_f64() / dequeued.max(1) as f64;
+    Duration::from_secs_f64((per_connection * f64::from(queued)).min(MAX_WAIT.as_secs_f64()))
+}
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use std::io::{self, Read as _};
+    use std::os::fd::AsRawFd as _;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use socket2::{Domain, Protocol, Socket, Type};
+    use tokio::net::TcpListener;
+
+    use super::QueueReading;
+
+    // From linux/netlink.h, linux/sock_diag.h, linux/inet_diag.h and netinet/tcp.h.
+    const NETLINK_SOCK_DIAG: i32 = 4;
+    const SOCK_DIAG_BY_FAMILY: u16 = 20;
+    const NLM_F_REQUEST: u16 = 0x1;
+    const NLM_F_DUMP: u16 = 0x300;
+    const NLMSG_ERROR: u16 = 2;
+    const NLMSG_DONE: u16 = 3;
+    const TCP_LISTEN: u32 = 10;
+    const NLMSG_HEADER_LEN: usize = 16;
+    /// `struct inet_diag_req_v2`: family, protocol, extensions, pad, states, and the 48-byte
+    /// `inet_diag_sockid`.
+    const REQUEST_LEN: usize = 8 + 48;
+    /// `struct inet_diag_msg` up to and including `idiag_inode`.
+    const REPLY_LEN: usize = 4 + 48 + 20;
+    /// Offsets in `inet_diag_msg` of the receive queue (for a listener: the accept queue), the
+    /// send queue (the backlog) and the inode.
+    const RQUEUE_AT: usize = 56;
+    const WQUEUE_AT: usize = 60;
+    const INODE_AT: usize = 68;
+    /// A dump of the listening sockets of one family fits one datagram on any ordinary host;
+    /// a host with thousands of listeners takes a few. Bounded either way.
+    const MAX_DATAGRAMS: usize = 64;
+    const READ_TIMEOUT: Duration = Duration::from_millis(100);
+
+    #[derive(Debug)]
+    pub(super) struct Reader {
+        socket: Socket,
+        family: u8,
+        inode: u32,
+        sequence: AtomicU32,
+    }
+
+    impl Reader {
+        pub(super) fn open(listener: &TcpListener) -> io::Result<Self> {
+            let family = match listener.local_addr()? {
+                std::net::SocketAddr::V4(_) => libc::AF_INET,
+                std::net::SocketAddr::V6(_) => libc::AF_INET6,
+            };
+            let inode = socket_inode(listener.as_raw_fd())?;
+            let socket = Socket::new(
+                Domain::from(libc::AF_NETLINK),
+                Type::DGRAM,
+                Some(Protocol::from(NETLINK_SOCK_DIAG)),
+            )?;
+            socket.set_read_timeout(Some(READ_TIMEOUT))?;
+            let reader = Self {
+                socket,
+                family: u8::try_from(family).expect("address families fit a byte"),
+                inode,
+                sequence: AtomicU32::new(1),
+            };
+            // Fail at startup, not at the first probe, where the kernel does not answer.
+            reader.read()?;
+            Ok(reader)
+        }
+
+        pub(super) fn read(&self) -> io::Result<QueueReading> {
+            let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
+            let request = request(self.family, sequence);
+            let sent = self.socket.send(&request)?;
+            if sent != request.len() {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "short netlink send",
+                ));
+            }
+            let mut buffer = vec![0_u8; 16 * 1024];
+            let mut found = None;
+            for _ in 0..MAX_DATAGRAMS {
+                let received = (&self.socket).read(&mut buffer)?;
+                match parse(&buffer[..received], sequence, self.inode)? {
+                    Parsed::More(reading) => found = found.or(reading),
+                    Parsed::Done => {
+                        return found.ok_or_else(|| {
+                            io::Error::new(
+                                io::ErrorKind::NotFound,
+                                "the kernel lists no such listening socket",
+                            )
+                        });
+                    }
+                }
+            }
+            Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the socket diagnostics dump did not end",
+            ))
+        }
+    }
+
+    /// The inode of a socket, from `/proc/self/fd` (`socket:[12345]`), as the diagnostics
+    /// report it: its low 32 bits (`idiag_inode` is a `__u32`).
+    fn socket_inode(fd: i32) -> io::Result<u32> {
+        let link = std::fs::read_link(format!("/proc/self/fd/{fd}"))?;
+        let link = link.to_string_lossy();
+        let inode: u64 = link
+            .strip_prefix("socket:[")
+            .and_then(|rest| rest.strip_suffix(']'))
+            .and_then(|inode| inode.parse().ok())
+            .ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("not a socket: {link}"))
+            })?;
+        Ok(u32::try_from(inode & u64::from(u32::MAX)).expect("masked to 32 bits"))
+    }
+
+    /// A dump request for the listening TCP sockets of `family`.
+    pub(super) fn request(family: u8, sequence: u32) -> [u8; NLMSG_HEADER_LEN + REQUEST_LEN] {
+        let mut message = [0_u8; NLMSG_HEADER_LEN + REQUEST_LEN];
+        let length = u32::try_from(message.len()).expect("72 bytes");
+        message[0..4].copy_from_slice(&length.to_ne_bytes());
+        message[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        message[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+        message[8..12].copy_from_slice(&sequence.to_ne_bytes());
+        // nlmsg_pid 0: the kernel fills in the sender.
+        message[16] = family;
+        message[17] = u8::try_from(libc::IPPROTO_TCP).expect("6");
+        // idiag_ext 0 (no extensions), pad 0, then the state mask; the socket id stays zero (a
+        // dump ignores it).
+        message[20..24].copy_from_slice(&(1_u32 << TCP_LISTEN).to_ne_bytes());
+        message
+    }
+
+    #[derive(Debug, PartialEq, Eq)]
+    pub(super) enum Parsed {
+        /// The datagram held messages of the dump (and the one for `inode`, if it was there).
+        More(Option<QueueReading>),
+        Done,
+    }
+
+    /// Reads one datagram of the dump answering `sequence`, looking for the socket `inode`.
+    pub(super) fn parse(datagram: &[u8], sequence: u32, inode: u32) -> io::Result<Parsed> {
+        let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_owned());
+        let mut found = None;
+        let mut rest = datagram;
+        while rest.len() >= NLMSG_HEADER_LEN {
+            let length = u32_at(rest, 0) as usize;
+            if length < NLMSG_HEADER_LEN || length > rest.len() {
+                return Err(invalid("a netlink message's length is out of range"));
+            }
+            let kind = u16::from_ne_bytes([rest[4], rest[5]]);
+            let body = &rest[NLMSG_HEADER_LEN..length];
+            // Another request's late answer (one that timed out) is skipped, not misread.
+            if u32_at(rest, 8) == sequence {
+                match kind {
+                    NLMSG_DONE => return Ok(Parsed::Done),
+                    NLMSG_ERROR => {
+                        let code = if body.len() >= 4 {
+                            i32::from_ne_bytes([body[0], body[1], body[2], body[3]])
+                        } else {
+                            0
+                        };
+                        return Err(if code < 0 {
+                            io::Error::from_raw_os_error(-code)
+                        } else {
+                            invalid("a netlink error without a code")
+                        });
+                    }
+                    SOCK_DIAG_BY_FAMILY if body.len() >= REPLY_LEN => {
+                        if u32_at(body, INODE_AT) == inode {
+                            found = Some(QueueReading {
+                                queued: u32_at(body, RQUEUE_AT),
+                                backlog: u32_at(body, WQUEUE_AT),
+                            });
+                        }
+                    }
+                    _ => return Err(invalid("an unexpected netlink message")),
+                }
+            }
+            // Messages are aligned to 4 bytes.
+            let next = length.next_multiple_of(4).min(rest.len());
+            rest = &rest[next..];
+        }
+        Ok(Parsed::More(found))
+    }
+
+    fn u32_at(bytes: &[u8], at: usize) -> u32 {
+        u32::from_ne_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::linux::{Parsed, parse, request};
+    use super::*;
+
+    /// Against the kernel: connections that complete their handshake and are not accepted are
+    /// counted, and accepting one takes it off the queue.
+    #[tokio::test]
+    async fn counts_the_connections_waiting_for_accept() {
+        let listener = crate::server::bind("127.0.0.1:0".parse().unwrap(), 64).unwrap();
+        let address = listener.local_addr().unwrap();
+        let queue = ListenQueue::open(&listener).unwrap();
+        assert_eq!(
+            queue.read().unwrap(),
+            QueueReading {
+                queued: 0,
+                backlog: 64.min(somaxconn())
+            }
+        );
+        let mut clients = Vec::new();
+        for _ in 0..5 {
+            clients.push(tokio::net::TcpStream::connect(address).await.unwrap());
+        }
+        assert_eq!(queue.read().unwrap().queued, 5);
+        let (_accepted, _) = listener.accept().await.unwrap();
+        assert_eq!(queue.read().unwrap().queued, 4);
+    }
+
+    #[tokio::test]
+    async fn an_ipv6_listener_is_found_among_its_family() {
+        let Ok(listener) = crate::server::bind("[::1]:0".parse().unwrap(), 16) else {
+            return; // no IPv6 loopback on this host
+        };
+        let queue = ListenQueue::open(&listener).unwrap();
+        let _client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(queue.read().unwrap().queued, 1);
+    }
+
+    #[tokio::test]
+    async fn a_closed_listener_is_not_found() {
+        let listener = crate::server::bind("127.0.0.1:0".parse().unwrap(), 16).unwrap();
+        let queue = ListenQueue::open(&listener).unwrap();
+        drop(listener);
+        assert_eq!(queue.read().unwrap_err().kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn the_wait_is_the_queue_over_the_accept_rate() {
+        let period = Duration::from_millis(10);
+        assert_eq!(estimated_wait(0, 0, period), Duration::ZERO);
+        assert_eq!(estimated_wait(0, 500, period), Duration::ZERO);
+        // 100 waiting, 50 taken in 10 ms (5,000 a second): the last waits 20 ms.
+        assert_eq!(estimated_wait(100, 50, period), Duration::from_millis(20));
+        // Nothing taken: at least the period per connection ahead.
+        assert_eq!(estimated_wait(3, 0, period), Duration::from_millis(30));
+        assert_eq!(
+            estimated_wait(u32::MAX, 0, Duration::from_secs(1)),
+            MAX_WAIT
+        );
+    }
+
+    /// The estimate follows the queue: connections nobody accepts wait ever longer; once
+    /// accepted, none waits.
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_nobody_accepts_reads_as_a_growing_wait_and_an_accepted_one_as_none() {
+        let listener = crate::server::bind("127.0.0.1:0".parse().unwrap(), 64).unwrap();
+        let address = listener.local_addr().unwrap();
+        let stats = Arc::new(ConnectionStats::default());
+        let mut wait = AcceptWait::new(ListenQueue::open(&listener).unwrap(), Arc::clone(&stats));
+        assert_eq!(wait.sample(), Some(Duration::ZERO));
+        let mut clients = Vec::new();
+        for _ in 0..10 {
+            clients.push(tokio::net::TcpStream::connect(address).await.unwrap());
+        }
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert_eq!(wait.sample(), Some(Duration::from_millis(100)));
+        let snapshot = stats.snapshot().listen_queue.unwrap();
+        assert_eq!((snapshot.queued, snapshot.wait_ms), (10, 100.0));
+        let mut accepted = Vec::new();
+        for _ in 0..10 {
+            accepted.push(listener.accept().await.unwrap());
+        }
+        tokio::time::advance(Duration::from_millis(10)).await;
+        assert_eq!(wait.sample(), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn malformed_datagrams_are_errors_and_other_sequences_are_skipped() {
+        // A length that runs past the datagram.
+        let mut message = request(2, 7).to_vec();
+        message[0..4].copy_from_slice(&1000_u32.to_ne_bytes());
+        assert!(parse(&message, 7, 1).is_err());
+        // A message under another sequence (a timed-out request's late answer) is skipped; one
+        // under ours that is too short for a socket's record is refused.
+        let other = request(2, 8);
+        assert_eq!(parse(&other, 7, 1).unwrap(), Parsed::More(None));
+        assert!(parse(&request(2, 7), 7, 1).is_err());
+        // NLMSG_DONE for our sequence.
+        let mut done = [0_u8; 20];
+        done[0..4].copy_from_slice(&20_u32.to_ne_bytes());
+        done[4..6].copy_from_slice(&3_u16.to_ne_bytes());
+        done[8..12].copy_from_slice(&7_u32.to_ne_bytes());
+        assert_eq!(parse(&done, 7, 1).unwrap(), Parsed::Done);
+        // An error reply carries the errno.
+        let mut error = [0_u8; 36];
+        error[0..4].copy_from_slice(&36_u32.to_ne_bytes());
+        error[4..6].copy_from_slice(&2_u16.to_ne_bytes());
+        error[8..12].copy_from_slice(&7_u32.to_ne_bytes());
+        error[16..20].copy_from_slice(&(-libc::EPERM).to_ne_bytes());
+        assert_eq!(
+            parse(&error, 7, 1).unwrap_err().raw_os_error(),
+            Some(libc::EPERM)
+        );
+    }
+
+    fn somaxconn() -> u32 {
+        std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(4096)
+    }
+}
