@@ -246,7 +246,6 @@ mod tests {
 
     use super::*;
     use crate::listen_queue::ListenQueue;
-    use crate::protection::DependencyTimeouts;
     use crate::server::ConnectionStats;
 
     /// Connections that wait in the listener's accept queue are the shedder's queue delay, as
@@ -254,19 +253,8 @@ mod tests {
     /// drained the levels walk back down.
     #[tokio::test(start_paused = true)]
     async fn connections_waiting_for_accept_shed_load_until_they_are_taken() {
-        let settings = crate::Settings::defaults().expect("embedded defaults");
         let ticker = ManualTicker::new();
-        let protection = Arc::new(Protection::new(
-            &settings.resilience,
-            DependencyTimeouts {
-                mysql: Duration::from_secs(1),
-                coupons: Duration::from_secs(1),
-                extras: Duration::from_secs(1),
-            },
-            Arc::new(ticker.clone()),
-            None,
-            None,
-        ));
+        let protection = Arc::new(Protection::for_tests(Arc::new(ticker.clone())));
         let listener = crate::server::bind("127.0.0.1:0".parse().unwrap(), 64).unwrap();
         let address = listener.local_addr().unwrap();
         let stats = Arc::new(ConnectionStats::default());

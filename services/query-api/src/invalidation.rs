@@ -193,7 +193,6 @@ mod tests {
     use rebate_resilience::ManualTicker;
 
     use super::*;
-    use crate::protection::DependencyTimeouts;
 
     /// Every item exists with nothing in it; what matters here is the fences.
     #[derive(Debug)]
@@ -255,18 +254,7 @@ mod tests {
             extras: Duration::from_secs(1),
         };
         let engine = QueryEngine::new(parts, timeouts, Arc::new(clock));
-        let settings = crate::Settings::defaults().expect("embedded defaults");
-        let protection = Arc::new(Protection::new(
-            &settings.resilience,
-            DependencyTimeouts {
-                mysql: Duration::from_secs(1),
-                coupons: Duration::from_secs(1),
-                extras: Duration::from_secs(1),
-            },
-            Arc::new(ManualTicker::new()),
-            None,
-            None,
-        ));
+        let protection = Arc::new(Protection::for_tests(Arc::new(ManualTicker::new())));
         Invalidator::new(
             engine,
             protection,

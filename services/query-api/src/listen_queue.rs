@@ -141,7 +141,7 @@ impl AcceptWait {
 /// Little's law over one period of `elapsed`: `queued` connections wait, and the service took
 /// `dequeued` off the queue in the period, so the last of them waits `queued × elapsed ÷
 /// dequeued`. A queue the service took nothing from counts as one taken in the period (the
-/// wait is at least that long for every connection but the newest). At most [`MAX_WAIT`].
+/// wait is at least that long for every connection but the newest). At most 60 s.
 pub fn estimated_wait(queued: u32, dequeued: u64, elapsed: Duration) -> Duration {
     if queued == 0 {
         return Duration::ZERO;

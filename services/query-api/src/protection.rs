@@ -87,6 +87,24 @@ impl Protection {
     /// client enforces its command timeout).
     /// With `fleet`, the quotas of the external APIs (`resilience.fleet.quotas`) and the
     /// per-client limit (`scope = "fleet"`) are drawn from the fleet's buckets.
+    /// The embedded defaults' guards, 1 s attempt timeouts, on `ticker`, with no observer and
+    /// no fleet: what unit tests that need a whole `Protection` use.
+    #[cfg(test)]
+    pub(crate) fn for_tests(ticker: Arc<dyn Ticker>) -> Self {
+        let settings = crate::Settings::defaults().expect("embedded defaults");
+        Self::new(
+            &settings.resilience,
+            DependencyTimeouts {
+                mysql: Duration::from_secs(1),
+                coupons: Duration::from_secs(1),
+                extras: Duration::from_secs(1),
+            },
+            ticker,
+            None,
+            None,
+        )
+    }
+
     pub fn new(
         settings: &ResilienceSettings,
         timeouts: DependencyTimeouts,
