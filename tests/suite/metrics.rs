@@ -261,6 +261,7 @@ async fn metrics_are_served_without_a_token_as_valid_openmetrics_text() {
         ("rebate_http_connections_open", "gauge"),
         ("rebate_listen_queue_connections", "gauge"),
         ("rebate_listen_queue_wait_seconds", "gauge"),
+        ("rebate_listen_queue_drops", "counter"),
     ] {
         assert_eq!(
             metrics.types.get(family).map(String::as_str),

@@ -3,7 +3,8 @@
 //!
 //! Contract: [`ListenQueue::open`] finds the listener by its socket inode; [`ListenQueue::read`]
 //! answers how many connections have completed their handshake and wait for the service's
-//! `accept`, and the backlog the kernel holds them up to, in one request and one reply (a few
+//! `accept`, the backlog the kernel holds them up to and how many handshakes it dropped at a full
+//! queue, in one request and one reply (a few
 //! microseconds; the kernel dumps only listening TCP sockets of the listener's family, a handful
 //! on a host). Linux only: elsewhere `open` answers `Unsupported` and the caller does without.
 //!
@@ -28,6 +29,9 @@ use crate::server::ConnectionStats;
 
 /// The longest wait an estimate reports: past it the figure says nothing more.
 const MAX_WAIT: Duration = Duration::from_secs(60);
+/// A client whose SYN the kernel dropped sends it again this long later (Linux's initial
+/// retransmission timeout; RFC 6298 allows 1 s): the least a dropped connection waits.
+const SYN_RETRY: Duration = Duration::from_secs(1);
 
 /// One reading of a listener's accept queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +41,10 @@ pub struct QueueReading {
     /// The most the kernel queues before it drops new handshakes (the backlog asked for, capped
     /// by `net.core.somaxconn`).
     pub backlog: u32,
+    /// Handshakes the kernel dropped because the queue was full, since the listener opened
+    /// (the socket's drop counter; it wraps at 2³²). Each such client retries its SYN a second
+    /// later (then 3 s, 7 s, …).
+    pub dropped: u32,
 }
 
 /// A netlink socket that reads one listener's accept queue.
@@ -79,15 +87,23 @@ impl ListenQueue {
     }
 }
 
-/// The time connections wait in a listener's accept queue, estimated at each reading from the
-/// queue's length and the rate the service took connections off it since the last reading
-/// (Little's law), and recorded in the listener's [`ConnectionStats`].
+/// The time connections wait to be accepted, estimated at each reading and recorded in the
+/// listener's [`ConnectionStats`]: the queue's length over the rate the service took connections
+/// off it since the last reading (Little's law) or, for a second after the kernel last dropped a
+/// handshake because the queue was full, a second: the dropped clients' SYNs come back no
+/// sooner. Under overload the queue fills, overflows and drains in waves as those retries
+/// arrive together; the drops keep the wait standing between the waves.
 #[derive(Debug)]
 pub struct AcceptWait {
     queue: ListenQueue,
     connections: Arc<ConnectionStats>,
     dequeued: u64,
     read_at: Instant,
+    /// The kernel's drop counter at the last reading (`None` before the first).
+    dropped: Option<u32>,
+    /// Drops seen since this probe started.
+    total_dropped: u64,
+    last_drop_at: Option<Instant>,
     failing: bool,
 }
 
@@ -100,6 +116,9 @@ impl AcceptWait {
             read_at: Instant::now(),
             queue,
             connections,
+            dropped: None,
+            total_dropped: 0,
+            last_drop_at: None,
             failing: false,
         };
         wait.sample();
@@ -125,15 +144,35 @@ impl AcceptWait {
             tracing::info!("the listener's accept queue reads again");
             self.failing = false;
         }
-        let wait = estimated_wait(
+        let queued_wait = estimated_wait(
             reading.queued,
             dequeued.saturating_sub(self.dequeued),
             now.saturating_duration_since(self.read_at),
         );
+        let new_drops = self
+            .dropped
+            .map_or(0, |before| reading.dropped.wrapping_sub(before));
+        self.dropped = Some(reading.dropped);
+        if new_drops > 0 {
+            self.total_dropped += u64::from(new_drops);
+            self.last_drop_at = Some(now);
+        }
+        let retrying = self
+            .last_drop_at
+            .is_some_and(|at| now.saturating_duration_since(at) < SYN_RETRY);
+        let wait = if retrying {
+            queued_wait.max(SYN_RETRY)
+        } else {
+            queued_wait
+        };
         self.dequeued = dequeued;
         self.read_at = now;
-        self.connections
-            .record_listen_queue(reading.queued, reading.backlog, wait);
+        self.connections.record_listen_queue(
+            reading.queued,
+            reading.backlog,
+            self.total_dropped,
+            wait,
+        );
         Some(wait)
     }
 }
@@ -176,6 +215,11 @@ mod linux {
     const REQUEST_LEN: usize = 8 + 48;
     /// `struct inet_diag_msg` up to and including `idiag_inode`.
     const REPLY_LEN: usize = 4 + 48 + 20;
+    /// The extension asked for: the socket's memory counters (`INET_DIAG_SKMEMINFO`, an
+    /// attribute of `SK_MEMINFO_VARS` u32s), whose `SK_MEMINFO_DROPS` counts a listener's drops.
+    const INET_DIAG_SKMEMINFO: u16 = 7;
+    const SK_MEMINFO_DROPS: usize = 8;
+    const RTATTR_HEADER_LEN: usize = 4;
     /// Offsets in `inet_diag_msg` of the receive queue (for a listener: the accept queue), the
     /// send queue (the backlog) and the inode.
     const RQUEUE_AT: usize = 56;
@@ -277,8 +321,9 @@ mod linux {
         // nlmsg_pid 0: the kernel fills in the sender.
         message[16] = family;
         message[17] = u8::try_from(libc::IPPROTO_TCP).expect("6");
-        // idiag_ext 0 (no extensions), pad 0, then the state mask; the socket id stays zero (a
-        // dump ignores it).
+        // The memory counters' extension bit, pad 0, then the state mask; the socket id stays
+        // zero (a dump ignores it).
+        message[18] = 1 << (INET_DIAG_SKMEMINFO - 1);
         message[20..24].copy_from_slice(&(1_u32 << TCP_LISTEN).to_ne_bytes());
         message
     }
@@ -323,6 +368,7 @@ mod linux {
                             found = Some(QueueReading {
                                 queued: u32_at(body, RQUEUE_AT),
                                 backlog: u32_at(body, WQUEUE_AT),
+                                dropped: drops(&body[REPLY_LEN..]).unwrap_or(0),
                             });
                         }
                     }
@@ -334,6 +380,24 @@ mod linux {
             rest = &rest[next..];
         }
         Ok(Parsed::More(found))
+    }
+
+    /// The drop counter in a record's attributes (`struct rtattr`s, 4-byte aligned), if the
+    /// kernel sent the memory counters.
+    fn drops(mut attributes: &[u8]) -> Option<u32> {
+        while attributes.len() >= RTATTR_HEADER_LEN {
+            let length = usize::from(u16::from_ne_bytes([attributes[0], attributes[1]]));
+            let kind = u16::from_ne_bytes([attributes[2], attributes[3]]);
+            if length < RTATTR_HEADER_LEN || length > attributes.len() {
+                return None;
+            }
+            let payload = &attributes[RTATTR_HEADER_LEN..length];
+            if kind == INET_DIAG_SKMEMINFO && payload.len() >= (SK_MEMINFO_DROPS + 1) * 4 {
+                return Some(u32_at(payload, SK_MEMINFO_DROPS * 4));
+            }
+            attributes = &attributes[length.next_multiple_of(4).min(attributes.len())..];
+        }
+        None
     }
 
     fn u32_at(bytes: &[u8], at: usize) -> u32 {
@@ -357,7 +421,8 @@ mod tests {
             queue.read().unwrap(),
             QueueReading {
                 queued: 0,
-                backlog: 64.min(somaxconn())
+                backlog: 64.min(somaxconn()),
+                dropped: 0,
             }
         );
         let mut clients = Vec::new();
@@ -367,6 +432,42 @@ mod tests {
         assert_eq!(queue.read().unwrap().queued, 5);
         let (_accepted, _) = listener.accept().await.unwrap();
         assert_eq!(queue.read().unwrap().queued, 4);
+    }
+
+    /// A full queue makes the kernel drop handshakes; the drops are counted, and for the second
+    /// the dropped clients wait before they retry, the wait reads at least that second.
+    #[tokio::test]
+    async fn handshakes_dropped_at_a_full_queue_are_counted_and_read_as_a_second_of_wait() {
+        let listener = crate::server::bind("127.0.0.1:0".parse().unwrap(), 1).unwrap();
+        let address = listener.local_addr().unwrap();
+        let stats = Arc::new(ConnectionStats::default());
+        let mut wait = AcceptWait::new(ListenQueue::open(&listener).unwrap(), Arc::clone(&stats));
+        // A backlog of 1 holds two completed handshakes; the rest are dropped and retried.
+        let connecting: Vec<_> = (0..6)
+            .map(|_| {
+                tokio::spawn(tokio::time::timeout(
+                    Duration::from_secs(5),
+                    tokio::net::TcpStream::connect(address),
+                ))
+            })
+            .collect();
+        let mut reading = wait.queue.read().unwrap();
+        for _ in 0..200 {
+            if reading.dropped > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            reading = wait.queue.read().unwrap();
+        }
+        assert!(reading.dropped > 0, "{reading:?}");
+        let sampled = wait.sample().unwrap();
+        assert!(sampled >= SYN_RETRY, "{sampled:?}");
+        let snapshot = stats.snapshot().listen_queue.unwrap();
+        assert!(snapshot.dropped > 0, "{snapshot:?}");
+        drop(listener);
+        for connect in connecting {
+            connect.abort();
+        }
     }
 
     #[tokio::test]

@@ -789,10 +789,16 @@ impl StateCollector {
             "The most connections the kernel queues for the API listener before it drops handshakes.",
             queue.backlog,
         )?;
+        single_counter(
+            encoder,
+            "rebate_listen_queue_drops",
+            "Handshakes the kernel dropped because the API listener's accept queue was full (each client retries a second later, then 3 s, 7 s, …).",
+            queue.dropped,
+        )?;
         single_gauge(
             encoder,
             "rebate_listen_queue_wait_seconds",
-            "The time a connection waits in the accept queue, estimated from its length and the accept rate at the last reading.",
+            "The time a connection waits to be accepted, estimated at the last reading: the accept queue's length over the accept rate, or at least 1 s within a second of a drop.",
             queue.wait_ms / 1e3,
         )
     }

@@ -85,6 +85,7 @@ pub struct ConnectionStats {
     listen_queue_read: AtomicBool,
     listen_queued: AtomicU64,
     listen_backlog: AtomicU64,
+    listen_dropped: AtomicU64,
     listen_wait_micros: AtomicU64,
 }
 
@@ -106,6 +107,8 @@ pub struct ListenQueueSnapshot {
     pub queued: u64,
     /// The most the kernel queues before it drops new handshakes.
     pub backlog: u64,
+    /// Handshakes the kernel dropped at a full queue since the probe started.
+    pub dropped: u64,
     /// The time a connection waits there, estimated from the queue and the accept rate.
     pub wait_ms: f64,
 }
@@ -121,6 +124,7 @@ impl ConnectionStats {
                 ListenQueueSnapshot {
                     queued: self.listen_queued.load(Ordering::Relaxed),
                     backlog: self.listen_backlog.load(Ordering::Relaxed),
+                    dropped: self.listen_dropped.load(Ordering::Relaxed),
                     wait_ms: self.listen_wait_micros.load(Ordering::Relaxed) as f64 / 1e3,
                 }
             }),
@@ -134,8 +138,10 @@ impl ConnectionStats {
             + self.refused_peer_full.load(Ordering::Relaxed)
     }
 
-    /// Records a reading of the accept queue and the wait estimated from it.
-    pub fn record_listen_queue(&self, queued: u32, backlog: u32, wait: Duration) {
+    /// Records a reading of the accept queue, the drops counted so far and the wait estimated
+    /// from them.
+    pub fn record_listen_queue(&self, queued: u32, backlog: u32, dropped: u64, wait: Duration) {
+        self.listen_dropped.store(dropped, Ordering::Relaxed);
         self.listen_queued
             .store(u64::from(queued), Ordering::Relaxed);
         self.listen_backlog
