@@ -88,8 +88,7 @@ impl ListenQueue {
 }
 
 /// The time connections wait to be accepted, estimated at each reading and recorded in the
-/// listener's [`ConnectionStats`]: the queue's length over the rate the service took connections
-/// off it since the last reading (Little's law) or, for a second after the kernel last dropped a
+/// listener's [`ConnectionStats`] (see [`estimated_wait`]) or, for a second after the kernel last dropped a
 /// handshake because the queue was full, a second: the dropped clients' SYNs come back no
 /// sooner. Under overload the queue fills, overflows and drains in waves as those retries
 /// arrive together; the drops keep the wait standing between the waves.
@@ -99,6 +98,10 @@ pub struct AcceptWait {
     connections: Arc<ConnectionStats>,
     dequeued: u64,
     read_at: Instant,
+    /// The queue's length at the last reading.
+    queued: u32,
+    /// How long the queue had stood with nothing taken off it, up to the last reading.
+    stalled: Duration,
     /// The kernel's drop counter at the last reading (`None` before the first).
     dropped: Option<u32>,
     /// Drops seen since this probe started.
@@ -114,6 +117,8 @@ impl AcceptWait {
         let mut wait = Self {
             dequeued: connections.dequeued(),
             read_at: Instant::now(),
+            queued: 0,
+            stalled: Duration::ZERO,
             queue,
             connections,
             dropped: None,
@@ -144,11 +149,17 @@ impl AcceptWait {
             tracing::info!("the listener's accept queue reads again");
             self.failing = false;
         }
-        let queued_wait = estimated_wait(
-            reading.queued,
-            dequeued.saturating_sub(self.dequeued),
-            now.saturating_duration_since(self.read_at),
+        let (queued_wait, stalled) = estimated_wait(
+            Period {
+                queued_before: self.queued,
+                queued: reading.queued,
+                dequeued: dequeued.saturating_sub(self.dequeued),
+                elapsed: now.saturating_duration_since(self.read_at),
+            },
+            self.stalled,
         );
+        self.queued = reading.queued;
+        self.stalled = stalled;
         let new_drops = self
             .dropped
             .map_or(0, |before| reading.dropped.wrapping_sub(before));
@@ -177,16 +188,49 @@ impl AcceptWait {
     }
 }
 
-/// Little's law over one period of `elapsed`: `queued` connections wait, and the service took
-/// `dequeued` off the queue in the period, so the last of them waits `queued × elapsed ÷
-/// dequeued`. A queue the service took nothing from counts as one taken in the period (the
-/// wait is at least that long for every connection but the newest). At most 60 s.
-pub fn estimated_wait(queued: u32, dequeued: u64, elapsed: Duration) -> Duration {
-    if queued == 0 {
-        return Duration::ZERO;
-    }
-    let per_connection = elapsed.as_secs_f64() / dequeued.max(1) as f64;
-    Duration::from_secs_f64((per_connection * f64::from(queued)).min(MAX_WAIT.as_secs_f64()))
+/// One period between two readings of the accept queue.
+#[derive(Debug, Clone, Copy)]
+pub struct Period {
+    /// The queue's length at the reading before.
+    pub queued_before: u32,
+    /// Its length now.
+    pub queued: u32,
+    /// Connections the service took off it in the period.
+    pub dequeued: u64,
+    pub elapsed: Duration,
+}
+
+/// The wait of the connections in the queue at the end of `period`, and how long the queue has
+/// stood with nothing taken off it (`stalled`: the last call's, then this one's):
+/// - an empty queue: none;
+/// - connections taken off it: Little's law, `queued × elapsed ÷ dequeued` (the last of them
+///   waits that long at the rate the service took them);
+/// - nothing taken off a queue that was empty at the reading before: its connections arrived in
+///   the period, half of it ago on average;
+/// - nothing taken off a queue that already stood: the time it has stood with nothing taken off,
+///   which its oldest connection waited at least.
+///
+/// At most 60 s.
+pub fn estimated_wait(period: Period, stalled: Duration) -> (Duration, Duration) {
+    let Period {
+        queued_before,
+        queued,
+        dequeued,
+        elapsed,
+    } = period;
+    let (wait, stalled) = if queued == 0 {
+        (Duration::ZERO, Duration::ZERO)
+    } else if dequeued > 0 {
+        let per_connection = elapsed.as_secs_f64() / dequeued as f64;
+        let wait = (per_connection * f64::from(queued)).min(MAX_WAIT.as_secs_f64());
+        (Duration::from_secs_f64(wait), Duration::ZERO)
+    } else if queued_before == 0 {
+        (elapsed / 2, elapsed / 2)
+    } else {
+        let stood = stalled.saturating_add(elapsed);
+        (stood, stood)
+    };
+    (wait.min(MAX_WAIT), stalled.min(MAX_WAIT))
 }
 
 #[cfg(target_os = "linux")]
@@ -491,22 +535,38 @@ mod tests {
     }
 
     #[test]
-    fn the_wait_is_the_queue_over_the_accept_rate() {
-        let period = Duration::from_millis(10);
-        assert_eq!(estimated_wait(0, 0, period), Duration::ZERO);
-        assert_eq!(estimated_wait(0, 500, period), Duration::ZERO);
+    fn the_wait_is_the_queue_over_the_accept_rate_or_the_time_it_stood() {
+        let ms = Duration::from_millis;
+        let period = |queued_before, queued, dequeued| Period {
+            queued_before,
+            queued,
+            dequeued,
+            elapsed: ms(10),
+        };
+        assert_eq!(estimated_wait(period(5, 0, 0), ms(40)), (ms(0), ms(0)));
+        assert_eq!(estimated_wait(period(0, 0, 500), ms(0)), (ms(0), ms(0)));
         // 100 waiting, 50 taken in 10 ms (5,000 a second): the last waits 20 ms.
-        assert_eq!(estimated_wait(100, 50, period), Duration::from_millis(20));
-        // Nothing taken: at least the period per connection ahead.
-        assert_eq!(estimated_wait(3, 0, period), Duration::from_millis(30));
+        assert_eq!(estimated_wait(period(80, 100, 50), ms(30)), (ms(20), ms(0)));
+        // Arrived in the period, nothing taken: half the period.
+        assert_eq!(estimated_wait(period(0, 3, 0), ms(0)), (ms(5), ms(5)));
+        // A queue that stands with nothing taken off: the time it has stood.
+        assert_eq!(estimated_wait(period(3, 3, 0), ms(5)), (ms(15), ms(15)));
+        assert_eq!(estimated_wait(period(3, 4, 0), ms(15)), (ms(25), ms(25)));
         assert_eq!(
-            estimated_wait(u32::MAX, 0, Duration::from_secs(1)),
+            estimated_wait(period(1, 1, 0), Duration::from_secs(3600)).0,
             MAX_WAIT
         );
+        let huge = Period {
+            queued_before: 1,
+            queued: u32::MAX,
+            dequeued: 1,
+            elapsed: Duration::from_secs(1),
+        };
+        assert_eq!(estimated_wait(huge, ms(0)).0, MAX_WAIT);
     }
 
-    /// The estimate follows the queue: connections nobody accepts wait ever longer; once
-    /// accepted, none waits.
+    /// The estimate follows the queue: connections nobody accepts wait ever longer, by the time
+    /// that passes; once accepted, none waits.
     #[tokio::test(start_paused = true)]
     async fn a_queue_nobody_accepts_reads_as_a_growing_wait_and_an_accepted_one_as_none() {
         let listener = crate::server::bind("127.0.0.1:0".parse().unwrap(), 64).unwrap();
@@ -519,9 +579,14 @@ mod tests {
             clients.push(tokio::net::TcpStream::connect(address).await.unwrap());
         }
         tokio::time::advance(Duration::from_millis(10)).await;
-        assert_eq!(wait.sample(), Some(Duration::from_millis(100)));
+        assert_eq!(wait.sample(), Some(Duration::from_millis(5)));
+        for _ in 0..9 {
+            tokio::time::advance(Duration::from_millis(10)).await;
+            wait.sample();
+        }
+        assert_eq!(wait.sample(), Some(Duration::from_millis(95)));
         let snapshot = stats.snapshot().listen_queue.unwrap();
-        assert_eq!((snapshot.queued, snapshot.wait_ms), (10, 100.0));
+        assert_eq!((snapshot.queued, snapshot.wait_ms), (10, 95.0));
         let mut accepted = Vec::new();
         for _ in 0..10 {
             accepted.push(listener.accept().await.unwrap());
