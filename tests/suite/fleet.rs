@@ -43,9 +43,27 @@ async fn cold_load(instances: &[TestApp], first_id: u64, steps: u64) -> usize {
         }
     }
     let mut answered = 0;
+    let mut others = std::collections::BTreeMap::<String, usize>::new();
     for request in requests {
-        if matches!(request.await.unwrap(), Ok(200 | 404)) {
-            answered += 1;
+        match request.await.unwrap() {
+            Ok(200 | 404) => answered += 1,
+            other => *others.entry(format!("{other:?}")).or_default() += 1,
+        }
+    }
+    if !others.is_empty() {
+        // What the misses were, and what each instance's shedder saw, for the failure message.
+        eprintln!("cold load: {answered} answered, others {others:?}");
+        for instance in instances {
+            let status: Value = instance
+                .admin_get("/admin/v1/status")
+                .await
+                .json()
+                .await
+                .unwrap();
+            eprintln!(
+                "shedding {} connections {}",
+                status["protection"]["shedding"], status["connections"]
+            );
         }
     }
     answered

@@ -4,9 +4,9 @@
 //! Contract: [`ListenQueue::open`] finds the listener by its socket inode; [`ListenQueue::read`]
 //! answers how many connections have completed their handshake and wait for the service's
 //! `accept`, the backlog the kernel holds them up to and how many handshakes it dropped at a full
-//! queue, in one request and one reply (a few
-//! microseconds; the kernel dumps only listening TCP sockets of the listener's family, a handful
-//! on a host). Linux only: elsewhere `open` answers `Unsupported` and the caller does without.
+//! queue, in one request and one reply (a few microseconds: the kernel looks the listener up by
+//! its address, as for an incoming connection). Linux only: elsewhere `open` answers
+//! `Unsupported` and the caller does without.
 //!
 //! Why it matters: a connection in that queue waits where nothing in the process can see it.
 //! When the service's own threads are saturated, new connections pile up there while the
@@ -249,7 +249,6 @@ mod linux {
     const NETLINK_SOCK_DIAG: i32 = 4;
     const SOCK_DIAG_BY_FAMILY: u16 = 20;
     const NLM_F_REQUEST: u16 = 0x1;
-    const NLM_F_DUMP: u16 = 0x300;
     const NLMSG_ERROR: u16 = 2;
     const NLMSG_DONE: u16 = 3;
     const TCP_LISTEN: u32 = 10;
@@ -269,25 +268,21 @@ mod linux {
     const RQUEUE_AT: usize = 56;
     const WQUEUE_AT: usize = 60;
     const INODE_AT: usize = 68;
-    /// A dump of the listening sockets of one family fits one datagram on any ordinary host;
-    /// a host with thousands of listeners takes a few. Bounded either way.
-    const MAX_DATAGRAMS: usize = 64;
+    /// Late answers to earlier requests skipped before this one's, at most.
+    const MAX_DATAGRAMS: usize = 16;
     const READ_TIMEOUT: Duration = Duration::from_millis(100);
 
     #[derive(Debug)]
     pub(super) struct Reader {
         socket: Socket,
-        family: u8,
+        local: std::net::SocketAddr,
         inode: u32,
         sequence: AtomicU32,
     }
 
     impl Reader {
         pub(super) fn open(listener: &TcpListener) -> io::Result<Self> {
-            let family = match listener.local_addr()? {
-                std::net::SocketAddr::V4(_) => libc::AF_INET,
-                std::net::SocketAddr::V6(_) => libc::AF_INET6,
-            };
+            let local = listener.local_addr()?;
             let inode = socket_inode(listener.as_raw_fd())?;
             let socket = Socket::new(
                 Domain::from(libc::AF_NETLINK),
@@ -297,7 +292,7 @@ mod linux {
             socket.set_read_timeout(Some(READ_TIMEOUT))?;
             let reader = Self {
                 socket,
-                family: u8::try_from(family).expect("address families fit a byte"),
+                local,
                 inode,
                 sequence: AtomicU32::new(1),
             };
@@ -308,7 +303,7 @@ mod linux {
 
         pub(super) fn read(&self) -> io::Result<QueueReading> {
             let sequence = self.sequence.fetch_add(1, Ordering::Relaxed);
-            let request = request(self.family, sequence);
+            let request = request(self.local, sequence);
             let sent = self.socket.send(&request)?;
             if sent != request.len() {
                 return Err(io::Error::new(
@@ -316,25 +311,30 @@ mod linux {
                     "short netlink send",
                 ));
             }
-            let mut buffer = vec![0_u8; 16 * 1024];
-            let mut found = None;
+            let not_found = || {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "the kernel has no such listening socket",
+                )
+            };
+            // The answer is one record (or an error); a late answer to an earlier request that
+            // timed out is skipped.
+            let mut buffer = [0_u8; 1024];
             for _ in 0..MAX_DATAGRAMS {
                 let received = (&self.socket).read(&mut buffer)?;
-                match parse(&buffer[..received], sequence, self.inode)? {
-                    Parsed::More(reading) => found = found.or(reading),
-                    Parsed::Done => {
-                        return found.ok_or_else(|| {
-                            io::Error::new(
-                                io::ErrorKind::NotFound,
-                                "the kernel lists no such listening socket",
-                            )
-                        });
+                match parse(&buffer[..received], sequence, self.inode) {
+                    Ok(Parsed::More(Some(reading))) => return Ok(reading),
+                    Ok(Parsed::Done) => return Err(not_found()),
+                    Ok(Parsed::More(None)) => {}
+                    Err(error) if error.kind() == io::ErrorKind::NotFound => {
+                        return Err(not_found());
                     }
+                    Err(error) => return Err(error),
                 }
             }
             Err(io::Error::new(
                 io::ErrorKind::InvalidData,
-                "the socket diagnostics dump did not end",
+                "no socket diagnostics answer to the request",
             ))
         }
     }
@@ -354,21 +354,38 @@ mod linux {
         Ok(u32::try_from(inode & u64::from(u32::MAX)).expect("masked to 32 bits"))
     }
 
-    /// A dump request for the listening TCP sockets of `family`.
-    pub(super) fn request(family: u8, sequence: u32) -> [u8; NLMSG_HEADER_LEN + REQUEST_LEN] {
+    /// A request for the one TCP socket bound to `local` with no peer — the listener — with
+    /// its memory counters: the kernel looks it up as it would for an incoming connection (a
+    /// listener bound to the unspecified address matches), so the cost does not grow with the
+    /// host's other sockets, as a dump's would.
+    pub(super) fn request(
+        local: std::net::SocketAddr,
+        sequence: u32,
+    ) -> [u8; NLMSG_HEADER_LEN + REQUEST_LEN] {
         let mut message = [0_u8; NLMSG_HEADER_LEN + REQUEST_LEN];
         let length = u32::try_from(message.len()).expect("72 bytes");
         message[0..4].copy_from_slice(&length.to_ne_bytes());
         message[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-        message[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+        message[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
         message[8..12].copy_from_slice(&sequence.to_ne_bytes());
         // nlmsg_pid 0: the kernel fills in the sender.
-        message[16] = family;
+        let family = match local {
+            std::net::SocketAddr::V4(_) => libc::AF_INET,
+            std::net::SocketAddr::V6(_) => libc::AF_INET6,
+        };
+        message[16] = u8::try_from(family).expect("address families fit a byte");
         message[17] = u8::try_from(libc::IPPROTO_TCP).expect("6");
-        // The memory counters' extension bit, pad 0, then the state mask; the socket id stays
-        // zero (a dump ignores it).
+        // The memory counters' extension bit, pad 0, then the state mask.
         message[18] = 1 << (INET_DIAG_SKMEMINFO - 1);
         message[20..24].copy_from_slice(&(1_u32 << TCP_LISTEN).to_ne_bytes());
+        // inet_diag_sockid: source port and address (network order), no peer, no interface,
+        // and INET_DIAG_NOCOOKIE.
+        message[24..26].copy_from_slice(&local.port().to_be_bytes());
+        match local.ip() {
+            std::net::IpAddr::V4(ip) => message[28..32].copy_from_slice(&ip.octets()),
+            std::net::IpAddr::V6(ip) => message[28..44].copy_from_slice(&ip.octets()),
+        }
+        message[64..72].fill(0xff);
         message
     }
 
@@ -515,7 +532,18 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_ipv6_listener_is_found_among_its_family() {
+    async fn a_listener_on_the_unspecified_address_is_found() {
+        let listener = crate::server::bind("0.0.0.0:0".parse().unwrap(), 16).unwrap();
+        let queue = ListenQueue::open(&listener).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let _client = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        assert_eq!(queue.read().unwrap().queued, 1);
+    }
+
+    #[tokio::test]
+    async fn an_ipv6_listener_is_found() {
         let Ok(listener) = crate::server::bind("[::1]:0".parse().unwrap(), 16) else {
             return; // no IPv6 loopback on this host
         };
@@ -598,14 +626,14 @@ mod tests {
     #[test]
     fn malformed_datagrams_are_errors_and_other_sequences_are_skipped() {
         // A length that runs past the datagram.
-        let mut message = request(2, 7).to_vec();
+        let mut message = request("127.0.0.1:80".parse().unwrap(), 7).to_vec();
         message[0..4].copy_from_slice(&1000_u32.to_ne_bytes());
         assert!(parse(&message, 7, 1).is_err());
         // A message under another sequence (a timed-out request's late answer) is skipped; one
         // under ours that is too short for a socket's record is refused.
-        let other = request(2, 8);
+        let other = request("127.0.0.1:80".parse().unwrap(), 8);
         assert_eq!(parse(&other, 7, 1).unwrap(), Parsed::More(None));
-        assert!(parse(&request(2, 7), 7, 1).is_err());
+        assert!(parse(&request("127.0.0.1:80".parse().unwrap(), 7), 7, 1).is_err());
         // NLMSG_DONE for our sequence.
         let mut done = [0_u8; 20];
         done[0..4].copy_from_slice(&20_u32.to_ne_bytes());
