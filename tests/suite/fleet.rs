@@ -61,8 +61,10 @@ async fn cold_load(instances: &[TestApp], first_id: u64, steps: u64) -> usize {
                 .await
                 .unwrap();
             eprintln!(
-                "shedding {} connections {}",
-                status["protection"]["shedding"], status["connections"]
+                "shedding {} connections {} coupons {}",
+                status["protection"]["shedding"],
+                status["connections"],
+                status["protection"]["dependencies"]
             );
         }
     }
@@ -100,6 +102,11 @@ async fn three_instances_share_one_outbound_quota_and_fall_back_to_their_shares(
             env.spawn_instance(|settings| {
                 small_fleet_quota(settings);
                 settings.redis.command_timeout_ms = 200;
+                // What is counted here is the quota: every cold request must reach it. Three
+                // instances in one process of a busy test run can read a standing queue and
+                // shed the cold stream at level 3, which is the shedder's business, not this
+                // test's.
+                settings.resilience.shedding.enabled = false;
             })
             .await,
         );
