@@ -54,12 +54,7 @@ async fn cold_load(instances: &[TestApp], first_id: u64, steps: u64) -> usize {
         // What the misses were, and what each instance's shedder saw, for the failure message.
         eprintln!("cold load: {answered} answered, others {others:?}");
         for instance in instances {
-            let status: Value = instance
-                .admin_get("/admin/v1/status")
-                .await
-                .json()
-                .await
-                .unwrap();
+            let status = admin_status(instance).await;
             eprintln!(
                 "shedding {} connections {} coupons {}",
                 status["protection"]["shedding"],
@@ -71,13 +66,17 @@ async fn cold_load(instances: &[TestApp], first_id: u64, steps: u64) -> usize {
     answered
 }
 
-async fn coupon_quota(instance: &TestApp) -> Value {
-    let status: Value = instance
+async fn admin_status(instance: &TestApp) -> Value {
+    instance
         .admin_get("/admin/v1/status")
         .await
         .json()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn coupon_quota(instance: &TestApp) -> Value {
+    let status = admin_status(instance).await;
     status["protection"]["dependencies"]
         .as_array()
         .unwrap()
