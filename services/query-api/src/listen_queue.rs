@@ -88,9 +88,9 @@ impl ListenQueue {
 }
 
 /// The time connections wait to be accepted, estimated at each reading and recorded in the
-/// listener's [`ConnectionStats`] (see [`estimated_wait`]) or, for a second after the kernel last dropped a
-/// handshake because the queue was full, a second: the dropped clients' SYNs come back no
-/// sooner. Under overload the queue fills, overflows and drains in waves as those retries
+/// listener's [`ConnectionStats`] (see [`estimated_wait`]) or, for a second after the kernel
+/// last dropped a handshake because the queue was full, a second: the dropped clients' SYNs
+/// come back no sooner. Under overload the queue fills, overflows and drains in waves as those retries
 /// arrive together; the drops keep the wait standing between the waves.
 #[derive(Debug)]
 pub struct AcceptWait {
@@ -250,7 +250,6 @@ mod linux {
     const SOCK_DIAG_BY_FAMILY: u16 = 20;
     const NLM_F_REQUEST: u16 = 0x1;
     const NLMSG_ERROR: u16 = 2;
-    const NLMSG_DONE: u16 = 3;
     const TCP_LISTEN: u32 = 10;
     const NLMSG_HEADER_LEN: usize = 16;
     /// `struct inet_diag_req_v2`: family, protocol, extensions, pad, states, and the 48-byte
@@ -323,9 +322,10 @@ mod linux {
             for _ in 0..MAX_DATAGRAMS {
                 let received = (&self.socket).read(&mut buffer)?;
                 match parse(&buffer[..received], sequence, self.inode) {
-                    Ok(Parsed::More(Some(reading))) => return Ok(reading),
-                    Ok(Parsed::Done) => return Err(not_found()),
-                    Ok(Parsed::More(None)) => {}
+                    Ok(Parsed::Reading(reading)) => return Ok(reading),
+                    // Another socket at the address (the listener is gone and another took it).
+                    Ok(Parsed::OtherSocket) => return Err(not_found()),
+                    Ok(Parsed::Skipped) => {}
                     Err(error) if error.kind() == io::ErrorKind::NotFound => {
                         return Err(not_found());
                     }
@@ -391,15 +391,18 @@ mod linux {
 
     #[derive(Debug, PartialEq, Eq)]
     pub(super) enum Parsed {
-        /// The datagram held messages of the dump (and the one for `inode`, if it was there).
-        More(Option<QueueReading>),
-        Done,
+        /// The record of the socket `inode`.
+        Reading(QueueReading),
+        /// The answer is another socket's record.
+        OtherSocket,
+        /// Nothing for this request (another request's late answer).
+        Skipped,
     }
 
-    /// Reads one datagram of the dump answering `sequence`, looking for the socket `inode`.
+    /// Reads one datagram for the answer to `sequence`, the record of the socket `inode`; the
+    /// kernel's errors come back as `io::Error`s with their errno.
     pub(super) fn parse(datagram: &[u8], sequence: u32, inode: u32) -> io::Result<Parsed> {
         let invalid = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_owned());
-        let mut found = None;
         let mut rest = datagram;
         while rest.len() >= NLMSG_HEADER_LEN {
             let length = u32_at(rest, 0) as usize;
@@ -411,7 +414,6 @@ mod linux {
             // Another request's late answer (one that timed out) is skipped, not misread.
             if u32_at(rest, 8) == sequence {
                 match kind {
-                    NLMSG_DONE => return Ok(Parsed::Done),
                     NLMSG_ERROR => {
                         let code = if body.len() >= 4 {
                             i32::from_ne_bytes([body[0], body[1], body[2], body[3]])
@@ -425,13 +427,14 @@ mod linux {
                         });
                     }
                     SOCK_DIAG_BY_FAMILY if body.len() >= REPLY_LEN => {
-                        if u32_at(body, INODE_AT) == inode {
-                            found = Some(QueueReading {
-                                queued: u32_at(body, RQUEUE_AT),
-                                backlog: u32_at(body, WQUEUE_AT),
-                                dropped: drops(&body[REPLY_LEN..]).unwrap_or(0),
-                            });
+                        if u32_at(body, INODE_AT) != inode {
+                            return Ok(Parsed::OtherSocket);
                         }
+                        return Ok(Parsed::Reading(QueueReading {
+                            queued: u32_at(body, RQUEUE_AT),
+                            backlog: u32_at(body, WQUEUE_AT),
+                            dropped: drops(&body[REPLY_LEN..]).unwrap_or(0),
+                        }));
                     }
                     _ => return Err(invalid("an unexpected netlink message")),
                 }
@@ -440,7 +443,7 @@ mod linux {
             let next = length.next_multiple_of(4).min(rest.len());
             rest = &rest[next..];
         }
-        Ok(Parsed::More(found))
+        Ok(Parsed::Skipped)
     }
 
     /// The drop counter in a record's attributes (`struct rtattr`s, 4-byte aligned), if the
@@ -624,7 +627,7 @@ mod tests {
     }
 
     #[test]
-    fn malformed_datagrams_are_errors_and_other_sequences_are_skipped() {
+    fn records_are_read_by_inode_malformed_datagrams_are_errors_and_other_sequences_skipped() {
         // A length that runs past the datagram.
         let mut message = request("127.0.0.1:80".parse().unwrap(), 7).to_vec();
         message[0..4].copy_from_slice(&1000_u32.to_ne_bytes());
@@ -632,14 +635,25 @@ mod tests {
         // A message under another sequence (a timed-out request's late answer) is skipped; one
         // under ours that is too short for a socket's record is refused.
         let other = request("127.0.0.1:80".parse().unwrap(), 8);
-        assert_eq!(parse(&other, 7, 1).unwrap(), Parsed::More(None));
+        assert_eq!(parse(&other, 7, 1).unwrap(), Parsed::Skipped);
         assert!(parse(&request("127.0.0.1:80".parse().unwrap(), 7), 7, 1).is_err());
-        // NLMSG_DONE for our sequence.
-        let mut done = [0_u8; 20];
-        done[0..4].copy_from_slice(&20_u32.to_ne_bytes());
-        done[4..6].copy_from_slice(&3_u16.to_ne_bytes());
-        done[8..12].copy_from_slice(&7_u32.to_ne_bytes());
-        assert_eq!(parse(&done, 7, 1).unwrap(), Parsed::Done);
+        // A record under our sequence: ours (by inode), or another socket's.
+        let mut record = [0_u8; 16 + 72];
+        record[0..4].copy_from_slice(&88_u32.to_ne_bytes());
+        record[4..6].copy_from_slice(&20_u16.to_ne_bytes());
+        record[8..12].copy_from_slice(&7_u32.to_ne_bytes());
+        record[16 + 56..16 + 60].copy_from_slice(&3_u32.to_ne_bytes());
+        record[16 + 60..16 + 64].copy_from_slice(&128_u32.to_ne_bytes());
+        record[16 + 68..16 + 72].copy_from_slice(&42_u32.to_ne_bytes());
+        assert_eq!(
+            parse(&record, 7, 42).unwrap(),
+            Parsed::Reading(QueueReading {
+                queued: 3,
+                backlog: 128,
+                dropped: 0,
+            })
+        );
+        assert_eq!(parse(&record, 7, 41).unwrap(), Parsed::OtherSocket);
         // An error reply carries the errno.
         let mut error = [0_u8; 36];
         error[0..4].copy_from_slice(&36_u32.to_ne_bytes());
