@@ -92,6 +92,11 @@ pub struct StatusPoint {
     /// The runtime queue delay the shedder last measured, ms (tells a queue-driven level from
     /// an in-flight-driven one).
     pub queue_delay_ms: Option<f64>,
+    /// The API listener's accept queue at the service's last reading: connections waiting to
+    /// be accepted and the wait they stood for, ms (part of `queue_delay_ms`; absent where the
+    /// service cannot read it or does not count it).
+    pub accept_queued: Option<f64>,
+    pub accept_wait_ms: Option<f64>,
     /// The share of the interval the runtime's workers were busy (tells CPU saturation from
     /// requests waiting on a dependency).
     pub worker_busy: Option<f64>,

@@ -1823,6 +1823,10 @@ async fn sample_status(
             .as_ref()
             .map(|status| status["protection"]["shedding"].clone())
             .unwrap_or(Value::Null);
+        let listen_queue = status
+            .as_ref()
+            .map(|status| &status["connections"]["listen_queue"])
+            .filter(|queue| queue.is_object());
         let point = StatusPoint {
             at_s: at.saturating_duration_since(start).as_secs_f64(),
             level: status.as_ref().and_then(shed_level),
@@ -1833,6 +1837,8 @@ async fn sample_status(
             load: shedding["load"].as_f64(),
             standing_in_flight: shedding["standing_in_flight"].as_f64(),
             queue_delay_ms: shedding["queue_delay_ms"].as_f64(),
+            accept_queued: listen_queue.and_then(|queue| queue["queued"].as_f64()),
+            accept_wait_ms: listen_queue.and_then(|queue| queue["wait_ms"].as_f64()),
             worker_busy: shedding["worker_busy"].as_f64(),
             saturated_rps: shedding["saturated_rps"].as_f64(),
             served_rps: shedding["served_rps"].as_f64(),

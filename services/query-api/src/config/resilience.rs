@@ -106,6 +106,10 @@ pub struct RetrySettings {
     pub max_backoff_ms: u64,
 }
 
+fn enabled() -> bool {
+    true
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SheddingSettings {
@@ -116,6 +120,9 @@ pub struct SheddingSettings {
     pub queue_delay_target_ms: u64,
     /// How often the queue-delay probe runs.
     pub queue_probe_ms: u64,
+    /// Count the wait in the API listener's kernel accept queue (Linux) in the queue delay.
+    #[serde(default = "enabled")]
+    pub accept_queue: bool,
     pub max_in_flight: u32,
     pub min_in_flight: u32,
     pub adaptive: bool,

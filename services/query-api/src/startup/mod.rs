@@ -141,7 +141,12 @@ impl Application {
             &store,
             &protection,
             hot_keys.as_ref(),
-            accept_wait(&listener, &connections),
+            settings
+                .resilience
+                .shedding
+                .accept_queue
+                .then(|| accept_wait(&listener, &connections))
+                .flatten(),
             &tasks,
             &shutdown,
         )?;
@@ -204,6 +209,7 @@ impl Application {
             connections,
             upstreams: upstream_clients,
             hot_keys,
+            recent_pings: Arc::default(),
         });
         Ok(Self {
             listener,
