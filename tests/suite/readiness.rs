@@ -81,6 +81,8 @@ async fn an_unreachable_broker_degrades_readiness_but_never_fails_it() {
     assert_eq!(status_body["events"], json!("disconnected"));
     assert_eq!(status_body["degraded"], json!(["events"]));
     assert_eq!(status_body["events_connection"]["connected"], json!(false));
+    // The page says how old the pings behind its readiness fields are.
+    assert!(status_body["pinged_ms_ago"].is_u64(), "{status_body}");
 
     let published = app
         .client

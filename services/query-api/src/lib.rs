@@ -23,6 +23,8 @@
 //! - [`lifecycle`]: starting, serving, draining: what readiness reports.
 //! - [`listen_queue`]: [`ListenQueue`](listen_queue::ListenQueue), the kernel's accept queue of
 //!   the API listener, read for the load shedder.
+//! - [`pings`]: [`RecentPings`](pings::RecentPings), the last pings of the store and Redis that
+//!   the admin status page answers from.
 //! - [`protection`]: [`Protection`](protection::Protection), the guards of every dependency, the
 //!   load shedder and the per-client limiter, from `[resilience]`.
 //! - [`memory`]: [`MemoryStats`](memory::MemoryStats), the allocator's counters and the
@@ -51,6 +53,7 @@ pub mod lifecycle;
 pub mod listen_queue;
 pub mod memory;
 pub mod metrics;
+pub mod pings;
 pub mod protection;
 pub mod server;
 pub mod slow;

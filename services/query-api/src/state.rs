@@ -65,7 +65,7 @@ pub struct AppShared {
     /// Checks that applied events hold in L1 and L2 (`crate::consistency`).
     pub consistency: Arc<ConsistencyObserver>,
     /// The last pings of the store and Redis, for the status page.
-    pub recent_pings: Arc<crate::http::admin::RecentPings>,
+    pub recent_pings: Arc<crate::pings::RecentPings>,
     /// The coupon and extras API clients, for their batch counters.
     pub upstreams: UpstreamClients,
     /// The hot items learned from traffic; `None` when `hot_keys.enabled` is off.
