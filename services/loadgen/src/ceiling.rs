@@ -39,7 +39,23 @@ pub fn router(body: Bytes, content_type: String) -> Router {
 
 impl CeilingServer {
     pub fn start(body: Vec<u8>, content_type: String, workers: usize) -> anyhow::Result<Self> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        Self::start_on(
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+            body,
+            content_type,
+            workers,
+        )
+    }
+
+    /// As [`CeilingServer::start`], on `address`.
+    pub fn start_on(
+        address: SocketAddr,
+        body: Vec<u8>,
+        content_type: String,
+        workers: usize,
+    ) -> anyhow::Result<Self> {
+        let listener = std::net::TcpListener::bind(address)
+            .with_context(|| format!("binding the ceiling to {address}"))?;
         listener.set_nonblocking(true)?;
         let address = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
@@ -74,6 +90,28 @@ impl CeilingServer {
     pub fn base_url(&self) -> String {
         format!("http://{}", self.address)
     }
+}
+
+/// The body and content type of the quote at `url` (a `GET` that must answer 2xx), for a
+/// ceiling that answers the same bytes.
+pub async fn fetch_body(url: &str) -> anyhow::Result<(Vec<u8>, String)> {
+    let response = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(5))
+        .build()?
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("fetching {url}"))?
+        .error_for_status()
+        .with_context(|| format!("fetching {url}"))?;
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("application/json")
+        .to_owned();
+    Ok((response.bytes().await?.to_vec(), content_type))
 }
 
 impl Drop for CeilingServer {

@@ -31,6 +31,26 @@ enum Command {
     Chaos(ChaosArgs),
     /// A long run over a million distinct keys with the service's RSS sampled.
     Soak(SoakArgs),
+    /// Serve the ceiling (a bare axum handler answering every request with one quote's bytes)
+    /// on a loopback address for an outside generator such as `wrk`, for a bounded time.
+    Ceiling(CeilingArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CeilingArgs {
+    /// Loopback address to serve on (port 0: any free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: std::net::SocketAddr,
+    /// URL of a quote on a running service: its body and content type are what the ceiling
+    /// answers with.
+    #[arg(long, value_name = "URL")]
+    like: String,
+    /// Worker threads of the ceiling's runtime (the service's runtime uses one per core).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Stop after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    seconds: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -205,6 +225,7 @@ fn main() -> anyhow::Result<()> {
         Command::Run(args) => args,
         Command::Chaos(args) => return chaos_main(args),
         Command::Soak(args) => return soak_main(args),
+        Command::Ceiling(args) => return ceiling_main(args),
     };
     anyhow::ensure!(
         [args.batch_ratio, args.prefetch_ratio, args.app_share]
@@ -289,6 +310,36 @@ fn chaos_main(args: ChaosArgs) -> anyhow::Result<()> {
     if !report.violations.is_empty() {
         anyhow::bail!("clear violations: {}", report.violations.join("; "));
     }
+    Ok(())
+}
+
+fn ceiling_main(args: CeilingArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.listen.ip().is_loopback(),
+        "--listen must be a loopback address (load tests stay on this machine)"
+    );
+    anyhow::ensure!(
+        (1..=86_400).contains(&args.seconds),
+        "--seconds must be between 1 and 86400"
+    );
+    anyhow::ensure!(
+        (1..=256).contains(&args.threads),
+        "--threads must be between 1 and 256"
+    );
+    let (body, content_type) = runtime(1)?.block_on(loadgen::ceiling::fetch_body(&args.like))?;
+    let ceiling = loadgen::ceiling::CeilingServer::start_on(
+        args.listen,
+        body.clone(),
+        content_type.clone(),
+        args.threads,
+    )?;
+    eprintln!(
+        "ceiling: {} answers {} bytes of {content_type} for {} s",
+        ceiling.base_url(),
+        body.len(),
+        args.seconds
+    );
+    std::thread::sleep(Duration::from_secs(args.seconds));
     Ok(())
 }
 

@@ -316,20 +316,12 @@ impl ServiceProcess {
 
     /// One real quote: its bytes and content type (the ceiling answers with the same).
     pub async fn sample_quote(&self) -> anyhow::Result<(Vec<u8>, String)> {
-        let response = self
-            .control
-            .get(format!("{}/api/v1/items/jd/100002/rebate", self.api.base()))
-            .send()
-            .await?
-            .error_for_status()
-            .context("fetching a sample quote")?;
-        let content_type = response
-            .headers()
-            .get("content-type")
-            .and_then(|value| value.to_str().ok())
-            .unwrap_or("application/json")
-            .to_owned();
-        Ok((response.bytes().await?.to_vec(), content_type))
+        crate::ceiling::fetch_body(&format!(
+            "{}/api/v1/items/jd/100002/rebate",
+            self.api.base()
+        ))
+        .await
+        .context("fetching a sample quote")
     }
 
     /// The child's process id (for `/proc/<pid>/status` and `/proc/<pid>/stat`).
