@@ -23,17 +23,10 @@ loadgen_bin=${REBATE_LOADGEN_BIN:-target/release/rebate-loadgen}
 [[ $seconds =~ ^[0-9]+$ && $seconds -ge 1 && $seconds -le 60 ]] || { echo "SECONDS_EACH: 1–60" >&2; exit 2; }
 work=$(mktemp -d)
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
-api=127.0.0.1:18080
-REBATE__HTTP__LISTEN=$api REBATE__ADMIN__LISTEN=127.0.0.1:18091 \
-  REBATE__ADMIN__TOKEN_FILE=$work/admin-token REBATE__STORE__SQLITE__PATH=$work/demo.sqlite \
-  "$service_bin" >"$work/service.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 200); do
-  curl -sf -o /dev/null http://127.0.0.1:18091/readyz && break
-  sleep 0.1
-done
-curl -sf -o /dev/null http://127.0.0.1:18091/readyz || { cat "$work/service.log" >&2; exit 1; }
+service_pid=
+trap 'kill ${service_pid} "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+source scripts/bench-service.sh
+start_service 20 "$service_bin"
 # Warm: every key loaded into L1 (and the rendered quotes), twice over.
 wrk -t1 -c16 -d3s -s scripts/wrk-hot999.lua "http://$api" >/dev/null
 wrk -t1 -c16 -d3s -s scripts/wrk-hot999.lua "http://$api" >/dev/null

@@ -48,16 +48,12 @@ pub fn router(state: AppState, token: AdminToken) -> Router {
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(
-            super::middleware::RequestTimeout(state.limits.admin_request_timeout),
-            super::middleware::request_timeout,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state.limits.edge),
-            super::edge::buffer_body,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state.limits.edge),
-            super::edge::check_head,
+            Arc::new(super::edge::Gate {
+                limits: Arc::clone(&state.limits.edge),
+                protection: None,
+                timeout: state.limits.admin_request_timeout,
+            }),
+            super::edge::gate,
         ))
         .layer(axum::middleware::from_fn(super::middleware::trace_requests))
         .with_state(state)

@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use super::error::ApiError;
+use crate::protection::Protection;
 
 /// The caps, resolved once from `[http]`.
 #[derive(Debug, Clone)]
@@ -29,15 +30,48 @@ pub struct EdgeLimits {
     pub body_read_timeout: Duration,
 }
 
-/// Refuses a request whose head is over a cap, or whose declared body is, before reading on.
-pub async fn check_head(
-    State(limits): State<Arc<EdgeLimits>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match head_error(&limits, &request) {
-        Some(error) => closing(error),
-        None => next.run(request).await,
+/// The stages between the head and the handler, run as one middleware (each `from_fn` layer
+/// clones the stack beneath it and boxes it per request; one layer pays that once): the head's
+/// caps (431, 414, 413 on a declared length), the per-client limit (429), the body read (408,
+/// 413), the load shedder's admission (stamps the shed level; 503 when refused) and the hard
+/// timeout, in that order. The admin listener runs it without `protection`: no client limit and
+/// no admission.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    pub limits: Arc<EdgeLimits>,
+    /// The per-client limit and the shedder; `None` on the admin listener.
+    pub protection: Option<Arc<Protection>>,
+    /// The listener's hard timeout (see [`super::middleware::with_timeout`]).
+    pub timeout: Duration,
+}
+
+pub async fn gate(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+    if let Some(error) = head_error(&gate.limits, &request) {
+        return closing(error);
+    }
+    if let Some(protection) = &gate.protection
+        && let Err(refused) = super::protect::limit_client(
+            protection,
+            request.headers(),
+            super::protect::peer_of(&request),
+        )
+        .await
+    {
+        return refused;
+    }
+    let request = match read_body(&gate.limits, request).await {
+        Ok(request) => request,
+        Err(refused) => return refused,
+    };
+    let timeout = gate.timeout;
+    match &gate.protection {
+        Some(protection) => {
+            super::protect::admit(protection, request, |request| {
+                super::middleware::with_timeout(timeout, next.run(request))
+            })
+            .await
+        }
+        None => super::middleware::with_timeout(timeout, next.run(request)).await,
     }
 }
 
@@ -81,15 +115,11 @@ fn head_error(limits: &EdgeLimits, request: &Request) -> Option<ApiError> {
     None
 }
 
-/// Reads the whole body (within the limit and the body timeout) and hands the request on with
-/// it in memory. Requests without a body pass straight through.
-pub async fn buffer_body(
-    State(limits): State<Arc<EdgeLimits>>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// Reads the whole body (within the limit and the body timeout) into the request, or the
+/// refusal. Requests without a body pass straight through.
+async fn read_body(limits: &EdgeLimits, request: Request) -> Result<Request, Response> {
     if request.body().is_end_stream() {
-        return next.run(request).await;
+        return Ok(request);
     }
     let (parts, body) = request.into_parts();
     let read = tokio::time::timeout(
@@ -100,22 +130,21 @@ pub async fn buffer_body(
     let bytes = match read {
         Ok(Ok(collected)) => collected.to_bytes(),
         Ok(Err(error)) => {
-            return closing(if error.is::<LengthLimitError>() {
+            return Err(closing(if error.is::<LengthLimitError>() {
                 ApiError::PayloadTooLarge {
                     limit: limits.body_limit_bytes,
                 }
             } else {
                 ApiError::InvalidBody("the request body could not be read".to_owned())
-            });
+            }));
         }
         Err(_elapsed) => {
-            return closing(ApiError::RequestTimeout {
+            return Err(closing(ApiError::RequestTimeout {
                 timeout_ms: limits.body_read_timeout.as_millis() as u64,
-            });
+            }));
         }
     };
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    Ok(Request::from_parts(parts, Body::from(bytes)))
 }
 
 /// The error's response, telling the client this connection ends with it.

@@ -279,18 +279,10 @@ pub async fn track_requests(
     response
 }
 
-/// The hard stop of one listener's requests.
-#[derive(Debug, Clone, Copy)]
-pub struct RequestTimeout(pub Duration);
-
 /// A safety net above the per-request deadline the engine honours: whatever happens below, the
-/// client gets an answer within the listener's [`RequestTimeout`].
-pub async fn request_timeout(
-    State(RequestTimeout(timeout)): State<RequestTimeout>,
-    request: Request,
-    next: Next,
-) -> Response {
-    match tokio::time::timeout(timeout, next.run(request)).await {
+/// client gets an answer within the listener's hard `timeout`.
+pub async fn with_timeout(timeout: Duration, answer: impl Future<Output = Response>) -> Response {
+    match tokio::time::timeout(timeout, answer).await {
         Ok(response) => response,
         Err(_elapsed) => {
             // Logged once, with the trace id, by the trace layer (a 503).

@@ -1,10 +1,11 @@
 //! The REST edge: routes, the one error type, and the middleware every request passes.
 //!
 //! Order of the layers, outermost first: trace id (sets `x-trace-id`, renders error bodies),
-//! request metrics (latency by route and final status, answers by outcome), panic catcher, head
-//! caps (431, 414, 413 on a declared length), per-client limit (429), body read (408, 413: the
-//! whole body arrives before the request counts as load), load-shedding admission (stamps the
-//! shed level), request timeout, body limit; then the routes. Connection-level bounds (header
+//! request metrics (latency by route and final status, answers by outcome), panic catcher, then
+//! one layer for the stages every request passes in order ([`edge::gate`]: head caps (431, 414,
+//! 413 on a declared length), per-client limit (429), body read (408, 413: the whole body arrives
+//! before the request counts as load), load-shedding admission (stamps the shed level), request
+//! timeout), body limit; then the routes. Connection-level bounds (header
 //! and idle timeouts, connection caps) are the server loop's, in [`crate::server`].
 
 pub mod admin;
@@ -35,24 +36,12 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.body_limit_bytes))
         .layer(axum::middleware::from_fn_with_state(
-            middleware::RequestTimeout(limits.request_timeout),
-            middleware::request_timeout,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            std::sync::Arc::clone(&protection),
-            protect::admit,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            std::sync::Arc::clone(&limits.edge),
-            edge::buffer_body,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            protection,
-            protect::limit_clients,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            std::sync::Arc::clone(&limits.edge),
-            edge::check_head,
+            std::sync::Arc::new(edge::Gate {
+                limits: std::sync::Arc::clone(&limits.edge),
+                protection: Some(protection),
+                timeout: limits.request_timeout,
+            }),
+            edge::gate,
         ))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
         .layer(axum::middleware::from_fn_with_state(

@@ -2,11 +2,9 @@
 //! stamps every request with the level it is served at.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
-use axum::extract::{ConnectInfo, MatchedPath, Request, State};
+use axum::extract::{ConnectInfo, MatchedPath, Request};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rebate_resilience::{Admission, LoadShedder, RequestClass, ShedLevel};
 
@@ -24,34 +22,38 @@ pub const REQUEST_CLASS_HEADER: HeaderName = HeaderName::from_static("x-request-
 
 const MAX_CLIENT_ID_LEN: usize = 64;
 
-/// One token bucket per client; over the limit → 429 with `Retry-After`.
-pub async fn limit_clients(
-    State(protection): State<Arc<Protection>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let Some(clients) = &protection.clients else {
-        return next.run(request).await;
-    };
-    let peer = request
+/// The peer's address, from the connection (absent for an in-process call).
+pub(super) fn peer_of(request: &Request) -> Option<IpAddr> {
+    request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(peer)| peer.ip());
-    let key = match client_key(request.headers(), peer, clients.trusted_proxy_hops) {
-        Ok(key) => key,
-        Err(error) => return error.into_response(),
+        .map(|ConnectInfo(peer)| peer.ip())
+}
+
+/// One token bucket per client: `Err` with the 429 (and `Retry-After`) when over the limit, or
+/// the 400 for a malformed client id.
+pub(super) async fn limit_client(
+    protection: &Protection,
+    headers: &HeaderMap,
+    peer: Option<IpAddr>,
+) -> Result<(), Response> {
+    let Some(clients) = &protection.clients else {
+        return Ok(());
     };
-    match clients.limiter.try_acquire(&key).await {
-        Ok(()) => next.run(request).await,
-        Err(retry_after) => {
+    let key = client_key(headers, peer, clients.trusted_proxy_hops)
+        .map_err(IntoResponse::into_response)?;
+    clients
+        .limiter
+        .try_acquire(&key)
+        .await
+        .map_err(|retry_after| {
             // Whole seconds, rounded up: a client that waits Retry-After finds a token.
             let nanos = retry_after.as_nanos();
             let retry_after_secs = u32::try_from(nanos.div_ceil(1_000_000_000))
                 .unwrap_or(u32::MAX)
                 .max(1);
             ApiError::RateLimited { retry_after_secs }.into_response()
-        }
-    }
+        })
 }
 
 /// The limiter key: `id:<x-client-id>` when the header is present, else `ip:<address>` (from
@@ -109,11 +111,15 @@ fn forwarded_client(headers: &HeaderMap, trusted_hops: u32) -> Option<IpAddr> {
 /// class's at the measured level ([`RequestClass::served_at`]): lower classes are served as if
 /// the load were higher, and a prefetch is refused (503 `overloaded`) from level 2. The class
 /// goes on the response for the trace layer and the metrics.
-pub async fn admit(
-    State(protection): State<Arc<Protection>>,
+pub(super) async fn admit<Run, Answer>(
+    protection: &Protection,
     mut request: Request,
-    next: Next,
-) -> Response {
+    run: Run,
+) -> Response
+where
+    Run: FnOnce(Request) -> Answer,
+    Answer: Future<Output = Response>,
+{
     let class = match request_class(&request) {
         Ok(class) => class,
         Err(error) => return error.into_response(),
@@ -125,7 +131,7 @@ pub async fn admit(
     let mut response = match class.served_at(measured) {
         Some(level) => {
             request.extensions_mut().insert(level);
-            let mut response = next.run(request).await;
+            let mut response = run(request).await;
             if level != ShedLevel::Normal {
                 response.headers_mut().insert(
                     SHED_LEVEL_HEADER,
