@@ -41,6 +41,8 @@ struct ErrorJson<'a> {
 /// What the API's trace layer needs beyond the trace id: where slow requests are recorded.
 #[derive(Debug)]
 pub struct RequestObserver {
+    /// Every request's latency by route, final status and answers (`/metrics`).
+    pub metrics: Arc<Metrics>,
     pub slow_log: Arc<SlowLog>,
     /// A request at least this slow is recorded.
     pub slow_after: Duration,
@@ -90,17 +92,19 @@ impl LineBudget {
     }
 }
 
-/// Outermost layer of the admin listener: see [`observe_requests`], without the slow-request
-/// log.
+/// Outermost layer of the admin listener: see [`observe_requests`], without the metrics and the
+/// slow-request log.
 pub async fn trace_requests(request: Request, next: Next) -> Response {
     traced(request, next, None).await
 }
 
 /// Outermost layer of the API: picks the trace id (an incoming W3C `traceparent`, else a new one)
 /// and makes it the exported trace's id too, runs the request inside a `request` span and a
-/// [`Timeline`], sets `x-trace-id`, renders error bodies with it, and — when the request was slow,
-/// failed or degraded — records it in the slow-request log and writes its one log line. This is
-/// the one place a failed request is logged.
+/// [`Timeline`], records its latency by route template, final status (429s, 503s and timeouts of
+/// the layers below included) and answers in the metrics, sets `x-trace-id`, renders error
+/// bodies with it, and — when the request was slow, failed or degraded — records it in the
+/// slow-request log and writes its one log line. This is the one place a failed request is
+/// logged.
 pub async fn observe_requests(
     State(observer): State<Arc<RequestObserver>>,
     request: Request,
@@ -134,12 +138,30 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
         "otel.status_code" = tracing::field::Empty,
     );
     rebate_telemetry::otel::link_to_trace(&span, trace_id, parent);
+    // The route template routing matched (this layer runs after routing), for the metrics.
+    let route = observer.map(|_| {
+        request
+            .extensions()
+            .get::<MatchedPath>()
+            .cloned()
+            .map_or(Route::Other, Route::Matched)
+    });
     let timeline = Timeline::new(trace_id);
     let started = Instant::now();
     let mut response = Arc::clone(&timeline)
         .scope(next.run(request))
         .instrument(span.clone())
         .await;
+    if let (Some(observer), Some(route)) = (observer, route) {
+        // Before the error body is rendered: the status and answers are the layers' below.
+        observer.metrics.record_request(
+            &route,
+            response.extensions().get::<RequestClass>().copied(),
+            response.status().as_u16(),
+            response.extensions().get::<Answered>().copied(),
+            started.elapsed(),
+        );
+    }
 
     if let Some(error) = response.extensions_mut().remove::<ErrorBody>() {
         let body = ErrorEnvelope {
@@ -255,30 +277,6 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
     response
 }
 
-/// API middleware: times the request and records its route, final status (429s, 503s and
-/// timeouts of the layers below included) and answers. Sits just inside the trace layer.
-pub async fn track_requests(
-    State(metrics): State<Arc<Metrics>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .cloned()
-        .map_or(Route::Other, Route::Matched);
-    let started = Instant::now();
-    let response = next.run(request).await;
-    metrics.record_request(
-        &route,
-        response.extensions().get::<RequestClass>().copied(),
-        response.status().as_u16(),
-        response.extensions().get::<Answered>().copied(),
-        started.elapsed(),
-    );
-    response
-}
-
 /// A safety net above the per-request deadline the engine honours: whatever happens below, the
 /// client gets an answer within the listener's hard `timeout`.
 pub async fn with_timeout(timeout: Duration, answer: impl Future<Output = Response>) -> Response {
@@ -361,8 +359,14 @@ mod tests {
             )
             .fallback(|| async { StatusCode::NOT_FOUND })
             .layer(axum::middleware::from_fn_with_state(
-                Arc::clone(&metrics),
-                track_requests,
+                Arc::new(RequestObserver {
+                    metrics: Arc::clone(&metrics),
+                    slow_log: Arc::new(SlowLog::new(16)),
+                    slow_after: Duration::from_secs(60),
+                    instance: Arc::from("test"),
+                    lines: LineBudget::new(0, Arc::new(ManualTicker::new())),
+                }),
+                observe_requests,
             ));
         for path in ["/items/1", "/items/2", "/items/404", "/nowhere"] {
             let request = Request::get(path).body(Body::empty()).unwrap();

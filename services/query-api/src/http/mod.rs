@@ -1,7 +1,8 @@
 //! The REST edge: routes, the one error type, and the middleware every request passes.
 //!
-//! Order of the layers, outermost first: trace id (sets `x-trace-id`, renders error bodies),
-//! request metrics (latency by route and final status, answers by outcome), panic catcher, then
+//! Order of the layers, outermost first: trace id and request metrics in one layer (sets
+//! `x-trace-id`, renders error bodies; latency by route and final status, answers by outcome),
+//! panic catcher, then
 //! one layer for the stages every request passes in order ([`edge::gate`]: head caps (431, 414,
 //! 413 on a declared length), per-client limit (429), body read (408, 413: the whole body arrives
 //! before the request counts as load), load-shedding admission (stamps the shed level), request
@@ -44,10 +45,6 @@ pub fn router(state: AppState) -> Router {
             edge::gate,
         ))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
-        .layer(axum::middleware::from_fn_with_state(
-            std::sync::Arc::clone(&state.metrics),
-            middleware::track_requests,
-        ))
         .layer(axum::middleware::from_fn_with_state(
             std::sync::Arc::clone(&state.observer),
             middleware::observe_requests,

@@ -188,6 +188,7 @@ impl Application {
             Arc::clone(&connections),
         ));
 
+        let metrics = Arc::new(metrics);
         let admin_listener = TcpListener::bind(settings.admin.listen)
             .await
             .with_context(|| format!("binding admin.listen {}", settings.admin.listen))?;
@@ -200,11 +201,11 @@ impl Application {
             tier,
             load_limiter,
             protection,
-            observer: Arc::new(request_observer(&settings, &slow_log, ticker)),
+            observer: Arc::new(request_observer(&settings, &metrics, &slow_log, ticker)),
             slow_log,
             events,
             limits: Arc::new(http_limits(&settings)),
-            metrics: Arc::new(metrics),
+            metrics,
             lifecycle: Arc::new(Lifecycle::default()),
             connections,
             upstreams: upstream_clients,
@@ -422,11 +423,13 @@ fn spawn_background(
 /// What the API's trace layer records into the slow-request log, and its log-line budget.
 fn request_observer(
     settings: &Settings,
+    metrics: &Arc<Metrics>,
     slow_log: &Arc<SlowLog>,
     ticker: Arc<dyn Ticker>,
 ) -> RequestObserver {
     let observability = &settings.observability;
     RequestObserver {
+        metrics: Arc::clone(metrics),
         slow_log: Arc::clone(slow_log),
         slow_after: Duration::from_millis(observability.slow_request_ms),
         instance: Arc::from(settings.instance_id()),
