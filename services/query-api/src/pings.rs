@@ -25,8 +25,8 @@ pub const STATUS_PING_WAIT: Duration = Duration::from_millis(50);
 /// The last pings of the store and Redis, for the status page. A slow dependency makes a ping
 /// wait up to its timeout (the readiness probe's 500 ms), and under overload (when operators
 /// look) both are slow: the page answers from the last pings and their age, and pings again in
-/// the background, one round at a time. `/readyz` always pings (a load balancer asks for the present) and records
-/// what it found here.
+/// the background, one round at a time. `/readyz` always pings (a load balancer asks for the
+/// present) and records what it found here.
 #[derive(Debug, Default)]
 pub struct RecentPings {
     last: std::sync::Mutex<Option<(Instant, Pings)>>,
