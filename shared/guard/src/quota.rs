@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rebate_resilience::{RateConfig, Ticker, TokenBucket};
+use rebate_resilience::{KeyedSlots, RateConfig, Ticker, TokenBucket};
 use serde::Serialize;
 
 /// Grants tokens of fleet-wide buckets: Redis in the service, an in-process fake in tests.
@@ -394,7 +394,7 @@ impl FleetQuota {
 pub struct FleetKeyedLimiter {
     rate: RateConfig,
     config: FleetQuotaConfig,
-    buckets: moka::sync::Cache<Arc<str>, Arc<FleetQuota>>,
+    buckets: KeyedSlots<FleetQuota>,
     ticker: Arc<dyn Ticker>,
     rejected: AtomicU64,
 }
@@ -410,10 +410,7 @@ impl FleetKeyedLimiter {
         Self {
             rate,
             config,
-            buckets: moka::sync::Cache::builder()
-                .max_capacity(max_keys)
-                .time_to_idle(idle)
-                .build(),
+            buckets: KeyedSlots::new(max_keys, idle),
             ticker,
             rejected: AtomicU64::new(0),
         }
@@ -421,13 +418,12 @@ impl FleetKeyedLimiter {
 
     /// Takes one token of `key`'s bucket, or says how long until one may be there.
     pub async fn try_acquire(&self, key: &str) -> Result<(), Duration> {
-        let bucket = match self.buckets.get(key) {
-            Some(bucket) => bucket,
-            None => self.buckets.get_with(Arc::from(key), || {
+        let bucket = self
+            .buckets
+            .get_or_insert_with(key, self.ticker.now_nanos(), || {
                 let name = Arc::from(format!("client:{key}"));
-                Arc::new(FleetQuota::new(name, self.rate, self.config.clone()))
-            }),
-        };
+                FleetQuota::new(name, self.rate, self.config.clone())
+            });
         let verdict = bucket.acquire(self.ticker.as_ref()).await;
         if verdict.is_err() {
             self.rejected.fetch_add(1, Ordering::Relaxed);
@@ -438,7 +434,7 @@ impl FleetKeyedLimiter {
     /// Keys currently tracked (approximate) and requests refused since start.
     pub fn stats(&self) -> (u64, u64) {
         (
-            self.buckets.entry_count(),
+            self.buckets.len() as u64,
             self.rejected.load(Ordering::Relaxed),
         )
     }

@@ -1,8 +1,8 @@
 //! Protection that costs almost nothing on the hot path.
 //!
 //! Every guard here is a handful of atomics and takes no lock and allocates nothing per call —
-//! except [`KeyedLimiter`], whose per-client buckets live in a bounded moka cache (a lookup per
-//! call, an insert per new client):
+//! except [`KeyedLimiter`], whose per-client buckets live in [`KeyedSlots`], a bounded map (a
+//! shard's read lock per call, an insert per new client):
 //! - [`CircuitBreaker`]: a rolling window of failure buckets, open → half-open with slow-start
 //!   probes, cool-downs that grow on repeated trips;
 //! - [`Bulkhead`]: a bound on concurrent calls that fails at once when full;
@@ -16,6 +16,7 @@
 mod breaker;
 mod bulkhead;
 mod class;
+mod keyed;
 mod quota;
 mod retry;
 mod shedder;
@@ -26,6 +27,7 @@ pub use breaker::{
 };
 pub use bulkhead::{Bulkhead, BulkheadFull, BulkheadPermit, BulkheadSnapshot};
 pub use class::RequestClass;
+pub use keyed::{KeyedSlots, Slot};
 pub use quota::{KeyedLimiter, QuotaExceeded, RateConfig, TokenBucket};
 pub use retry::{Backoff, Jitter, RetryBudget, RetryConfig};
 pub use shedder::{Admission, LevelController, LoadShedder, ShedConfig, ShedLevel, ShedSnapshot};

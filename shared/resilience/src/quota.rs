@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::keyed::KeyedSlots;
 use crate::ticker::Ticker;
 
 /// A sustained rate and the burst allowed above it.
@@ -132,13 +133,13 @@ impl TokenBucket {
 }
 
 /// One token bucket per key (client id or peer address), created on first sight and forgotten
-/// after `idle` without calls. At most `max_keys` are tracked; when more clients are active than
-/// that, the least recently seen lose their state (and start again with a full bucket), so memory
-/// stays bounded whatever clients send.
+/// after `idle` without calls (see [`KeyedSlots`]). At most `max_keys` are tracked; when more
+/// clients are active than that, some lose their state (and start again with a full bucket), so
+/// memory stays bounded whatever clients send.
 #[derive(Debug)]
 pub struct KeyedLimiter {
     rate: RateConfig,
-    buckets: moka::sync::Cache<Arc<str>, Arc<TokenBucket>>,
+    buckets: KeyedSlots<TokenBucket>,
     ticker: Arc<dyn Ticker>,
     rejected: AtomicU64,
 }
@@ -147,10 +148,7 @@ impl KeyedLimiter {
     pub fn new(rate: RateConfig, max_keys: u64, idle: Duration, ticker: Arc<dyn Ticker>) -> Self {
         Self {
             rate,
-            buckets: moka::sync::Cache::builder()
-                .max_capacity(max_keys)
-                .time_to_idle(idle)
-                .build(),
+            buckets: KeyedSlots::new(max_keys, idle),
             ticker,
             rejected: AtomicU64::new(0),
         }
@@ -162,23 +160,21 @@ impl KeyedLimiter {
 
     /// Takes one token from `key`'s bucket.
     pub fn try_acquire(&self, key: &str) -> Result<(), QuotaExceeded> {
-        let bucket = match self.buckets.get(key) {
-            Some(bucket) => bucket,
-            None => self
-                .buckets
-                .get_with(Arc::from(key), || Arc::new(TokenBucket::new(self.rate))),
-        };
-        let verdict = bucket.try_acquire_at(self.ticker.now_nanos());
+        let now = self.ticker.now_nanos();
+        let bucket = self
+            .buckets
+            .get_or_insert_with(key, now, || TokenBucket::new(self.rate));
+        let verdict = bucket.try_acquire_at(now);
         if verdict.is_err() {
             self.rejected.fetch_add(1, Ordering::Relaxed);
         }
         verdict
     }
 
-    /// Keys currently tracked (approximate) and calls refused since start.
+    /// Keys currently tracked and calls refused since start.
     pub fn stats(&self) -> (u64, u64) {
         (
-            self.buckets.entry_count(),
+            self.buckets.len() as u64,
             self.rejected.load(Ordering::Relaxed),
         )
     }
