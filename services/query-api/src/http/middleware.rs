@@ -203,15 +203,20 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
         .and_then(|value| value.to_str().ok()?.parse::<u8>().ok())
         .unwrap_or(0);
     let class = response.extensions().get::<RequestClass>().copied();
-    span.record("status", status);
-    span.record("degraded", degraded);
-    span.record("shed_level", shed_level);
-    if let Some(class) = class {
-        span.record("class", class.as_str());
-    }
-    span.record("latency_ms", latency_ms);
-    if response.status().is_server_error() {
-        span.record("otel.status_code", "error");
+    // The outcome on the span is for the exported trace: each `record` formats the value into
+    // the log layer's copy of the span's fields, and no log line follows that would show them
+    // (the lines below name their fields themselves), so without export it is work for nobody.
+    if rebate_telemetry::otel::is_active() {
+        span.record("status", status);
+        span.record("degraded", degraded);
+        span.record("shed_level", shed_level);
+        if let Some(class) = class {
+            span.record("class", class.as_str());
+        }
+        span.record("latency_ms", latency_ms);
+        if response.status().is_server_error() {
+            span.record("otel.status_code", "error");
+        }
     }
 
     let mut reasons = Vec::new();
@@ -268,7 +273,15 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
             });
         }
         _ if response.status().is_server_error() => {
-            tracing::warn!(parent: &span, %trace_id, status, latency_ms, "request failed");
+            tracing::warn!(
+                parent: &span,
+                %trace_id,
+                status,
+                latency_ms,
+                shed_level,
+                class = class.map(RequestClass::as_str),
+                "request failed"
+            );
         }
         _ => {
             tracing::debug!(parent: &span, status, latency_ms, "request done");
