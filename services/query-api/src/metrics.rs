@@ -14,7 +14,6 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::MatchedPath;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{
     DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
@@ -98,18 +97,22 @@ impl EncodeLabelValue for ClassLabel {
     }
 }
 
-/// A matched route template (an `Arc<str>` inside axum, so cloning it never allocates), or
-/// `other` for whatever only the fallbacks answered.
-#[derive(Debug, Clone)]
+/// A public route's template, or `other` for whatever only the fallbacks answer.
+#[derive(Debug, Clone, Copy)]
 pub enum Route {
-    Matched(MatchedPath),
+    Matched(&'static str),
     Other,
 }
 
 impl Route {
-    pub fn as_str(&self) -> &str {
+    /// The route `path` matches ([`crate::http::routes::template_of`]).
+    pub fn of(path: &str) -> Self {
+        crate::http::routes::template_of(path).map_or(Route::Other, Route::Matched)
+    }
+
+    pub fn as_str(&self) -> &'static str {
         match self {
-            Route::Matched(path) => path.as_str(),
+            Route::Matched(template) => template,
             Route::Other => "other",
         }
     }

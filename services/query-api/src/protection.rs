@@ -61,7 +61,9 @@ impl ClientBuckets {
             ClientBuckets::Instance(limiter) => limiter
                 .try_acquire(key)
                 .map_err(|exceeded| exceeded.retry_after),
-            ClientBuckets::Fleet(limiter) => limiter.try_acquire(key).await,
+            // Boxed: its Redis round trip is a large future, and this one is part of every
+            // request's, in the instance scope too.
+            ClientBuckets::Fleet(limiter) => Box::pin(limiter.try_acquire(key)).await,
         }
     }
 

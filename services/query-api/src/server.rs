@@ -32,8 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::ConnectInfo;
+use axum::extract::Request;
+use axum::response::Response;
 use futures::task::AtomicWaker;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -41,7 +42,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
+use tower::{Service, ServiceExt};
 
 /// The parser's hard cap on the number of headers (hyper's default, parsed on the stack); the
 /// configured `http.max_headers` (at most this) is enforced by the edge middleware with a JSON
@@ -171,14 +172,17 @@ pub fn bind(address: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
 
 /// Serves `router` on `listener` until `shutdown` is cancelled; then stops accepting, asks every
 /// connection to finish its current request, waits at most `drain`, and closes the rest.
-pub async fn serve(
+pub async fn serve<S>(
     listener: TcpListener,
-    router: Router,
+    router: S,
     limits: ConnectionLimits,
     stats: Arc<ConnectionStats>,
     shutdown: CancellationToken,
     drain: Duration,
-) {
+) where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
     let limits = Arc::new(limits);
     let peers = Arc::new(PeerCounts::default());
     // Refusals answered at once; a flood beyond this many is closed without an answer, so
@@ -247,14 +251,17 @@ pub async fn serve(
     }
 }
 
-async fn serve_connection(
+async fn serve_connection<S>(
     stream: TcpStream,
     peer: SocketAddr,
-    router: Router,
+    router: S,
     limits: Arc<ConnectionLimits>,
     shutdown: CancellationToken,
     _slots: (OpenSlot, PeerSlot),
-) {
+) where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send,
+{
     // Small answers: do not wait for the peer's ACK before sending the next segment.
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(%error, "cannot set TCP_NODELAY");
@@ -647,7 +654,7 @@ mod tests {
     ) -> (SocketAddr, Arc<ConnectionStats>, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
-        let router = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let router = axum::Router::new().route("/", axum::routing::get(|| async { "ok" }));
         let stats = Arc::new(ConnectionStats::default());
         let shutdown = CancellationToken::new();
         tokio::spawn(serve(

@@ -210,14 +210,23 @@ impl QueryEngine {
                 .await
                 .map(|(quote, _)| QuoteAnswer::Assembled(Box::new(quote)));
         };
-        let now = self.inner.clock.now();
-        if let Some(hit) = rendered.get(&key, now) {
-            self.refresh_ahead(key, &hit, now);
+        if let Some(hit) = self.answer_rendered(key) {
             return Ok(QuoteAnswer::Rendered(hit));
         }
         let ticket = rendered.begin();
         let (quote, fresh_until) = self.assemble_one(key, deadline, level).await?;
         Ok(self.keep(rendered, key, quote, fresh_until, ticket))
+    }
+
+    /// [`QueryEngine::answer`]'s first step on its own, without a future: the kept rendering of
+    /// `key`'s complete quote when one is valid now. Callers on the hot path try this first and
+    /// build (and box) `answer`'s larger future only when it misses.
+    pub fn answer_rendered(&self, key: ItemKey) -> Option<Arc<RenderedQuote>> {
+        let rendered = self.inner.rendered.as_ref()?;
+        let now = self.inner.clock.now();
+        let hit = rendered.get(&key, now)?;
+        self.refresh_ahead(key, &hit, now);
+        Some(hit)
     }
 
     /// A read of a kept rendering near its end starts, once per rendering, the background

@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -39,13 +39,46 @@ async fn item_rebate(
     Extension(level): Extension<ShedLevel>,
     ApiPath((platform, item_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let key = parse_key(&platform, &item_id)?;
-    let deadline = Instant::now() + state.limits.request_deadline;
-    let answer = state
-        .engine
-        .answer(key, deadline, level)
+    quote_item(&state, trace_id, level, &platform, &item_id).await
+}
+
+/// The single-item route without the router, for the edge's fast path: `GET` on a path that
+/// [`super::routes::item_segments`] splits (no percent-encoding to decode). Answers exactly as
+/// the routed handler does; anything else (other methods, encoded segments) goes through the
+/// router.
+pub(super) async fn item_rebate_direct(state: &AppState, request: Request) -> Response {
+    let (parts, _) = request.into_parts();
+    let Some((platform, item_id)) = super::routes::item_segments(parts.uri.path()) else {
+        return ApiError::RouteNotFound.into_response();
+    };
+    let (Some(&trace_id), Some(&level)) = (
+        parts.extensions.get::<TraceId>(),
+        parts.extensions.get::<ShedLevel>(),
+    ) else {
+        tracing::error!("the edge ran the item route without a trace id or shed level");
+        return ApiError::Internal.into_response();
+    };
+    quote_item(state, trace_id, level, platform, item_id)
         .await
-        .map_err(|error| query_error(&state, error))?;
+        .into_response()
+}
+
+async fn quote_item(
+    state: &AppState,
+    trace_id: TraceId,
+    level: ShedLevel,
+    platform: &str,
+    item_id: &str,
+) -> Result<Response, ApiError> {
+    let key = parse_key(platform, item_id)?;
+    let deadline = Instant::now() + state.limits.request_deadline;
+    let answer = match state.engine.answer_rendered(key) {
+        Some(hit) => QuoteAnswer::Rendered(hit),
+        // Boxed: assembling is a large future, and this one is inside every request's.
+        None => Box::pin(state.engine.answer(key, deadline, level))
+            .await
+            .map_err(|error| query_error(state, error))?,
+    };
     if let Some(hot_keys) = &state.hot_keys {
         hot_keys.record(key);
     }

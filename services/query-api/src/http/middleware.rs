@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -92,28 +92,28 @@ impl LineBudget {
     }
 }
 
-/// Outermost layer of the admin listener: see [`observe_requests`], without the metrics and the
+/// Outermost layer of the admin listener: see [`traced`], without the metrics and the
 /// slow-request log.
 pub async fn trace_requests(request: Request, next: Next) -> Response {
-    traced(request, next, None).await
+    traced(request, None, |request| next.run(request)).await
 }
 
-/// Outermost layer of the API: picks the trace id (an incoming W3C `traceparent`, else a new one)
-/// and makes it the exported trace's id too, runs the request inside a `request` span and a
-/// [`Timeline`], records its latency by route template, final status (429s, 503s and timeouts of
-/// the layers below included) and answers in the metrics, sets `x-trace-id`, renders error
-/// bodies with it, and — when the request was slow, failed or degraded — records it in the
-/// slow-request log and writes its one log line. This is the one place a failed request is
-/// logged.
-pub async fn observe_requests(
-    State(observer): State<Arc<RequestObserver>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    traced(request, next, Some(&observer)).await
-}
-
-async fn traced(mut request: Request, next: Next, observer: Option<&RequestObserver>) -> Response {
+/// The outermost stage of every request: picks the trace id (an incoming W3C `traceparent`, else
+/// a new one) and makes it the exported trace's id too, runs `run` inside a `request` span and a
+/// [`Timeline`], sets `x-trace-id` and renders error bodies with it. With an `observer` (the
+/// API's), it also records the latency by route template, final status (429s, 503s and timeouts
+/// of the stages below included) and answers in the metrics and — when the request was slow,
+/// failed or degraded — records it in the slow-request log and writes its one log line. This is
+/// the one place a failed request is logged.
+pub(super) async fn traced<Run, Answer>(
+    mut request: Request,
+    observer: Option<&RequestObserver>,
+    run: Run,
+) -> Response
+where
+    Run: FnOnce(Request) -> Answer,
+    Answer: Future<Output = Response>,
+{
     let traceparent = request
         .headers()
         .get(TRACEPARENT)
@@ -124,12 +124,16 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
     let parent = traceparent.and_then(TraceId::parent_of_traceparent);
     request.extensions_mut().insert(trace_id);
     let method = request.method().clone();
-    let path = request.uri().path().to_owned();
+    // A clone of the target shares its bytes; the path is copied only for the slow-request log.
+    let uri = request.uri().clone();
+    // Only the trace id goes on the span for the log layer (it formats every field it is given,
+    // per request, whether or not a line is written): the lines written here name the method and
+    // path themselves, and lines written below it lead back here by the trace id.
     let span = tracing::info_span!(
         "request",
         %trace_id,
-        method = %method,
-        path = %path,
+        method = tracing::field::Empty,
+        path = tracing::field::Empty,
         status = tracing::field::Empty,
         degraded = tracing::field::Empty,
         shed_level = tracing::field::Empty,
@@ -138,18 +142,16 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
         "otel.status_code" = tracing::field::Empty,
     );
     rebate_telemetry::otel::link_to_trace(&span, trace_id, parent);
-    // The route template routing matched (this layer runs after routing), for the metrics.
-    let route = observer.map(|_| {
-        request
-            .extensions()
-            .get::<MatchedPath>()
-            .cloned()
-            .map_or(Route::Other, Route::Matched)
-    });
+    if rebate_telemetry::otel::is_active() {
+        span.record("method", method.as_str());
+        span.record("path", uri.path());
+    }
+    // The route template, for the metrics.
+    let route = observer.map(|_| Route::of(request.uri().path()));
     let timeline = Timeline::new(trace_id);
     let started = Instant::now();
     let mut response = Arc::clone(&timeline)
-        .scope(next.run(request))
+        .scope(run(request))
         .instrument(span.clone())
         .await;
     if let (Some(observer), Some(route)) = (observer, route) {
@@ -248,6 +250,8 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
                 tracing::warn!(
                     parent: &span,
                     %trace_id,
+                    method = %method,
+                    path = %uri.path(),
                     status,
                     latency_ms,
                     shed_level,
@@ -263,7 +267,7 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
                 instance: Arc::clone(&observer.instance),
                 at: Timestamp::now(),
                 method: method.to_string(),
-                path,
+                path: uri.path().to_owned(),
                 status,
                 latency_ms,
                 shed_level,
@@ -276,6 +280,8 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
             tracing::warn!(
                 parent: &span,
                 %trace_id,
+                method = %method,
+                path = %uri.path(),
                 status,
                 latency_ms,
                 shed_level,
@@ -284,7 +290,14 @@ async fn traced(mut request: Request, next: Next, observer: Option<&RequestObser
             );
         }
         _ => {
-            tracing::debug!(parent: &span, status, latency_ms, "request done");
+            tracing::debug!(
+                parent: &span,
+                method = %method,
+                path = %uri.path(),
+                status,
+                latency_ms,
+                "request done"
+            );
         }
     }
     response
@@ -354,9 +367,9 @@ mod tests {
         let metrics = Arc::new(Metrics::new());
         let router = Router::new()
             .route(
-                "/items/{id}",
+                super::super::routes::ITEM_ROUTE,
                 get(
-                    |axum::extract::Path(id): axum::extract::Path<u32>| async move {
+                    |axum::extract::Path((_, id)): axum::extract::Path<(String, u32)>| async move {
                         if id == 404 {
                             return StatusCode::NOT_FOUND.into_response();
                         }
@@ -370,20 +383,25 @@ mod tests {
                     },
                 ),
             )
-            .fallback(|| async { StatusCode::NOT_FOUND })
-            .layer(axum::middleware::from_fn_with_state(
-                Arc::new(RequestObserver {
-                    metrics: Arc::clone(&metrics),
-                    slow_log: Arc::new(SlowLog::new(16)),
-                    slow_after: Duration::from_secs(60),
-                    instance: Arc::from("test"),
-                    lines: LineBudget::new(0, Arc::new(ManualTicker::new())),
-                }),
-                observe_requests,
-            ));
-        for path in ["/items/1", "/items/2", "/items/404", "/nowhere"] {
+            .fallback(|| async { StatusCode::NOT_FOUND });
+        let observer = RequestObserver {
+            metrics: Arc::clone(&metrics),
+            slow_log: Arc::new(SlowLog::new(16)),
+            slow_after: Duration::from_secs(60),
+            instance: Arc::from("test"),
+            lines: LineBudget::new(0, Arc::new(ManualTicker::new())),
+        };
+        for path in [
+            "/api/v1/items/taobao/1/rebate",
+            "/api/v1/items/taobao/2/rebate",
+            "/api/v1/items/taobao/404/rebate",
+            "/nowhere",
+        ] {
             let request = Request::get(path).body(Body::empty()).unwrap();
-            router.clone().oneshot(request).await.unwrap();
+            traced(request, Some(&observer), |request| async {
+                router.clone().oneshot(request).await.unwrap()
+            })
+            .await;
         }
 
         let text = metrics.encode().unwrap();
@@ -392,10 +410,11 @@ mod tests {
                 r#"rebate_http_request_duration_seconds_count{{route="{route}",class="other",status="{status}",degraded="{degraded}"}}"#
             )
         };
-        assert_eq!(sample(&text, &series("/items/{id}", 200, true)), Some("2"));
-        assert_eq!(sample(&text, &series("/items/{id}", 404, false)), Some("1"));
+        let item = super::super::routes::ITEM_ROUTE;
+        assert_eq!(sample(&text, &series(item, 200, true)), Some("2"));
+        assert_eq!(sample(&text, &series(item, 404, false)), Some("1"));
         assert_eq!(sample(&text, &series("other", 404, false)), Some("1"));
-        assert!(!text.contains("/items/1"), "{text}");
+        assert!(!text.contains("/items/taobao/1"), "{text}");
         // The error on the item route is a failed answer; the unknown path answered no item.
         assert_eq!(
             sample(&text, r#"rebate_answers_total{outcome="failed"}"#),

@@ -21,33 +21,25 @@ mod slow_requests;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use tower_http::catch_panic::CatchPanicLayer;
 
 pub use error::{ApiError, ErrorBody};
 pub use middleware::TRACE_ID_HEADER;
 
 use crate::state::AppState;
 
-pub fn router(state: AppState) -> Router {
+/// The public API: the routes inside the [`edge::Edge`] stages.
+pub fn router(state: AppState) -> edge::Edge {
     let limits = std::sync::Arc::clone(&state.limits);
-    let protection = std::sync::Arc::clone(&state.protection);
-    Router::new()
+    let gate = edge::Gate {
+        limits: std::sync::Arc::clone(&limits.edge),
+        protection: Some(std::sync::Arc::clone(&state.protection)),
+        timeout: limits.request_timeout,
+    };
+    let routes = Router::new()
         .merge(items::router())
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.body_limit_bytes))
-        .layer(axum::middleware::from_fn_with_state(
-            std::sync::Arc::new(edge::Gate {
-                limits: std::sync::Arc::clone(&limits.edge),
-                protection: Some(protection),
-                timeout: limits.request_timeout,
-            }),
-            edge::gate,
-        ))
-        .layer(CatchPanicLayer::custom(middleware::panic_response))
-        .layer(axum::middleware::from_fn_with_state(
-            std::sync::Arc::clone(&state.observer),
-            middleware::observe_requests,
-        ))
-        .with_state(state)
+        .with_state(state.clone());
+    edge::Edge::new(routes, state, gate)
 }

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use axum::extract::{ConnectInfo, MatchedPath, Request};
+use axum::extract::{ConnectInfo, Request};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use rebate_resilience::{Admission, LoadShedder, RequestClass, ShedLevel};
@@ -160,8 +160,8 @@ where
 /// item page), lowered by an `x-request-class` header — never raised: a client cannot buy
 /// priority by claiming it.
 fn request_class(request: &Request) -> Result<RequestClass, ApiError> {
-    let route = match request.extensions().get::<MatchedPath>() {
-        Some(path) if path.as_str() == BATCH_ROUTE => RequestClass::List,
+    let route = match super::routes::template_of(request.uri().path()) {
+        Some(BATCH_ROUTE) => RequestClass::List,
         _ => RequestClass::Page,
     };
     let Some(value) = request.headers().get(REQUEST_CLASS_HEADER) else {
