@@ -44,7 +44,7 @@ pub(super) async fn limit_client(
         .map_err(IntoResponse::into_response)?;
     clients
         .limiter
-        .try_acquire(&key)
+        .try_acquire(key.as_str())
         .await
         .map_err(|retry_after| {
             // Whole seconds, rounded up: a client that waits Retry-After finds a token.
@@ -62,7 +62,7 @@ fn client_key(
     headers: &HeaderMap,
     peer: Option<IpAddr>,
     trusted_hops: u32,
-) -> Result<String, ApiError> {
+) -> Result<ClientKey, ApiError> {
     if let Some(value) = headers.get(CLIENT_ID_HEADER) {
         let id = value
             .to_str()
@@ -73,14 +73,58 @@ fn client_key(
                     "x-client-id must be 1–{MAX_CLIENT_ID_LEN} characters of letters, digits, '.', '_', ':' or '-'"
                 ))
             })?;
-        return Ok(format!("id:{id}"));
+        return Ok(ClientKey::new(b"id:", |rest| {
+            rest[..id.len()].copy_from_slice(id.as_bytes());
+            id.len()
+        }));
     }
     let address = forwarded_client(headers, trusted_hops).or(peer);
-    Ok(match address {
-        Some(address) => format!("ip:{address}"),
-        // No connection info (an in-process call): everyone shares one bucket.
-        None => "ip:unknown".to_owned(),
-    })
+    Ok(ClientKey::new(b"ip:", |rest| {
+        let capacity = rest.len();
+        let mut cursor = &mut rest[..];
+        // An address is at most 39 characters (IPv6); the buffer holds 64.
+        let written = match address {
+            Some(address) => std::io::Write::write_fmt(&mut cursor, format_args!("{address}")),
+            // No connection info (an in-process call): everyone shares one bucket.
+            None => std::io::Write::write_all(&mut cursor, b"unknown"),
+        };
+        debug_assert!(written.is_ok());
+        capacity - cursor.len()
+    }))
+}
+
+/// A limiter key on the stack (every request builds one): a three-byte prefix and at most
+/// [`MAX_CLIENT_ID_LEN`] bytes of ASCII.
+struct ClientKey {
+    bytes: [u8; 3 + MAX_CLIENT_ID_LEN],
+    len: usize,
+}
+
+impl ClientKey {
+    /// `prefix`, then what `fill` writes into the rest of the buffer (it returns how much).
+    fn new(prefix: &[u8; 3], fill: impl FnOnce(&mut [u8]) -> usize) -> Self {
+        let mut bytes = [0u8; 3 + MAX_CLIENT_ID_LEN];
+        bytes[..3].copy_from_slice(prefix);
+        let len = 3 + fill(&mut bytes[3..]);
+        Self { bytes, len }
+    }
+
+    fn as_str(&self) -> &str {
+        // Only ASCII is written: a prefix, a validated id or an address.
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or("ip:unknown")
+    }
+}
+
+impl std::fmt::Debug for ClientKey {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for ClientKey {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
 }
 
 fn valid_client_id(id: &str) -> bool {

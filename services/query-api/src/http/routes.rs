@@ -28,17 +28,11 @@ pub fn item_segments(path: &str) -> Option<(&str, &str)> {
 }
 
 fn split_item_path(path: &str) -> Option<(&str, &str)> {
-    let rest = path.strip_prefix("/api/v1/items/")?;
-    let mut segments = rest.split('/');
-    match (
-        segments.next(),
-        segments.next(),
-        segments.next(),
-        segments.next(),
-    ) {
-        (Some(platform), Some(item_id), Some("rebate"), None) => Some((platform, item_id)),
-        _ => None,
-    }
+    let between = path
+        .strip_prefix("/api/v1/items/")?
+        .strip_suffix("/rebate")?;
+    let (platform, item_id) = between.split_once('/')?;
+    (!item_id.contains('/')).then_some((platform, item_id))
 }
 
 #[cfg(test)]
