@@ -2,7 +2,7 @@
 //!
 //! Three kinds of numbers, each kept where it is cheapest:
 //! - **recorded per event** here: request latency by route, status and degradation
-//!   (fed by the API's trace layer, `crate::http::middleware::observe_requests`), answers by outcome, and dependency calls by outcome ([`CallObserver`]);
+//!   (fed by the API's trace stage, `crate::http::middleware::traced`), answers by outcome, and dependency calls by outcome ([`CallObserver`]);
 //! - **read at scrape time** from the counters the caches, guards, shedder and event bus keep
 //!   anyway ([`StateCollector`]), so nothing is counted twice;
 //! - **derived at scrape time**: the business success ratio, for dashboards without PromQL.

@@ -1,13 +1,14 @@
-//! The REST edge: routes, the one error type, and the middleware every request passes.
+//! The REST edge: routes, the one error type, and the stages every request passes.
 //!
-//! Order of the layers, outermost first: trace id and request metrics in one layer (sets
-//! `x-trace-id`, renders error bodies; latency by route and final status, answers by outcome),
-//! panic catcher, then
-//! one layer for the stages every request passes in order ([`edge::gate`]: head caps (431, 414,
-//! 413 on a declared length), per-client limit (429), body read (408, 413: the whole body arrives
-//! before the request counts as load), load-shedding admission (stamps the shed level), request
-//! timeout), body limit; then the routes. Connection-level bounds (header
-//! and idle timeouts, connection caps) are the server loop's, in [`crate::server`].
+//! The public listener serves [`edge::Edge`]: one service around the router that runs, outermost
+//! first, the trace stage (trace id, span and timeline; sets `x-trace-id`, renders error bodies;
+//! latency by route and final status, answers by outcome; the slow-request log), the panic
+//! catcher, then the [`edge::Gate`] stages in order (head caps (431, 414, 413 on a declared
+//! length), per-client limit (429), body read (408, 413: the whole body arrives before the request
+//! counts as load), load-shedding admission (stamps the shed level), request timeout), then the
+//! routes (body limit). The admin listener runs the same trace stage and gate as layers.
+//! Connection-level bounds (header and idle timeouts, connection caps) are the server loop's, in
+//! [`crate::server`].
 
 pub mod admin;
 pub mod edge;
