@@ -46,7 +46,7 @@ fn whole_request(criterion: &mut Criterion) {
     let directory = tempfile::tempdir().unwrap();
     let app = runtime.block_on(application(&directory));
     let router = query_api::http::router(app.state().clone());
-    let send = |router: axum::Router| async move {
+    let send = |router: query_api::http::service::Edge| async move {
         let response = router.oneshot(request()).await.unwrap();
         assert_eq!(response.status(), 200);
         axum::body::to_bytes(response.into_body(), 1 << 20)

@@ -264,7 +264,7 @@ impl Metrics {
     ) {
         let degraded = answered.is_some_and(|answered| answered.degraded > 0);
         let labels = RequestLabels {
-            route: route.clone(),
+            route: *route,
             class: ClassLabel(class),
             status,
             degraded,

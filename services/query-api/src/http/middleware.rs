@@ -92,8 +92,8 @@ impl LineBudget {
     }
 }
 
-/// Outermost layer of the admin listener: see [`traced`], without the metrics and the
-/// slow-request log.
+/// Outermost layer of the admin listener: the trace stage the public listener runs, without the
+/// metrics and the slow-request log.
 pub async fn trace_requests(request: Request, next: Next) -> Response {
     traced(request, None, |request| next.run(request)).await
 }

@@ -1,6 +1,6 @@
 //! The REST edge: routes, the one error type, and the stages every request passes.
 //!
-//! The public listener serves [`edge::Edge`]: one service around the router that runs, outermost
+//! The public listener serves [`service::Edge`]: one service around the router that runs, outermost
 //! first, the trace stage (trace id, span and timeline; sets `x-trace-id`, renders error bodies;
 //! latency by route and final status, answers by outcome; the slow-request log), the panic
 //! catcher, then the [`edge::Gate`] stages in order (head caps (431, 414, 413 on a declared
@@ -18,6 +18,7 @@ pub mod items;
 pub mod middleware;
 pub mod protect;
 pub mod routes;
+pub mod service;
 mod slow_requests;
 
 use axum::Router;
@@ -28,8 +29,8 @@ pub use middleware::TRACE_ID_HEADER;
 
 use crate::state::AppState;
 
-/// The public API: the routes inside the [`edge::Edge`] stages.
-pub fn router(state: AppState) -> edge::Edge {
+/// The public API: the routes inside the [`service::Edge`] stages.
+pub fn router(state: AppState) -> service::Edge {
     let limits = std::sync::Arc::clone(&state.limits);
     let gate = edge::Gate {
         limits: std::sync::Arc::clone(&limits.edge),
@@ -42,5 +43,5 @@ pub fn router(state: AppState) -> edge::Edge {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limits.body_limit_bytes))
         .with_state(state.clone());
-    edge::Edge::new(routes, state, gate)
+    service::Edge::new(routes, state, gate)
 }
