@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
@@ -42,25 +42,31 @@ async fn item_rebate(
     quote_item(&state, trace_id, level, &platform, &item_id).await
 }
 
-/// The single-item route without the router, for the edge's fast path: `GET` on a path that
-/// [`super::routes::item_segments`] splits (no percent-encoding to decode). Answers exactly as
-/// the routed handler does; anything else (other methods, encoded segments) goes through the
-/// router.
-pub(super) async fn item_rebate_direct(state: &AppState, request: Request) -> Response {
-    let (parts, _) = request.into_parts();
-    let Some((platform, item_id)) = super::routes::item_segments(parts.uri.path()) else {
-        return ApiError::RouteNotFound.into_response();
+/// The single-item route without the router, for the edge's fast path: a `GET` on a path that
+/// [`super::routes::item_segments`] splits (no percent-encoding to decode) is answered here,
+/// exactly as the routed handler answers it; any other request is handed back for the router.
+pub(super) async fn item_rebate_direct(
+    state: &AppState,
+    request: Request,
+) -> Result<Response, Request> {
+    let (parts, body) = request.into_parts();
+    let segments = (parts.method == Method::GET)
+        .then(|| super::routes::item_segments(parts.uri.path()))
+        .flatten();
+    let Some((platform, item_id)) = segments else {
+        return Err(Request::from_parts(parts, body));
     };
+    drop(body);
     let (Some(&trace_id), Some(&level)) = (
         parts.extensions.get::<TraceId>(),
         parts.extensions.get::<ShedLevel>(),
     ) else {
         tracing::error!("the edge ran the item route without a trace id or shed level");
-        return ApiError::Internal.into_response();
+        return Ok(ApiError::Internal.into_response());
     };
-    quote_item(state, trace_id, level, platform, item_id)
+    Ok(quote_item(state, trace_id, level, platform, item_id)
         .await
-        .into_response()
+        .into_response())
 }
 
 async fn quote_item(

@@ -9,7 +9,6 @@ use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::extract::Request;
-use axum::http::Method;
 use axum::response::Response;
 use futures::FutureExt;
 use tower::ServiceExt;
@@ -80,11 +79,10 @@ impl tower::Service<Request> for Edge {
                 let stages = gate.run(request, |request| async move {
                     // The hot route straight to its handler: the router's matching, parameter
                     // maps and extractors cost more than the handler itself.
-                    if request.method() == Method::GET
-                        && super::routes::item_segments(request.uri().path()).is_some()
-                    {
-                        return super::items::item_rebate_direct(state, request).await;
-                    }
+                    let request = match super::items::item_rebate_direct(state, request).await {
+                        Ok(response) => return response,
+                        Err(other) => other,
+                    };
                     match routes.oneshot(request).await {
                         Ok(response) => response,
                         Err(never) => match never {},
