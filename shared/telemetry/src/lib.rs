@@ -13,7 +13,9 @@
 //! - [`otel`]: OTLP/HTTP export with tail-based keeping, trace-id linking, outgoing
 //!   `traceparent`.
 //! - [`timeline`]: [`Timeline`], [`Stage`].
+//! - [`lines`]: the log lines' event format, which names the request in scope by its trace id.
 
+pub mod lines;
 pub mod otel;
 pub mod timeline;
 
@@ -204,15 +206,25 @@ pub fn init(
     let colour = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let logs = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
-            .with_target(false)
             .with_ansi(colour)
+            .event_format(lines::WithTraceId::new(
+                tracing_subscriber::fmt::format()
+                    .with_target(false)
+                    .with_ansi(colour),
+                lines::Shape::Text,
+            ))
             .fmt_fields(plain_fields())
             .with_filter(filter)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
+            .event_format(lines::WithTraceId::new(
+                tracing_subscriber::fmt::format()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true),
+                lines::Shape::Json,
+            ))
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
             .with_filter(filter)
             .boxed(),
     };

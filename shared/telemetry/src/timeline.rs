@@ -63,6 +63,11 @@ impl Timeline {
         TIMELINE.try_with(Arc::clone).ok()
     }
 
+    /// The trace id of the running task's timeline, if a request set one (no reference taken).
+    pub fn current_trace_id() -> Option<TraceId> {
+        TIMELINE.try_with(|timeline| timeline.trace_id).ok()
+    }
+
     /// Runs `future` with this timeline as [`Timeline::current`].
     pub async fn scope<F: Future>(self: Arc<Self>, future: F) -> F::Output {
         TIMELINE.scope(self, future).await
