@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use rebate_tests::{TestApp, spawn_app_with};
-use serde_json::Value;
+use rebate_tests::{TestApp, spawn_app, spawn_app_with};
+use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -191,4 +191,94 @@ async fn a_malformed_path_segment_gets_the_json_error_with_a_trace_id() {
         .unwrap();
     let response = read_until_closed(&mut stream).await;
     assert_json_error(&response, 400, "invalid_query");
+}
+
+/// The single-item `GET` answered without a future (the edge's hot path) and the same request
+/// through the general stages and the router (a percent-encoded segment sends it there) give the
+/// same answers: a kept rendering, the level stamp while shedding, a refusal of the request's
+/// class, the metrics series and the shedder's in-flight count.
+#[tokio::test]
+async fn the_hot_path_answers_as_the_general_path_does() {
+    let app = spawn_app().await;
+    let client = reqwest::Client::new();
+    // `%31` is `1`: the router decodes it to the same item; the hot path leaves such paths alone.
+    let hot = app.item_url("taobao", "100001");
+    let general = app.item_url("taobao", "10000%31");
+    let get = |url: String, class: Option<&'static str>| {
+        let client = client.clone();
+        async move {
+            let mut request = client.get(url);
+            if let Some(class) = class {
+                request = request.header("x-request-class", class);
+            }
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            let headers = response.headers().clone();
+            let mut body: Value = response.json().await.unwrap();
+            let trace_id = body
+                .as_object_mut()
+                .and_then(|object| object.remove("trace_id"))
+                .unwrap_or_else(|| panic!("a trace id in {body}"));
+            assert_eq!(headers["x-trace-id"].to_str().unwrap(), trace_id, "{body}");
+            let shed_level = headers
+                .get("x-shed-level")
+                .map(|value| value.to_str().unwrap().to_owned());
+            (
+                status,
+                shed_level,
+                headers.get("retry-after").is_some(),
+                body,
+            )
+        }
+    };
+    // The first answer is assembled (the hot path continues in a future), then it is kept.
+    let first = get(hot.clone(), None).await;
+    assert_eq!(first.0, 200, "{first:?}");
+    let (hot_answer, general_answer) = (
+        get(hot.clone(), None).await,
+        get(general.clone(), None).await,
+    );
+    assert_eq!(hot_answer, general_answer);
+    assert_eq!(hot_answer, first);
+
+    // Shedding: a page is served with the level stamped, a prefetch refused with Retry-After.
+    app.admin_put("/admin/v1/shedding", &json!({"level": "short_timeouts"}))
+        .await;
+    let (hot_page, general_page) = (
+        get(hot.clone(), None).await,
+        get(general.clone(), None).await,
+    );
+    assert_eq!(hot_page.1.as_deref(), Some("2"), "{hot_page:?}");
+    assert_eq!(hot_page, general_page);
+    let (hot_prefetch, general_prefetch) = (
+        get(hot.clone(), Some("prefetch")).await,
+        get(general.clone(), Some("prefetch")).await,
+    );
+    assert_eq!(hot_prefetch.0, 503, "{hot_prefetch:?}");
+    assert!(hot_prefetch.2, "Retry-After on the refusal");
+    // The same refusal; its Retry-After (and so the message) is jittered.
+    let refusal = |(status, level, retry_after, body): (u16, Option<String>, bool, Value)| {
+        (status, level, retry_after, body["error"]["code"].clone())
+    };
+    assert_eq!(refusal(hot_prefetch), refusal(general_prefetch));
+    app.admin_put("/admin/v1/shedding", &json!({"level": null}))
+        .await;
+
+    let metrics = app.admin_get("/metrics").await.text().await.unwrap();
+    let series = |class: &str, status: u16| {
+        format!(
+            "rebate_http_request_duration_seconds_count{{route=\"/api/v1/items/{{platform}}/{{item_id}}/rebate\",class=\"{class}\",status=\"{status}\",degraded=\"false\"}} "
+        )
+    };
+    let count = |name: String| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(&name))
+            .unwrap_or_else(|| panic!("{name} in {metrics}"))
+            .to_owned()
+    };
+    assert_eq!(count(series("page", 200)), "5", "{metrics}");
+    assert_eq!(count(series("prefetch", 503)), "2", "{metrics}");
+    assert_eq!(shed_in_flight(&app).await, 0);
+    app.stop().await;
 }

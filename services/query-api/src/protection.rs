@@ -67,6 +67,15 @@ impl ClientBuckets {
         }
     }
 
+    /// The instance's buckets, which answer without waiting (`None` for the fleet's, which may
+    /// wait on Redis).
+    pub fn instance(&self) -> Option<&KeyedLimiter> {
+        match self {
+            ClientBuckets::Instance(limiter) => Some(limiter),
+            ClientBuckets::Fleet(_) => None,
+        }
+    }
+
     /// Clients tracked (approximate) and requests refused since start.
     pub fn stats(&self) -> (u64, u64) {
         match self {

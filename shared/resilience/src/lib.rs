@@ -30,5 +30,7 @@ pub use class::RequestClass;
 pub use keyed::{KeyedSlots, Slot};
 pub use quota::{KeyedLimiter, QuotaExceeded, RateConfig, TokenBucket};
 pub use retry::{Backoff, Jitter, RetryBudget, RetryConfig};
-pub use shedder::{Admission, LevelController, LoadShedder, ShedConfig, ShedLevel, ShedSnapshot};
+pub use shedder::{
+    Admission, AdmissionTicket, LevelController, LoadShedder, ShedConfig, ShedLevel, ShedSnapshot,
+};
 pub use ticker::{ManualTicker, MonotonicTicker, Ticker};

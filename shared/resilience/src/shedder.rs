@@ -998,6 +998,60 @@ impl Admission<'_> {
     pub fn level(&self) -> ShedLevel {
         self.level
     }
+
+    /// The admission without its borrow of the shedder, for a request whose remaining work
+    /// outlives the scope it was admitted in: it stays in flight until the ticket is handed to
+    /// [`LoadShedder::complete`].
+    pub fn into_ticket(self) -> AdmissionTicket {
+        let ticket = AdmissionTicket {
+            level: self.level,
+            admitted_at_nanos: self.admitted_at_nanos,
+        };
+        std::mem::forget(self);
+        ticket
+    }
+}
+
+/// An [`Admission`] detached from its shedder ([`Admission::into_ticket`]); the request counts
+/// as in flight until [`LoadShedder::complete`] takes it back.
+#[derive(Debug)]
+#[must_use = "the request counts as in flight until the ticket is completed"]
+pub struct AdmissionTicket {
+    level: ShedLevel,
+    admitted_at_nanos: u64,
+}
+
+impl AdmissionTicket {
+    /// The level to serve this request at, fixed at admission.
+    pub fn level(&self) -> ShedLevel {
+        self.level
+    }
+}
+
+impl LoadShedder {
+    /// Records the completion of a request admitted as `ticket`, as dropping its [`Admission`]
+    /// would have.
+    pub fn complete(&self, ticket: AdmissionTicket) {
+        self.record_completion(ticket.admitted_at_nanos);
+    }
+
+    fn record_completion(&self, admitted_at_nanos: u64) {
+        let now_nanos = self.ticker.now_nanos();
+        let latency_nanos = now_nanos.saturating_sub(admitted_at_nanos);
+        let counters = &self.counters;
+        counters.in_flight.fetch_sub(1, Ordering::Relaxed);
+        counters
+            .latency_sum_nanos
+            .fetch_add(latency_nanos, Ordering::Relaxed);
+        // Only the part inside the current interval: a request that hung for seconds must not
+        // count its whole wait against the interval it happens to end in.
+        let interval_start = self.last_evaluation_nanos.load(Ordering::Relaxed);
+        counters.busy_nanos.fetch_add(
+            now_nanos.saturating_sub(admitted_at_nanos.max(interval_start)),
+            Ordering::Relaxed,
+        );
+        counters.completed.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl fmt::Debug for Admission<'_> {
@@ -1012,22 +1066,7 @@ impl fmt::Debug for Admission<'_> {
 
 impl Drop for Admission<'_> {
     fn drop(&mut self) {
-        let shedder = self.shedder;
-        let now_nanos = shedder.ticker.now_nanos();
-        let latency_nanos = now_nanos.saturating_sub(self.admitted_at_nanos);
-        let counters = &shedder.counters;
-        counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-        counters
-            .latency_sum_nanos
-            .fetch_add(latency_nanos, Ordering::Relaxed);
-        // Only the part inside the current interval: a request that hung for seconds must not
-        // count its whole wait against the interval it happens to end in.
-        let interval_start = shedder.last_evaluation_nanos.load(Ordering::Relaxed);
-        counters.busy_nanos.fetch_add(
-            now_nanos.saturating_sub(self.admitted_at_nanos.max(interval_start)),
-            Ordering::Relaxed,
-        );
-        counters.completed.fetch_add(1, Ordering::Relaxed);
+        self.shedder.record_completion(self.admitted_at_nanos);
     }
 }
 
@@ -1310,6 +1349,30 @@ mod tests {
         ticker.advance(latency);
         drop(admissions);
         ticker.advance(shedder.config().interval.saturating_sub(latency));
+    }
+
+    #[test]
+    fn a_ticket_keeps_the_request_in_flight_until_completed_like_an_admission() {
+        let (shedder, ticker) = manual_shedder(ShedConfig::default());
+        let kept = shedder.admit();
+        let ticket = shedder.admit().into_ticket();
+        assert_eq!(ticket.level(), kept.level());
+        assert_eq!(
+            shedder.snapshot().in_flight,
+            2,
+            "forgetting the borrow ends nothing"
+        );
+        ticker.advance(Duration::from_millis(40));
+        drop(kept);
+        assert_eq!(shedder.snapshot().in_flight, 1);
+        shedder.complete(ticket);
+        assert_eq!(shedder.snapshot().in_flight, 0);
+        assert_eq!(shedder.counters.completed.load(Ordering::Relaxed), 2);
+        assert_eq!(
+            shedder.counters.latency_sum_nanos.load(Ordering::Relaxed),
+            2 * 40_000_000,
+            "both held 40 ms"
+        );
     }
 
     #[test]

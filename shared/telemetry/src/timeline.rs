@@ -58,6 +58,11 @@ impl Timeline {
         self.trace_id
     }
 
+    /// When the request began (the timeline's zero).
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
     /// The timeline of the running task, if a request set one.
     pub fn current() -> Option<Arc<Self>> {
         TIMELINE.try_with(Arc::clone).ok()
@@ -66,6 +71,11 @@ impl Timeline {
     /// The trace id of the running task's timeline, if a request set one (no reference taken).
     pub fn current_trace_id() -> Option<TraceId> {
         TIMELINE.try_with(|timeline| timeline.trace_id).ok()
+    }
+
+    /// Runs `run` with this timeline as [`Timeline::current`], for work done without a future.
+    pub fn sync_scope<R>(self: Arc<Self>, run: impl FnOnce() -> R) -> R {
+        TIMELINE.sync_scope(self, run)
     }
 
     /// Runs `future` with this timeline as [`Timeline::current`].

@@ -87,7 +87,7 @@ impl Gate {
     }
 }
 
-fn head_error(limits: &EdgeLimits, request: &Request) -> Option<ApiError> {
+pub(super) fn head_error(limits: &EdgeLimits, request: &Request) -> Option<ApiError> {
     let target_bytes = request
         .uri()
         .path_and_query()

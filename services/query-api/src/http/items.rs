@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use rebate_domain::{ItemKey, KeyError};
-use rebate_engine::{DegradeReason, QueryError, Quote, QuoteAnswer, ShedLevel};
+use rebate_engine::{DegradeReason, QueryError, Quote, QuoteAnswer, RenderedQuote, ShedLevel};
 use rebate_telemetry::TraceId;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -77,34 +77,69 @@ async fn quote_item(
     item_id: &str,
 ) -> Result<Response, ApiError> {
     let key = parse_key(platform, item_id)?;
+    if let Some((mut response, answered)) = quote_rendered(state, trace_id, key) {
+        response.extensions_mut().insert(answered);
+        return Ok(response);
+    }
+    quote_assembled(state, trace_id, level, key).await
+}
+
+/// `key`'s answer from its kept rendering when one is valid now, without a future: the edge's
+/// hot path answers with this alone. The answers go beside the response, not in it.
+pub(super) fn quote_rendered(
+    state: &AppState,
+    trace_id: TraceId,
+    key: ItemKey,
+) -> Option<(Response, Answered)> {
+    let rendered = state.engine.answer_rendered(key)?;
+    if let Some(hot_keys) = &state.hot_keys {
+        hot_keys.record(key);
+    }
+    // Only complete quotes are kept rendered.
+    Some(quote_response(with_trace_id(&rendered, trace_id), false))
+}
+
+/// The kept JSON with the trace id appended: one copy.
+fn with_trace_id(rendered: &RenderedQuote, trace_id: TraceId) -> Vec<u8> {
+    let mut member = [0u8; 45];
+    member[..12].copy_from_slice(br#""trace_id":""#);
+    member[12..44].copy_from_slice(&trace_id.hex_digits());
+    member[44] = b'"';
+    rendered.with_members(&member)
+}
+
+/// `key`'s answer assembled by the engine (its kept rendering missed), with its answers in the
+/// response's extensions.
+pub(super) async fn quote_assembled(
+    state: &AppState,
+    trace_id: TraceId,
+    level: ShedLevel,
+    key: ItemKey,
+) -> Result<Response, ApiError> {
     let deadline = Instant::now() + state.limits.request_deadline;
-    let answer = match state.engine.answer_rendered(key) {
-        Some(hit) => QuoteAnswer::Rendered(hit),
-        // Boxed: assembling is a large future, and this one is inside every request's.
-        None => Box::pin(state.engine.answer(key, deadline, level))
-            .await
-            .map_err(|error| query_error(state, error))?,
-    };
+    // Boxed: assembling is a large future, and this one is inside every request's.
+    let answer = Box::pin(state.engine.answer(key, deadline, level))
+        .await
+        .map_err(|error| query_error(state, error))?;
     if let Some(hot_keys) = &state.hot_keys {
         hot_keys.record(key);
     }
     let body = match &answer {
-        // The hot path: the kept JSON with the trace id appended, one copy.
-        QuoteAnswer::Rendered(rendered) => {
-            let mut member = [0u8; 45];
-            member[..12].copy_from_slice(br#""trace_id":""#);
-            member[12..44].copy_from_slice(&trace_id.hex_digits());
-            member[44] = b'"';
-            rendered.with_members(&member)
-        }
+        QuoteAnswer::Rendered(rendered) => with_trace_id(rendered, trace_id),
         QuoteAnswer::Assembled(quote) => serde_json::to_vec(&QuoteBody { quote, trace_id })
             .map_err(|error| {
                 tracing::error!(%error, "cannot render a quote");
                 ApiError::Internal
             })?,
     };
-    let degraded = answer.degraded();
-    let mut response = (
+    let (mut response, answered) = quote_response(body, answer.degraded());
+    response.extensions_mut().insert(answered);
+    Ok(response)
+}
+
+/// The quote's JSON response and what it answered.
+fn quote_response(body: Vec<u8>, degraded: bool) -> (Response, Answered) {
+    let response = (
         [(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
@@ -112,12 +147,12 @@ async fn quote_item(
         body,
     )
         .into_response();
-    response.extensions_mut().insert(Answered {
+    let answered = Answered {
         complete: u32::from(!degraded),
         degraded: u32::from(degraded),
         failed: 0,
-    });
-    Ok(response)
+    };
+    (response, answered)
 }
 
 pub(super) fn parse_key(platform: &str, item_id: &str) -> Result<ItemKey, ApiError> {

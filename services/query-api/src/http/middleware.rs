@@ -99,12 +99,12 @@ pub async fn trace_requests(request: Request, next: Next) -> Response {
 }
 
 /// The outermost stage of every request: picks the trace id (an incoming W3C `traceparent`, else
-/// a new one) and makes it the exported trace's id too, runs `run` inside a `request` span and a
-/// [`Timeline`], sets `x-trace-id` and renders error bodies with it. With an `observer` (the
-/// API's), it also records the latency by route template, final status (429s, 503s and timeouts
-/// of the stages below included) and answers in the metrics and — when the request was slow,
-/// failed or degraded — records it in the slow-request log and writes its one log line. This is
-/// the one place a failed request is logged.
+/// a new one) and makes it the exported trace's id too, runs `run` inside a [`Timeline`] (and a
+/// `request` span when spans are exported), sets `x-trace-id` and renders error bodies with it.
+/// With an `observer` (the API's), it also records the latency by route template, final status
+/// (429s, 503s and timeouts of the stages below included) and answers in the metrics and — when
+/// the request was slow, failed or degraded — records it in the slow-request log and writes its
+/// one log line. This is the one place a failed request is logged.
 pub(super) async fn traced<Run, Answer>(
     mut request: Request,
     observer: Option<&RequestObserver>,
@@ -114,138 +114,222 @@ where
     Run: FnOnce(Request) -> Answer,
     Answer: Future<Output = Response>,
 {
-    let traceparent = request
-        .headers()
-        .get(TRACEPARENT)
-        .and_then(|value| value.to_str().ok());
-    let trace_id = traceparent
-        .and_then(TraceId::from_traceparent)
-        .unwrap_or_else(TraceId::generate);
-    let parent = traceparent.and_then(TraceId::parent_of_traceparent);
-    request.extensions_mut().insert(trace_id);
-    let method = request.method().clone();
-    // A clone of the target shares its bytes; the path is copied only for the slow-request log.
-    let uri = request.uri().clone();
-    // The `request` span exists for the exported trace only. Log lines need none: every line
-    // written under the request's timeline names its trace id (`rebate_telemetry::lines`), and a
-    // span per request — registry slot, filter bookkeeping, its fields formatted whether or not a
-    // line is written, an enter and exit on every poll — was a tenth of a cached request's work.
-    let span = if rebate_telemetry::otel::is_active() {
-        let span = tracing::info_span!(
-            "request",
-            method = method.as_str(),
-            path = uri.path(),
-            status = tracing::field::Empty,
-            degraded = tracing::field::Empty,
-            shed_level = tracing::field::Empty,
-            class = tracing::field::Empty,
-            latency_ms = tracing::field::Empty,
-            "otel.status_code" = tracing::field::Empty,
-        );
-        rebate_telemetry::otel::link_to_trace(&span, trace_id, parent);
-        span
-    } else {
-        tracing::Span::none()
-    };
-    // The route template, for the metrics.
     let route = observer.map(|_| Route::of(request.uri().path()));
-    let timeline = Timeline::new(trace_id);
-    let started = Instant::now();
-    let mut response = Arc::clone(&timeline)
+    let trace = Traced::begin(&request, route);
+    request.extensions_mut().insert(trace.trace_id);
+    let response = Arc::clone(&trace.timeline)
         .scope(run(request))
-        .instrument(span.clone())
+        .instrument(trace.span.clone())
         .await;
-    if let (Some(observer), Some(route)) = (observer, route) {
-        // Before the error body is rendered: the status and answers are the layers' below.
-        observer.metrics.record_request(
-            &route,
-            response.extensions().get::<RequestClass>().copied(),
-            response.status().as_u16(),
-            response.extensions().get::<Answered>().copied(),
-            started.elapsed(),
-        );
-    }
+    trace.finish(response, observer)
+}
 
-    if let Some(error) = response.extensions_mut().remove::<ErrorBody>() {
-        let body = ErrorEnvelope {
-            error: ErrorJson {
-                code: error.code,
-                message: &error.message,
-            },
-            trace_id,
+/// The trace stage's state between the request's head and its response: [`traced`] in two
+/// halves, for callers that answer without a future (the edge's hot path) as well.
+pub(super) struct Traced {
+    pub(super) trace_id: TraceId,
+    /// `Span::none()` unless spans are exported.
+    pub(super) span: tracing::Span,
+    pub(super) timeline: Arc<Timeline>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    /// The route template, for the metrics (only with an observer).
+    route: Option<Route>,
+    started: Instant,
+}
+
+impl Traced {
+    /// The trace id, span and timeline of `request`; its `route` when its latency will be
+    /// recorded in the metrics.
+    pub(super) fn begin(request: &Request, route: Option<Route>) -> Self {
+        let traceparent = request
+            .headers()
+            .get(TRACEPARENT)
+            .and_then(|value| value.to_str().ok());
+        let trace_id = traceparent
+            .and_then(TraceId::from_traceparent)
+            .unwrap_or_else(TraceId::generate);
+        let method = request.method().clone();
+        // A clone of the target shares its bytes; the path is copied only for the slow-request
+        // log.
+        let uri = request.uri().clone();
+        // The `request` span exists for the exported trace only. Log lines need none: every
+        // line written under the request's timeline names its trace id
+        // (`rebate_telemetry::lines`), and a span per request — registry slot, filter
+        // bookkeeping, its fields formatted whether or not a line is written, an enter and exit
+        // on every poll — was a tenth of a cached request's work.
+        let span = if rebate_telemetry::otel::is_active() {
+            let span = tracing::info_span!(
+                "request",
+                method = method.as_str(),
+                path = uri.path(),
+                status = tracing::field::Empty,
+                degraded = tracing::field::Empty,
+                shed_level = tracing::field::Empty,
+                class = tracing::field::Empty,
+                latency_ms = tracing::field::Empty,
+                "otel.status_code" = tracing::field::Empty,
+            );
+            let parent = traceparent.and_then(TraceId::parent_of_traceparent);
+            rebate_telemetry::otel::link_to_trace(&span, trace_id, parent);
+            span
+        } else {
+            tracing::Span::none()
         };
-        match serde_json::to_vec(&body) {
-            Ok(bytes) => {
-                let (mut parts, _) = response.into_parts();
-                parts.headers.insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                parts.headers.remove(header::CONTENT_LENGTH);
-                response = Response::from_parts(parts, axum::body::Body::from(bytes));
-            }
-            Err(serialize_error) => {
-                tracing::error!(parent: &span, %serialize_error, "cannot render an error body");
-            }
-        }
-    }
-    if let Ok(value) = HeaderValue::from_bytes(&trace_id.hex_digits()) {
-        response.headers_mut().insert(TRACE_ID_HEADER, value);
-    }
-
-    let latency = started.elapsed();
-    let latency_ms = (latency.as_secs_f64() * 1e6).round() / 1e3;
-    let status = response.status().as_u16();
-    let degraded = response
-        .extensions()
-        .get::<Answered>()
-        .is_some_and(|answered| answered.degraded > 0);
-    let shed_level = response
-        .headers()
-        .get(SHED_LEVEL_HEADER)
-        .and_then(|value| value.to_str().ok()?.parse::<u8>().ok())
-        .unwrap_or(0);
-    let class = response.extensions().get::<RequestClass>().copied();
-    // The outcome on the span is for the exported trace (the lines below name their fields).
-    if !span.is_none() {
-        span.record("status", status);
-        span.record("degraded", degraded);
-        span.record("shed_level", shed_level);
-        if let Some(class) = class {
-            span.record("class", class.as_str());
-        }
-        span.record("latency_ms", latency_ms);
-        if response.status().is_server_error() {
-            span.record("otel.status_code", "error");
+        let timeline = Timeline::new(trace_id);
+        Self {
+            trace_id,
+            span,
+            started: timeline.started(),
+            timeline,
+            method,
+            uri,
+            route,
         }
     }
 
-    let mut reasons = Vec::new();
-    if let Some(observer) = observer {
-        if latency >= observer.slow_after {
-            reasons.push(SlowReason::Slow);
-        }
-        if response.status().is_server_error() {
-            reasons.push(SlowReason::Failed);
-        }
-        if degraded {
-            reasons.push(SlowReason::Degraded);
-        }
+    /// The response as the client gets it, the class and answers read from its extensions
+    /// (where the stages below put them).
+    pub(super) fn finish(self, response: Response, observer: Option<&RequestObserver>) -> Response {
+        let class = response.extensions().get::<RequestClass>().copied();
+        let answered = response.extensions().get::<Answered>().copied();
+        self.finish_with(response, observer, class, answered)
     }
-    match observer {
-        Some(observer) if !reasons.is_empty() => {
-            let stages = timeline.stages();
-            if let Some(suppressed) = observer.lines.take() {
-                let summary = stages
-                    .iter()
-                    .map(|stage| {
-                        format!(
-                            "{} {} {} {}ms",
-                            stage.kind, stage.name, stage.outcome, stage.elapsed_ms
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ");
+
+    /// [`Traced::finish`] with the request's class and answers given.
+    pub(super) fn finish_with(
+        self,
+        mut response: Response,
+        observer: Option<&RequestObserver>,
+        class: Option<RequestClass>,
+        answered: Option<Answered>,
+    ) -> Response {
+        let Traced {
+            trace_id,
+            span,
+            timeline,
+            method,
+            uri,
+            route,
+            started,
+        } = self;
+        let latency = started.elapsed();
+        if let (Some(observer), Some(route)) = (observer, route) {
+            // Before the error body is rendered: the status and answers are the stages' below.
+            observer.metrics.record_request(
+                &route,
+                class,
+                response.status().as_u16(),
+                answered,
+                latency,
+            );
+        }
+
+        if let Some(error) = response.extensions_mut().remove::<ErrorBody>() {
+            let body = ErrorEnvelope {
+                error: ErrorJson {
+                    code: error.code,
+                    message: &error.message,
+                },
+                trace_id,
+            };
+            match serde_json::to_vec(&body) {
+                Ok(bytes) => {
+                    let (mut parts, _) = response.into_parts();
+                    parts.headers.insert(
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    parts.headers.remove(header::CONTENT_LENGTH);
+                    response = Response::from_parts(parts, axum::body::Body::from(bytes));
+                }
+                Err(serialize_error) => {
+                    tracing::error!(parent: &span, %serialize_error, "cannot render an error body");
+                }
+            }
+        }
+        if let Ok(value) = HeaderValue::from_bytes(&trace_id.hex_digits()) {
+            response.headers_mut().insert(TRACE_ID_HEADER, value);
+        }
+
+        let latency_ms = (latency.as_secs_f64() * 1e6).round() / 1e3;
+        let status = response.status().as_u16();
+        let degraded = answered.is_some_and(|answered| answered.degraded > 0);
+        let shed_level = response
+            .headers()
+            .get(SHED_LEVEL_HEADER)
+            .and_then(|value| value.to_str().ok()?.parse::<u8>().ok())
+            .unwrap_or(0);
+        // The outcome on the span is for the exported trace (the lines below name their fields).
+        if !span.is_none() {
+            span.record("status", status);
+            span.record("degraded", degraded);
+            span.record("shed_level", shed_level);
+            if let Some(class) = class {
+                span.record("class", class.as_str());
+            }
+            span.record("latency_ms", latency_ms);
+            if response.status().is_server_error() {
+                span.record("otel.status_code", "error");
+            }
+        }
+
+        let mut reasons = Vec::new();
+        if let Some(observer) = observer {
+            if latency >= observer.slow_after {
+                reasons.push(SlowReason::Slow);
+            }
+            if response.status().is_server_error() {
+                reasons.push(SlowReason::Failed);
+            }
+            if degraded {
+                reasons.push(SlowReason::Degraded);
+            }
+        }
+        match observer {
+            Some(observer) if !reasons.is_empty() => {
+                let stages = timeline.stages();
+                if let Some(suppressed) = observer.lines.take() {
+                    let summary = stages
+                        .iter()
+                        .map(|stage| {
+                            format!(
+                                "{} {} {} {}ms",
+                                stage.kind, stage.name, stage.outcome, stage.elapsed_ms
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    tracing::warn!(
+                        parent: &span,
+                        %trace_id,
+                        method = %method,
+                        path = %uri.path(),
+                        status,
+                        latency_ms,
+                        shed_level,
+                        class = class.map(RequestClass::as_str),
+                        reasons = ?reasons,
+                        stages = %summary,
+                        suppressed_since_last_line = suppressed,
+                        "slow request"
+                    );
+                }
+                observer.slow_log.push(SlowRequest {
+                    trace_id,
+                    instance: Arc::clone(&observer.instance),
+                    at: Timestamp::now(),
+                    method: method.to_string(),
+                    path: uri.path().to_owned(),
+                    status,
+                    latency_ms,
+                    shed_level,
+                    class,
+                    reasons,
+                    stages,
+                });
+            }
+            _ if response.status().is_server_error() => {
                 tracing::warn!(
                     parent: &span,
                     %trace_id,
@@ -255,51 +339,22 @@ where
                     latency_ms,
                     shed_level,
                     class = class.map(RequestClass::as_str),
-                    reasons = ?reasons,
-                    stages = %summary,
-                    suppressed_since_last_line = suppressed,
-                    "slow request"
+                    "request failed"
                 );
             }
-            observer.slow_log.push(SlowRequest {
-                trace_id,
-                instance: Arc::clone(&observer.instance),
-                at: Timestamp::now(),
-                method: method.to_string(),
-                path: uri.path().to_owned(),
-                status,
-                latency_ms,
-                shed_level,
-                class,
-                reasons,
-                stages,
-            });
+            _ => {
+                tracing::debug!(
+                    parent: &span,
+                    method = %method,
+                    path = %uri.path(),
+                    status,
+                    latency_ms,
+                    "request done"
+                );
+            }
         }
-        _ if response.status().is_server_error() => {
-            tracing::warn!(
-                parent: &span,
-                %trace_id,
-                method = %method,
-                path = %uri.path(),
-                status,
-                latency_ms,
-                shed_level,
-                class = class.map(RequestClass::as_str),
-                "request failed"
-            );
-        }
-        _ => {
-            tracing::debug!(
-                parent: &span,
-                method = %method,
-                path = %uri.path(),
-                status,
-                latency_ms,
-                "request done"
-            );
-        }
+        response
     }
-    response
 }
 
 /// A safety net above the per-request deadline the engine honours: whatever happens below, the

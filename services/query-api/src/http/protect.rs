@@ -2,11 +2,14 @@
 //! stamps every request with the level it is served at.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Request};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use rebate_resilience::{Admission, LoadShedder, RequestClass, ShedLevel};
+use rebate_resilience::{
+    Admission, AdmissionTicket, KeyedLimiter, LoadShedder, RequestClass, ShedLevel,
+};
 
 use super::error::ApiError;
 use super::routes::BATCH_ROUTE;
@@ -46,14 +49,36 @@ pub(super) async fn limit_client(
         .limiter
         .try_acquire(key.as_str())
         .await
-        .map_err(|retry_after| {
-            // Whole seconds, rounded up: a client that waits Retry-After finds a token.
-            let nanos = retry_after.as_nanos();
-            let retry_after_secs = u32::try_from(nanos.div_ceil(1_000_000_000))
-                .unwrap_or(u32::MAX)
-                .max(1);
-            ApiError::RateLimited { retry_after_secs }.into_response()
-        })
+        .map_err(rate_limited)
+}
+
+/// [`limit_client`] without a future, on this instance's buckets ([`ClientBuckets::instance`]).
+///
+/// [`ClientBuckets::instance`]: crate::protection::ClientBuckets::instance
+pub(super) fn limit_client_now(
+    limiter: &KeyedLimiter,
+    trusted_proxy_hops: u32,
+    headers: &HeaderMap,
+    peer: Option<IpAddr>,
+) -> Result<(), ApiError> {
+    let key = client_key(headers, peer, trusted_proxy_hops)?;
+    limiter
+        .try_acquire(key.as_str())
+        .map_err(|exceeded| rate_limited_error(exceeded.retry_after))
+}
+
+/// The 429 for a client that may try again after `retry_after`.
+fn rate_limited(retry_after: std::time::Duration) -> Response {
+    rate_limited_error(retry_after).into_response()
+}
+
+fn rate_limited_error(retry_after: std::time::Duration) -> ApiError {
+    // Whole seconds, rounded up: a client that waits Retry-After finds a token.
+    let nanos = retry_after.as_nanos();
+    let retry_after_secs = u32::try_from(nanos.div_ceil(1_000_000_000))
+        .unwrap_or(u32::MAX)
+        .max(1);
+    ApiError::RateLimited { retry_after_secs }
 }
 
 /// The limiter key: `id:<x-client-id>` when the header is present, else `ip:<address>` (from
@@ -164,51 +189,135 @@ where
     Run: FnOnce(Request) -> Answer,
     Answer: Future<Output = Response>,
 {
-    let class = match request_class(&request) {
+    let class = match request_class(request.uri().path(), request.headers()) {
         Ok(class) => class,
         Err(error) => return error.into_response(),
     };
-    let admission = protection.shedder.as_ref().map(LoadShedder::admit);
-    let measured = admission
-        .as_ref()
-        .map_or(ShedLevel::Normal, Admission::level);
-    let mut response = match class.served_at(measured) {
-        Some(level) => {
-            request.extensions_mut().insert(level);
-            let mut response = run(request).await;
-            if level != ShedLevel::Normal {
-                response.headers_mut().insert(
-                    SHED_LEVEL_HEADER,
-                    HeaderValue::from(u16::from(level.as_u8())),
-                );
-            }
-            response
+    let mut response = match Admitted::begin(protection, class) {
+        Ok(admitted) => {
+            request.extensions_mut().insert(admitted.level);
+            let response = run(request).await;
+            admitted.finish(response)
         }
-        None => {
-            protection.count_refused(class);
-            let retry_after_secs = protection.shed_retry_after();
-            let mut response = ApiError::Overloaded { retry_after_secs }.into_response();
-            response.headers_mut().insert(
-                SHED_LEVEL_HEADER,
-                HeaderValue::from(u16::from(measured.as_u8())),
-            );
-            response
-        }
+        Err(refused) => refused.into_response(),
     };
-    drop(admission);
     response.extensions_mut().insert(class);
+    response
+}
+
+/// A request the shedder let in, until its response: [`admit`] in two halves, for callers that
+/// answer without a future (the edge's hot path) as well.
+pub(super) struct Admitted<'a> {
+    /// The level the request is served at.
+    pub(super) level: ShedLevel,
+    /// Counts the request in flight until dropped (`None` when shedding is off).
+    admission: Option<Admission<'a>>,
+}
+
+impl<'a> Admitted<'a> {
+    /// The shedder's answer for a request of `class`: admitted at a level, or refused when its
+    /// class is not served now.
+    pub(super) fn begin(protection: &'a Protection, class: RequestClass) -> Result<Self, Refused> {
+        let admission = protection.shedder.as_ref().map(LoadShedder::admit);
+        let measured = admission
+            .as_ref()
+            .map_or(ShedLevel::Normal, Admission::level);
+        match class.served_at(measured) {
+            Some(level) => Ok(Self { level, admission }),
+            None => {
+                drop(admission);
+                protection.count_refused(class);
+                Err(Refused {
+                    measured,
+                    retry_after_secs: protection.shed_retry_after(),
+                })
+            }
+        }
+    }
+
+    /// The response with the level it was served at, when shedding; the request is no longer
+    /// in flight.
+    pub(super) fn finish(self, response: Response) -> Response {
+        let response = stamp_level(self.level, response);
+        drop(self.admission);
+        response
+    }
+
+    /// The same admission, owning its shedder's handle, for work that continues in a future of
+    /// its own.
+    pub(super) fn into_owned(self, protection: Arc<Protection>) -> OwnedAdmitted {
+        OwnedAdmitted {
+            level: self.level,
+            ticket: self.admission.map(Admission::into_ticket),
+            protection,
+        }
+    }
+}
+
+/// A request the shedder refused: the 503 (with `Retry-After` and the measured level).
+pub(super) struct Refused {
+    measured: ShedLevel,
+    retry_after_secs: u32,
+}
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        let mut response = ApiError::Overloaded {
+            retry_after_secs: self.retry_after_secs,
+        }
+        .into_response();
+        response.headers_mut().insert(
+            SHED_LEVEL_HEADER,
+            HeaderValue::from(u16::from(self.measured.as_u8())),
+        );
+        response
+    }
+}
+
+/// An [`Admitted`] that owns its handle on the shedder: still in flight until finished or
+/// dropped (a request whose client went away ends here too).
+pub(super) struct OwnedAdmitted {
+    pub(super) level: ShedLevel,
+    ticket: Option<AdmissionTicket>,
+    protection: Arc<Protection>,
+}
+
+impl OwnedAdmitted {
+    /// As [`Admitted::finish`].
+    pub(super) fn finish(self, response: Response) -> Response {
+        stamp_level(self.level, response)
+    }
+}
+
+impl Drop for OwnedAdmitted {
+    fn drop(&mut self) {
+        if let (Some(ticket), Some(shedder)) = (self.ticket.take(), &self.protection.shedder) {
+            shedder.complete(ticket);
+        }
+    }
+}
+
+/// `x-shed-level` on a response served while shedding.
+fn stamp_level(level: ShedLevel, mut response: Response) -> Response {
+    if level != ShedLevel::Normal {
+        response.headers_mut().insert(
+            SHED_LEVEL_HEADER,
+            HeaderValue::from(u16::from(level.as_u8())),
+        );
+    }
     response
 }
 
 /// The request's class: its route's (the batch route serves a list page, every other route an
 /// item page), lowered by an `x-request-class` header — never raised: a client cannot buy
 /// priority by claiming it.
-fn request_class(request: &Request) -> Result<RequestClass, ApiError> {
-    let route = match super::routes::template_of(request.uri().path()) {
-        Some(BATCH_ROUTE) => RequestClass::List,
-        _ => RequestClass::Page,
+pub(super) fn request_class(path: &str, headers: &HeaderMap) -> Result<RequestClass, ApiError> {
+    let route = if path == BATCH_ROUTE {
+        RequestClass::List
+    } else {
+        RequestClass::Page
     };
-    let Some(value) = request.headers().get(REQUEST_CLASS_HEADER) else {
+    let Some(value) = headers.get(REQUEST_CLASS_HEADER) else {
         return Ok(route);
     };
     let claimed = value

@@ -8,13 +8,24 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::Router;
+use axum::body::HttpBody;
 use axum::extract::Request;
-use axum::response::Response;
+use axum::http::Method;
+use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
+use futures::future::{Either, Ready, ready};
+use rebate_domain::ItemKey;
+use rebate_resilience::{KeyedLimiter, RequestClass};
+use rebate_telemetry::TraceId;
 use tower::ServiceExt;
+use tracing::Instrument;
 
 use super::edge::Gate;
-use super::middleware::RequestObserver;
+use super::middleware::{RequestObserver, Traced};
+use super::protect::{self, Admitted, OwnedAdmitted};
+use super::routes::{self, ITEM_ROUTE};
+use crate::metrics::{Answered, Route};
+use crate::protection::Protection;
 use crate::state::AppState;
 
 /// The public listener's service: every stage a request passes before and after the routes, in
@@ -57,10 +68,15 @@ impl Edge {
     }
 }
 
+/// The future of [`Edge::call`]: an answer made before `call` returned (a hot item), or the
+/// stages still running.
+type EdgeFuture = Either<Ready<Result<Response, Infallible>>, BoxedAnswer>;
+type BoxedAnswer = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
 impl tower::Service<Request> for Edge {
     type Response = Response;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+    type Future = EdgeFuture;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         // The router is always ready.
@@ -68,8 +84,13 @@ impl tower::Service<Request> for Edge {
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
+        let request = match self.shared.hot_item(request) {
+            Hot::Answered(response) => return Either::Left(ready(Ok(response))),
+            Hot::Continues(answer) => return Either::Right(answer),
+            Hot::Not(request) => request,
+        };
         let Edge { routes, shared } = self.clone();
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             let EdgeStages {
                 observer,
                 gate,
@@ -77,7 +98,8 @@ impl tower::Service<Request> for Edge {
             } = &*shared;
             let response = super::middleware::traced(request, Some(observer), |request| {
                 let stages = gate.run(request, |request| async move {
-                    // The hot route straight to its handler: the router's matching, parameter
+                    // The single-item route past the router when the hot path could not take
+                    // it (say, the fleet's client buckets): the router's matching, parameter
                     // maps and extractors cost more than the handler itself.
                     let request = match super::items::item_rebate_direct(state, request).await {
                         Ok(response) => return response,
@@ -100,6 +122,190 @@ impl tower::Service<Request> for Edge {
             })
             .await;
             Ok(response)
+        }))
+    }
+}
+
+/// What the hot path made of a request.
+enum Hot {
+    /// Answered without a future.
+    Answered(Response),
+    /// Taken: its stages ran, its answer is being assembled.
+    Continues(BoxedAnswer),
+    /// Not a hot item: untouched, for the stages and the router.
+    Not(Request),
+}
+
+/// A request the hot path can take, with what its stages need.
+struct HotCandidate<'a> {
+    key: ItemKey,
+    class: RequestClass,
+    protection: &'a Arc<Protection>,
+    /// This instance's client buckets and the trusted proxy hops (`None`: no client limit).
+    limiter: Option<(&'a KeyedLimiter, u32)>,
+}
+
+/// Where the hot path's stages ended, without waiting.
+enum HotStep<'a> {
+    /// The response, the class it was served in (none when refused before admission) and what
+    /// it answered.
+    Done {
+        response: Response,
+        class: Option<RequestClass>,
+        answered: Option<Answered>,
+    },
+    /// Admitted, but the kept rendering missed: the engine must assemble the quote.
+    Assemble(Admitted<'a>),
+}
+
+impl EdgeStages {
+    /// The hot path: a `GET` of one item whose stages need no waiting — its head within the
+    /// caps, no body, this instance's client buckets — runs the same stages as any request, in
+    /// the same order and with the same answers (trace, head caps, per-client limit, admission,
+    /// the item's kept rendering), without the futures, boxes, timer and request extensions the
+    /// general path pays; a valid kept rendering is answered before `call` returns. When the
+    /// rendering misses, what is left (assembling the quote under the hard timeout) continues
+    /// in one boxed future. Anything else — or a request that would be refused by a check the
+    /// general path makes first — is handed back untouched.
+    fn hot_item(self: &Arc<Self>, request: Request) -> Hot {
+        let Some(HotCandidate {
+            key,
+            class,
+            protection,
+            limiter,
+        }) = self.hot_candidate(&request)
+        else {
+            return Hot::Not(request);
+        };
+        // From here on the request is this path's: each stage's effects happen exactly once.
+        let trace = Traced::begin(&request, Some(Route::Matched(ITEM_ROUTE)));
+        let _entered = trace.span.clone().entered();
+        let step = Arc::clone(&trace.timeline).sync_scope(|| {
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                self.hot_stages(&request, key, class, protection, limiter, trace.trace_id)
+            }))
+        });
+        let observer = Some(&*self.observer);
+        match step {
+            Ok(HotStep::Done {
+                response,
+                class,
+                answered,
+            }) => Hot::Answered(trace.finish_with(response, observer, class, answered)),
+            Ok(HotStep::Assemble(admitted)) => {
+                let admitted = admitted.into_owned(Arc::clone(protection));
+                Hot::Continues(Box::pin(
+                    Arc::clone(self).assemble(trace, admitted, key, class),
+                ))
+            }
+            Err(panic) => Hot::Answered(trace.finish_with(
+                super::middleware::panic_response(panic),
+                observer,
+                None,
+                None,
+            )),
+        }
+    }
+
+    /// The item, class and guards of a request the hot path can take, checked without any
+    /// effect: a `GET` on the item route without percent-encoding or a body, its head within
+    /// the caps, a valid key and class, and client buckets (if any) that answer without
+    /// waiting. The general path answers the rest, refusals included.
+    fn hot_candidate(&self, request: &Request) -> Option<HotCandidate<'_>> {
+        let protection = self.gate.protection.as_ref()?;
+        if request.method() != Method::GET || !request.body().is_end_stream() {
+            return None;
+        }
+        let path = request.uri().path();
+        let (platform, item_id) = routes::item_segments(path)?;
+        if super::edge::head_error(&self.gate.limits, request).is_some() {
+            return None;
+        }
+        let key = super::items::parse_key(platform, item_id).ok()?;
+        let class = protect::request_class(path, request.headers()).ok()?;
+        let limiter = match &protection.clients {
+            Some(clients) => Some((clients.limiter.instance()?, clients.trusted_proxy_hops)),
+            None => None,
+        };
+        Some(HotCandidate {
+            key,
+            class,
+            protection,
+            limiter,
         })
+    }
+
+    /// The stages of a hot request, in the general path's order: the per-client limit, the
+    /// shedder's admission, the kept rendering.
+    fn hot_stages<'a>(
+        &self,
+        request: &Request,
+        key: ItemKey,
+        class: RequestClass,
+        protection: &'a Protection,
+        limiter: Option<(&KeyedLimiter, u32)>,
+        trace_id: TraceId,
+    ) -> HotStep<'a> {
+        if let Some((limiter, hops)) = limiter
+            && let Err(refused) = protect::limit_client_now(
+                limiter,
+                hops,
+                request.headers(),
+                protect::peer_of(request),
+            )
+        {
+            return HotStep::Done {
+                response: refused.into_response(),
+                class: None,
+                answered: None,
+            };
+        }
+        let admitted = match Admitted::begin(protection, class) {
+            Ok(admitted) => admitted,
+            Err(refused) => {
+                return HotStep::Done {
+                    response: refused.into_response(),
+                    class: Some(class),
+                    answered: None,
+                };
+            }
+        };
+        match super::items::quote_rendered(&self.state, trace_id, key) {
+            Some((response, answered)) => HotStep::Done {
+                response: admitted.finish(response),
+                class: Some(class),
+                answered: Some(answered),
+            },
+            None => HotStep::Assemble(admitted),
+        }
+    }
+
+    /// The rest of a hot request whose rendering missed: the quote assembled under the hard
+    /// timeout, in the request's timeline (and span), a panic a plain 500.
+    async fn assemble(
+        self: Arc<Self>,
+        trace: Traced,
+        admitted: OwnedAdmitted,
+        key: ItemKey,
+        class: RequestClass,
+    ) -> Result<Response, Infallible> {
+        let (trace_id, level, timeout) = (trace.trace_id, admitted.level, self.gate.timeout);
+        let answer = super::middleware::with_timeout(timeout, async {
+            super::items::quote_assembled(&self.state, trace_id, level, key)
+                .await
+                .into_response()
+        });
+        let answer = Arc::clone(&trace.timeline)
+            .scope(answer)
+            .instrument(trace.span.clone());
+        let (response, class) = match AssertUnwindSafe(answer).catch_unwind().await {
+            Ok(response) => (admitted.finish(response), Some(class)),
+            Err(panic) => {
+                drop(admitted);
+                (super::middleware::panic_response(panic), None)
+            }
+        };
+        let answered = response.extensions().get::<Answered>().copied();
+        Ok(trace.finish_with(response, Some(&self.observer), class, answered))
     }
 }
