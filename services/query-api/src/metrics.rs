@@ -11,7 +11,7 @@
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -33,6 +33,7 @@ use rebate_sources::BatchStats;
 
 use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
+use crate::http::routes::{BATCH_ROUTE, ITEM_ROUTE};
 use crate::protection::Protection;
 use crate::server::ConnectionStats;
 use crate::upstreams::UpstreamClients;
@@ -73,6 +74,11 @@ pub struct Answered {
 pub struct Metrics {
     registry: Registry,
     requests: LatencyFamily<RequestLabels>,
+    /// The series of answered requests (200) by route, class and degradation, each found in
+    /// `requests` once: the family's map hashes the four labels with SipHash on every lookup,
+    /// a thirtieth of a cached request's instructions. Filled on first use, so a series appears
+    /// in the exposition only once it has a sample, as the family's others do.
+    answered: [OnceLock<Histogram>; AnsweredSeries::COUNT],
     answers: Answers,
     calls: Arc<CallMetrics>,
 }
@@ -85,6 +91,33 @@ struct RequestLabels {
     class: ClassLabel,
     status: u16,
     degraded: bool,
+}
+
+/// Where a 200's series sits in [`Metrics`]'s `answered`: route (other, item, batch) × class
+/// (none and the three) × degraded.
+struct AnsweredSeries;
+
+impl AnsweredSeries {
+    const COUNT: usize = 3 * 4 * 2;
+
+    fn index(labels: &RequestLabels) -> Option<usize> {
+        if labels.status != 200 {
+            return None;
+        }
+        let route = match labels.route {
+            Route::Other => 0,
+            Route::Matched(ITEM_ROUTE) => 1,
+            Route::Matched(BATCH_ROUTE) => 2,
+            Route::Matched(_) => return None,
+        };
+        let class = match labels.class.0 {
+            None => 0,
+            Some(RequestClass::Prefetch) => 1,
+            Some(RequestClass::List) => 2,
+            Some(RequestClass::Page) => 3,
+        };
+        Some((route * 4 + class) * 2 + usize::from(labels.degraded))
+    }
 }
 
 /// A request's class, or `other` for one refused before it had one (429, 431, …).
@@ -236,6 +269,7 @@ impl Metrics {
         Self {
             registry,
             requests,
+            answered: std::array::from_fn(|_| OnceLock::new()),
             answers,
             calls,
         }
@@ -269,9 +303,13 @@ impl Metrics {
             status,
             degraded,
         };
-        self.requests
-            .get_or_create(&labels)
-            .observe(elapsed.as_secs_f64());
+        let seconds = elapsed.as_secs_f64();
+        match AnsweredSeries::index(&labels) {
+            Some(index) => self.answered[index]
+                .get_or_init(|| self.requests.get_or_create(&labels).clone())
+                .observe(seconds),
+            None => self.requests.get_or_create(&labels).observe(seconds),
+        }
         match answered {
             Some(answered) => {
                 self.answers.complete.inc_by(u64::from(answered.complete));
@@ -938,6 +976,66 @@ pub(crate) fn sample<'a>(text: &'a str, series: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_answered_series_has_its_own_slot_and_lands_in_the_family() {
+        let mut seen = std::collections::HashSet::new();
+        for route in [
+            Route::Other,
+            Route::Matched(ITEM_ROUTE),
+            Route::Matched(BATCH_ROUTE),
+        ] {
+            for class in [None]
+                .into_iter()
+                .chain(RequestClass::ALL.into_iter().map(Some))
+            {
+                for degraded in [false, true] {
+                    let labels = RequestLabels {
+                        route,
+                        class: ClassLabel(class),
+                        status: 200,
+                        degraded,
+                    };
+                    let index = AnsweredSeries::index(&labels).unwrap();
+                    assert!(index < AnsweredSeries::COUNT && seen.insert(index));
+                    let other_status = RequestLabels {
+                        status: 503,
+                        ..labels
+                    };
+                    assert_eq!(AnsweredSeries::index(&other_status), None);
+                }
+            }
+        }
+        assert_eq!(seen.len(), AnsweredSeries::COUNT);
+
+        let metrics = Metrics::new();
+        let item = Route::Matched(ITEM_ROUTE);
+        for status in [200, 200, 200, 429] {
+            metrics.record_request(
+                &item,
+                Some(RequestClass::Page),
+                status,
+                None,
+                Duration::from_millis(1),
+            );
+        }
+        let text = metrics.encode().unwrap();
+        let count = |status: u16| {
+            sample(
+                &text,
+                &format!(
+                    r#"rebate_http_request_duration_seconds_count{{route="{ITEM_ROUTE}",class="page",status="{status}",degraded="false"}}"#
+                ),
+            )
+            .map(str::to_owned)
+        };
+        assert_eq!(count(200).as_deref(), Some("3"), "{text}");
+        assert_eq!(count(429).as_deref(), Some("1"), "{text}");
+        assert!(
+            !text.contains(r#"degraded="true""#),
+            "a series without samples is not shown: {text}"
+        );
+    }
 
     #[test]
     fn the_success_ratio_is_one_before_any_answer_then_complete_over_all() {
