@@ -470,6 +470,12 @@ struct BoundedIo {
     header_timeout: Duration,
     idle_timeout: Duration,
     wait: ReadWait,
+    /// When the current `wait` (idle or head) runs out.
+    read_deadline: Instant,
+    /// Armed at `read_deadline` or earlier, and moved only when a read must actually wait: a
+    /// timer fired early is re-armed at the real deadline. Moving it on every change of `wait`
+    /// took the runtime's timer wheel twice per keep-alive request for a wait that a pipelining
+    /// or busy client never makes.
     read_timer: Pin<Box<Sleep>>,
     write_timer: Pin<Box<Sleep>>,
     write_stalled: bool,
@@ -484,21 +490,42 @@ impl BoundedIo {
             header_timeout: limits.header_read_timeout,
             idle_timeout: limits.idle_timeout,
             wait: ReadWait::Head,
+            read_deadline: now + limits.header_read_timeout,
             read_timer: Box::pin(tokio::time::sleep_until(now + limits.header_read_timeout)),
             write_timer: Box::pin(tokio::time::sleep_until(now + limits.idle_timeout)),
             write_stalled: false,
         }
     }
 
-    /// Moves the read state on from what the service reports, arming the timer on each change.
+    /// Whether `read_deadline` has passed; if not, the read timer is armed to wake `cx` by then
+    /// (at the deadline itself, or earlier and re-armed when it fires).
+    fn read_timed_out(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.read_timer.deadline() > self.read_deadline {
+            self.read_timer.as_mut().reset(self.read_deadline);
+        }
+        for _ in 0..2 {
+            if self.read_timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            if Instant::now() >= self.read_deadline {
+                return true;
+            }
+            // Fired at an earlier deadline (of an earlier wait): on to this one.
+            self.read_timer.as_mut().reset(self.read_deadline);
+        }
+        // A timer that fires again at once before its deadline: look again soon rather than
+        // wait unwatched.
+        cx.waker().wake_by_ref();
+        false
+    }
+
+    /// Moves the read state on from what the service reports, setting the deadline of each wait.
     fn track_requests(&mut self) {
         let between = self.activity.between_requests();
         match (self.wait, between) {
             (ReadWait::Serving, true) => {
                 self.wait = ReadWait::Idle;
-                self.read_timer
-                    .as_mut()
-                    .reset(Instant::now() + self.idle_timeout);
+                self.read_deadline = Instant::now() + self.idle_timeout;
             }
             (ReadWait::Idle | ReadWait::Head, false) => self.wait = ReadWait::Serving,
             _ => {}
@@ -524,9 +551,7 @@ impl AsyncRead for BoundedIo {
                 if this.wait == ReadWait::Idle && buf.filled().len() > before {
                     // The first byte of the next head: from now on it must arrive in time.
                     this.wait = ReadWait::Head;
-                    this.read_timer
-                        .as_mut()
-                        .reset(Instant::now() + this.header_timeout);
+                    this.read_deadline = Instant::now() + this.header_timeout;
                 }
                 Poll::Ready(result)
             }
@@ -539,7 +564,7 @@ impl AsyncRead for BoundedIo {
                     }
                     return Poll::Pending;
                 }
-                if this.read_timer.as_mut().poll(cx).is_ready() {
+                if this.read_timed_out(cx) {
                     return Poll::Ready(Err(timed_out(match this.wait {
                         ReadWait::Head => "the request head did not arrive in time",
                         _ => "the connection was idle for too long",
@@ -720,6 +745,32 @@ mod tests {
         );
         tokio::task::yield_now().await;
         assert_eq!(stats.snapshot().open, 0);
+    }
+
+    /// The read timer moves only when a read waits: after a keep-alive request and an idle
+    /// spell (the timer armed for the idle timeout), a trickling head still gets the header
+    /// timeout from its first byte, not the later idle deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_trickling_after_an_idle_spell_is_cut_at_the_header_timeout() {
+        let (address, _, _shutdown) = start(limits()).await;
+        let mut stream = TcpStream::connect(address).await.unwrap();
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = [0u8; 512];
+        let read = stream.read(&mut response).await.unwrap();
+        assert!(String::from_utf8_lossy(&response[..read]).starts_with("HTTP/1.1 200"));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let started = Instant::now();
+        stream.write_all(b"GET / HTTP/1.1\r\nho").await.unwrap();
+        let closed = read_to_close(&mut stream).await;
+        assert!(!closed.contains("200"), "{closed}");
+        let elapsed = started.elapsed();
+        assert!(
+            (Duration::from_secs(5)..Duration::from_secs(6)).contains(&elapsed),
+            "{elapsed:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

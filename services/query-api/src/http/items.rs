@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
@@ -77,7 +78,7 @@ async fn quote_item(
     item_id: &str,
 ) -> Result<Response, ApiError> {
     let key = parse_key(platform, item_id)?;
-    if let Some((mut response, answered)) = quote_rendered(state, trace_id, key) {
+    if let Some((mut response, answered)) = quote_rendered(state, &trace_id.hex_digits(), key) {
         response.extensions_mut().insert(answered);
         return Ok(response);
     }
@@ -88,7 +89,7 @@ async fn quote_item(
 /// hot path answers with this alone. The answers go beside the response, not in it.
 pub(super) fn quote_rendered(
     state: &AppState,
-    trace_id: TraceId,
+    trace_hex: &[u8; 32],
     key: ItemKey,
 ) -> Option<(Response, Answered)> {
     let rendered = state.engine.answer_rendered(key)?;
@@ -96,14 +97,14 @@ pub(super) fn quote_rendered(
         hot_keys.record(key);
     }
     // Only complete quotes are kept rendered.
-    Some(quote_response(with_trace_id(&rendered, trace_id), false))
+    Some(quote_response(with_trace_id(&rendered, trace_hex), false))
 }
 
-/// The kept JSON with the trace id appended: one copy.
-fn with_trace_id(rendered: &RenderedQuote, trace_id: TraceId) -> Vec<u8> {
+/// The kept JSON with the trace id (its hex digits) appended: one copy.
+fn with_trace_id(rendered: &RenderedQuote, trace_hex: &[u8; 32]) -> Vec<u8> {
     let mut member = [0u8; 45];
     member[..12].copy_from_slice(br#""trace_id":""#);
-    member[12..44].copy_from_slice(&trace_id.hex_digits());
+    member[12..44].copy_from_slice(trace_hex);
     member[44] = b'"';
     rendered.with_members(&member)
 }
@@ -125,7 +126,7 @@ pub(super) async fn quote_assembled(
         hot_keys.record(key);
     }
     let body = match &answer {
-        QuoteAnswer::Rendered(rendered) => with_trace_id(rendered, trace_id),
+        QuoteAnswer::Rendered(rendered) => with_trace_id(rendered, &trace_id.hex_digits()),
         QuoteAnswer::Assembled(quote) => serde_json::to_vec(&QuoteBody { quote, trace_id })
             .map_err(|error| {
                 tracing::error!(%error, "cannot render a quote");
@@ -139,14 +140,12 @@ pub(super) async fn quote_assembled(
 
 /// The quote's JSON response and what it answered.
 fn quote_response(body: Vec<u8>, degraded: bool) -> (Response, Answered) {
-    let response = (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        )],
-        body,
-    )
-        .into_response();
+    // Built directly: axum's `(headers, Vec<u8>)` sets a content type and then replaces it.
+    let mut response = Response::new(Body::from(body));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     let answered = Answered {
         complete: u32::from(!degraded),
         degraded: u32::from(degraded),

@@ -128,6 +128,8 @@ where
 /// halves, for callers that answer without a future (the edge's hot path) as well.
 pub(super) struct Traced {
     pub(super) trace_id: TraceId,
+    /// Its 32 hex digits, formatted once (the header, and a body that carries them).
+    pub(super) trace_hex: [u8; 32],
     /// `Span::none()` unless spans are exported.
     pub(super) span: tracing::Span,
     pub(super) timeline: Arc<Timeline>,
@@ -179,6 +181,7 @@ impl Traced {
         let timeline = Timeline::new(trace_id);
         Self {
             trace_id,
+            trace_hex: trace_id.hex_digits(),
             span,
             started: timeline.started(),
             timeline,
@@ -206,6 +209,7 @@ impl Traced {
     ) -> Response {
         let Traced {
             trace_id,
+            trace_hex,
             span,
             timeline,
             method,
@@ -248,23 +252,18 @@ impl Traced {
                 }
             }
         }
-        if let Ok(value) = HeaderValue::from_bytes(&trace_id.hex_digits()) {
+        if let Ok(value) = HeaderValue::from_bytes(&trace_hex) {
             response.headers_mut().insert(TRACE_ID_HEADER, value);
         }
 
         let latency_ms = (latency.as_secs_f64() * 1e6).round() / 1e3;
         let status = response.status().as_u16();
         let degraded = answered.is_some_and(|answered| answered.degraded > 0);
-        let shed_level = response
-            .headers()
-            .get(SHED_LEVEL_HEADER)
-            .and_then(|value| value.to_str().ok()?.parse::<u8>().ok())
-            .unwrap_or(0);
         // The outcome on the span is for the exported trace (the lines below name their fields).
         if !span.is_none() {
             span.record("status", status);
             span.record("degraded", degraded);
-            span.record("shed_level", shed_level);
+            span.record("shed_level", shed_level_of(&response));
             if let Some(class) = class {
                 span.record("class", class.as_str());
             }
@@ -288,6 +287,7 @@ impl Traced {
         }
         match observer {
             Some(observer) if !reasons.is_empty() => {
+                let shed_level = shed_level_of(&response);
                 let stages = timeline.stages();
                 if let Some(suppressed) = observer.lines.take() {
                     let summary = stages
@@ -330,6 +330,7 @@ impl Traced {
                 });
             }
             _ if response.status().is_server_error() => {
+                let shed_level = shed_level_of(&response);
                 tracing::warn!(
                     parent: &span,
                     %trace_id,
@@ -355,6 +356,16 @@ impl Traced {
         }
         response
     }
+}
+
+/// The level a response was served at (`x-shed-level`; 0 when not shedding). Read only for the
+/// requests that are logged or exported.
+fn shed_level_of(response: &Response) -> u8 {
+    response
+        .headers()
+        .get(SHED_LEVEL_HEADER)
+        .and_then(|value| value.to_str().ok()?.parse::<u8>().ok())
+        .unwrap_or(0)
 }
 
 /// A safety net above the per-request deadline the engine honours: whatever happens below, the

@@ -16,7 +16,6 @@ use futures::FutureExt;
 use futures::future::{Either, Ready, ready};
 use rebate_domain::ItemKey;
 use rebate_resilience::{KeyedLimiter, RequestClass};
-use rebate_telemetry::TraceId;
 use tower::ServiceExt;
 use tracing::Instrument;
 
@@ -182,7 +181,7 @@ impl EdgeStages {
         let _entered = trace.span.clone().entered();
         let step = Arc::clone(&trace.timeline).sync_scope(|| {
             std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.hot_stages(&request, key, class, protection, limiter, trace.trace_id)
+                self.hot_stages(&request, key, class, protection, limiter, &trace.trace_hex)
             }))
         });
         let observer = Some(&*self.observer);
@@ -244,7 +243,7 @@ impl EdgeStages {
         class: RequestClass,
         protection: &'a Protection,
         limiter: Option<(&KeyedLimiter, u32)>,
-        trace_id: TraceId,
+        trace_hex: &[u8; 32],
     ) -> HotStep<'a> {
         if let Some((limiter, hops)) = limiter
             && let Err(refused) = protect::limit_client_now(
@@ -270,7 +269,7 @@ impl EdgeStages {
                 };
             }
         };
-        match super::items::quote_rendered(&self.state, trace_id, key) {
+        match super::items::quote_rendered(&self.state, trace_hex, key) {
             Some((response, answered)) => HotStep::Done {
                 response: admitted.finish(response),
                 class: Some(class),
