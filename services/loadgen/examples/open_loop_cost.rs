@@ -1,7 +1,7 @@
 //! What the open-loop generator itself costs: it offers `--rate` requests a second for
 //! `--seconds` (after one second of warm-up) to the ceiling (a bare axum handler on threads of
-//! its own, answering a quote-sized body), on a one-worker runtime as `rebate-loadgen` runs by
-//! default, and prints the rate it kept, how late it ran, and the CPU its threads took (every
+//! its own, answering a quote-sized body), on a one-worker runtime (as `rebate-loadgen chaos`
+//! and `soak` run by default; `run` uses two), and prints the rate it kept, how late it ran, and the CPU its threads took (every
 //! thread of the process but the ceiling's): requests per generator CPU-second is the figure
 //! that says whether a burst can be offered on this machine's spare core.
 //!
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use loadgen::ceiling::CeilingServer;
+use loadgen::ceiling::{CEILING_THREAD, CeilingServer};
 use loadgen::client::{LoadClient, Target};
 use loadgen::generator::{OpenLoop, Workload, run_open_loop};
 use loadgen::keys::KeyPicker;
@@ -27,8 +27,6 @@ use loadgen::recorder::Phase;
 use loadgen::schedule::{Schedule, Segment};
 use tokio::time::Instant;
 
-/// Thread name of the ceiling's runtime: every other thread of this process is the generator's.
-const CEILING_THREAD: &str = "ceiling";
 /// A quote as the service renders it (about the size of one).
 const QUOTE: &[u8] = br#"{"traceId":"0af7651916cd43dd8448eb211c80319c","item":{"platform":"jd","itemId":"100002"},"title":"Item 100002","price":{"amount":"129.00","currency":"CNY"},"rebate":{"rate":"0.0450","amount":"5.81"},"coupons":[{"id":"c-1","discount":"10.00","threshold":"99.00"}],"extras":{"badge":"hot"},"degraded":false,"stale":false}"#;
 
@@ -80,19 +78,13 @@ fn parse_args() -> anyhow::Result<Args> {
     Ok(args)
 }
 
-/// CPU ticks of this process's threads not named `name`.
+/// CPU ticks of this process's threads not named `name` (the ceiling's threads are all named
+/// [`CEILING_THREAD`]: every other thread of this process is the generator's).
 fn ticks_of_threads_but(name: &str) -> u64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|comm| comm.trim_end() != name)
-        })
-        .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
-        .filter_map(|stat| procfs::parse_cpu_ticks(&stat))
+    procfs::own_threads()
+        .into_iter()
+        .filter(|thread| thread.name != name)
+        .map(|thread| thread.ticks)
         .sum()
 }
 

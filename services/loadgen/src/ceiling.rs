@@ -2,6 +2,9 @@
 //! quote, on a loopback port, on its own runtime and thread (two workers, like the service's
 //! runtime on this 2-core machine). Whatever the harness and loopback TCP cost, they cost it
 //! here too; the service's figures are read against this one.
+//!
+//! Its threads are all named [`CEILING_THREAD`], so that the harness, which shares a process
+//! with it, can tell the ceiling's CPU from the generator's in `/proc/self/task`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,8 +14,18 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::any;
 use tokio::sync::oneshot;
+
+use crate::client::Target;
+use crate::procfs::CpuSource;
+
+/// The name of every thread of the ceiling (its runtime's workers and blocking threads, and
+/// the thread that accepts): distinct from the generator's, so its CPU is counted as the
+/// ceiling's, never as the generator's.
+pub const CEILING_THREAD: &str = "loadgen-ceiling";
+// Linux keeps 15 bytes of a thread's name (`comm`); a longer one would not be found again.
+const _: () = assert!(CEILING_THREAD.len() <= 15);
 
 /// A running ceiling server; stopped and joined on drop.
 #[derive(Debug)]
@@ -22,10 +35,11 @@ pub struct CeilingServer {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// The fixed-body router (also used by tests).
+/// The fixed-body router (also used by tests): any method on any path; a request's body is read
+/// in full first, as a server that used it would (a batch's keys).
 pub fn router(body: Bytes, content_type: String) -> Router {
     let response = Arc::new((body, content_type));
-    Router::new().fallback(get(move || {
+    Router::new().fallback(any(move |_request_body: Bytes| {
         let response = response.clone();
         async move {
             (
@@ -62,12 +76,12 @@ impl CeilingServer {
         let app = router(Bytes::from(body), content_type);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers.max(1))
-            .thread_name("ceiling")
+            .thread_name(CEILING_THREAD)
             .enable_all()
             .build()
             .context("building the ceiling's runtime")?;
         let thread = std::thread::Builder::new()
-            .name("ceiling".to_owned())
+            .name(CEILING_THREAD.to_owned())
             .spawn(move || {
                 runtime.block_on(async move {
                     let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
@@ -90,16 +104,37 @@ impl CeilingServer {
     pub fn base_url(&self) -> String {
         format!("http://{}", self.address)
     }
+
+    /// The ceiling as a load's target, its CPU read from its threads.
+    pub fn target(&self) -> anyhow::Result<Target> {
+        Ok(Target::parse(&self.base_url())?.with_cpu_source(CpuSource::OwnThreads(CEILING_THREAD)))
+    }
 }
 
 /// The body and content type of the quote at `url` (a `GET` that must answer 2xx), for a
 /// ceiling that answers the same bytes.
 pub async fn fetch_body(url: &str) -> anyhow::Result<(Vec<u8>, String)> {
-    let response = reqwest::Client::builder()
+    fetch_answer(url, None).await
+}
+
+/// The body and content type of the answer at `url` to a `GET`, or to a `POST` of the JSON
+/// `post_body` (a batch); it must answer 2xx.
+pub async fn fetch_answer(
+    url: &str,
+    post_body: Option<Vec<u8>>,
+) -> anyhow::Result<(Vec<u8>, String)> {
+    let client = reqwest::Client::builder()
         .no_proxy()
         .timeout(std::time::Duration::from_secs(5))
-        .build()?
-        .get(url)
+        .build()?;
+    let request = match post_body {
+        Some(body) => client
+            .post(url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body),
+        None => client.get(url),
+    };
+    let response = request
         .send()
         .await
         .with_context(|| format!("fetching {url}"))?
@@ -151,6 +186,31 @@ mod tests {
         assert_eq!(
             response.bytes().await.unwrap().as_ref(),
             b"{\"degraded\":false}"
+        );
+        // A batch's POST, its body read, on a connection kept alive for the next request.
+        for _ in 0..2 {
+            let response = client
+                .post(format!("{}/api/v1/items:batch", server.base_url()))
+                .body(vec![b'x'; 64 * 1024])
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            assert_eq!(
+                response.bytes().await.unwrap().as_ref(),
+                b"{\"degraded\":false}"
+            );
+        }
+        // The reference answer fetched the way the ceiling's command does, with a POST.
+        let (body, content_type) = fetch_answer(
+            &format!("{}/api/v1/items:batch", server.base_url()),
+            Some(b"{}".to_vec()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (body.as_slice(), content_type.as_str()),
+            (&b"{\"degraded\":false}"[..], "application/json")
         );
     }
 }

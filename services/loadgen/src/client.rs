@@ -15,6 +15,7 @@ use rebate_resilience::{Backoff, Jitter};
 use tokio::time::Instant;
 
 use crate::keys::ItemKey;
+use crate::procfs::CpuSource;
 use crate::wire;
 pub use crate::wire::TransportError;
 
@@ -268,6 +269,9 @@ pub struct Target {
     address: SocketAddr,
     /// The `host` header: the URL's host and port as written.
     authority: String,
+    /// Where the CPU of whatever answers here is read, so that each run reports it beside the
+    /// generator's ([`Target::with_cpu_source`]; unmeasured after [`Target::parse`]).
+    cpu: CpuSource,
 }
 
 impl Target {
@@ -296,7 +300,19 @@ impl Target {
             base: url.trim_end_matches('/').to_owned(),
             address: SocketAddr::new(ip, port),
             authority,
+            cpu: CpuSource::Unmeasured,
         })
+    }
+
+    /// The same target, its CPU read from `source` (the service's process, the ceiling's
+    /// threads).
+    pub fn with_cpu_source(mut self, source: CpuSource) -> Self {
+        self.cpu = source;
+        self
+    }
+
+    pub fn cpu_source(&self) -> CpuSource {
+        self.cpu
     }
 
     pub fn base(&self) -> &str {

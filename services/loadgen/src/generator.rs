@@ -6,6 +6,13 @@
 //! the request; its latency runs from the due time, so a slow target or a late dispatcher shows
 //! up in the latency instead of silently lowering the offered rate (no coordinated omission).
 //! No permit left means `client_overflow`, counted, never skipped silently.
+//!
+//! Threads: the dispatcher runs on the thread that drives the run (`rebate-loadgen`'s main
+//! thread, in the runtime's `block_on`), not on a worker of the generator's runtime, so it never
+//! waits behind a request; the requests it spawns go through the runtime's shared queue to every
+//! worker. The closed-loop probe's connections are tasks spawned the same way, one per
+//! connection, so the workers share them (and steal from each other when one falls behind).
+//! Both read the generator's CPU over their measured part ([`crate::generator_bound`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -24,9 +31,16 @@ use crate::client::{
     Attempt, AttemptRecord, Behaviour, LoadClient, LogicalOutcome, RequestKind, RequestTimes,
     Target,
 };
+use crate::generator_bound::{RunCpu, RunCpuMeter};
 use crate::keys::KeyPicker;
 use crate::recorder::{Final, Phase, Recorded, Recorder};
 use crate::schedule::Schedule;
+
+/// The name of the generator runtime's worker threads (`rebate-loadgen` names its runtimes so):
+/// how `/proc/self/task` tells them from the dispatcher's thread and the ceiling's.
+pub const GENERATOR_WORKER_THREAD: &str = "loadgen-worker";
+// Linux keeps 15 bytes of a thread's name (`comm`); a longer one would not be found again.
+const _: () = assert!(GENERATOR_WORKER_THREAD.len() <= 15);
 
 /// What the simulated clients ask for and how they behave.
 #[derive(Debug, Clone)]
@@ -152,6 +166,9 @@ pub struct RunOutput {
     /// Never dispatched because the dispatcher fell past the run's time bound.
     pub not_sent: u64,
     pub dispatch: DispatchHealth,
+    /// The generator's CPU (and the target's) from the first measured request to the end of
+    /// the drain; `None` where `/proc` cannot be read.
+    pub cpu: Option<RunCpu>,
     pub key_draws: u64,
     pub hot_key_draws: u64,
 }
@@ -183,6 +200,7 @@ pub async fn run_open_loop(
     let mut tasks = JoinSet::new();
     let (mut key_draws, mut hot_key_draws) = (0_u64, 0_u64);
     let mut dispatched = 0_u64;
+    let mut cpu_meter: Option<RunCpuMeter> = None;
 
     for offset in plan.schedule.offsets() {
         let due = start + offset;
@@ -209,6 +227,11 @@ pub async fn run_open_loop(
         let offset = measured_offset;
         dispatched += 1;
         lag.saturating_record(Instant::now().saturating_duration_since(due).as_micros() as u64);
+        if cpu_meter.is_none() {
+            // Once, at the first measured request (after its lag is taken): the lead-in's
+            // connection set-up is not the run's CPU.
+            cpu_meter = Some(RunCpuMeter::start(target.cpu_source()));
+        }
         key_draws += u64::from(draws);
         hot_key_draws += u64::from(hot);
         let class = request.class();
@@ -280,6 +303,7 @@ pub async fn run_open_loop(
             }
         }
     }
+    let cpu = cpu_meter.as_ref().and_then(RunCpuMeter::finish);
     let measured_start = start + plan.measure_from;
     let elapsed = Instant::now().saturating_duration_since(measured_start);
     let schedule_duration = plan.schedule.duration().saturating_sub(plan.measure_from);
@@ -297,6 +321,7 @@ pub async fn run_open_loop(
             lag_p99_ms: lag.value_at_quantile(0.99) as f64 / 1000.0,
             lag_max_ms: lag.max() as f64 / 1000.0,
         },
+        cpu,
         key_draws,
         hot_key_draws,
     }
@@ -322,11 +347,19 @@ pub struct ProbeOutput {
     /// 2xx answers per second over the measured part.
     pub ok_rps: f64,
     pub total_sent: u64,
+    /// The generator's CPU (and the target's) over the counted part; `None` where `/proc`
+    /// cannot be read.
+    pub cpu: Option<RunCpu>,
 }
 
-/// `concurrency` workers each send one request, wait for it, send the next, for `warmup` (not
-/// counted) then `duration`. Latency here is per send, as in any closed loop; it is the
+/// `concurrency` connections each send one request, wait for it, send the next, for `warmup`
+/// (not counted) then `duration`. Latency here is per send, as in any closed loop; it is the
 /// throughput that this probe is for.
+///
+/// Each connection is a task of its own on the generator's runtime, so with several worker
+/// threads they are spread over all of them (a closed loop on one task, or on one worker,
+/// would cap the generator at one core and measure it instead of the target). The generator's
+/// CPU is read over the counted part, from the end of the warm-up to the last answer.
 pub async fn closed_loop_probe(
     client: &LoadClient,
     target: &Target,
@@ -347,8 +380,8 @@ pub async fn closed_loop_probe(
         }],
     ));
     let sent = Arc::new(AtomicU64::new(0));
-    let mut workers = JoinSet::new();
-    for worker in 0..concurrency {
+    let mut connections = JoinSet::new();
+    for connection in 0..concurrency {
         let (client, target, workload, recorder, sent) = (
             client.clone(),
             target.clone(),
@@ -356,8 +389,8 @@ pub async fn closed_loop_probe(
             recorder.clone(),
             sent.clone(),
         );
-        workers.spawn(async move {
-            let mut rng = SmallRng::seed_from_u64(seed.wrapping_add(worker as u64));
+        connections.spawn(async move {
+            let mut rng = SmallRng::seed_from_u64(seed.wrapping_add(connection as u64));
             // Bounded by time; each attempt is bounded by the client's timeout.
             while Instant::now() < end {
                 let (request, client_id, _, _) = workload.next(&mut rng);
@@ -389,7 +422,10 @@ pub async fn closed_loop_probe(
             }
         });
     }
-    while workers.join_next().await.is_some() {}
+    tokio::time::sleep_until(measure_from).await;
+    let cpu_meter = RunCpuMeter::start(target.cpu_source());
+    while connections.join_next().await.is_some() {}
+    let cpu = cpu_meter.finish();
     let measured = Instant::now()
         .saturating_duration_since(measure_from)
         .max(duration);
@@ -401,6 +437,7 @@ pub async fn closed_loop_probe(
         measured,
         ok_rps,
         total_sent: sent.load(Ordering::Relaxed),
+        cpu,
     }
 }
 
@@ -535,6 +572,54 @@ mod tests {
         assert_eq!(output.total_sent, 30);
         assert!((output.offered_rps - 100.0).abs() < 1e-6);
         assert_eq!(output.schedule_duration, Duration::from_millis(300));
+        // The CPU is read over the measured part, on this test's one-thread runtime; a test
+        // server's CPU is not read.
+        let cpu = output.cpu.expect("/proc is readable");
+        assert_eq!(cpu.generator_workers, 1);
+        assert_eq!(cpu.target_cores, None);
+        assert!(cpu.wall_s > 0.0 && cpu.generator_cpu_s >= 0.0);
+    }
+
+    #[test]
+    fn a_closed_loop_probe_reads_its_workers_and_its_targets_cpu() {
+        // As rebate-loadgen runs it: two named workers, the ceiling in the same process.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(GENERATOR_WORKER_THREAD)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let ceiling = crate::ceiling::CeilingServer::start(
+                b"{\"degraded\":false}".to_vec(),
+                "application/json".to_owned(),
+                1,
+            )
+            .unwrap();
+            let client = LoadClient::new(Duration::from_secs(2)).unwrap();
+            let probe = closed_loop_probe(
+                &client,
+                &ceiling.target().unwrap(),
+                &workload(),
+                4,
+                Duration::from_millis(50),
+                Duration::from_millis(300),
+                5,
+            )
+            .await;
+            assert!(probe.recorded.total.ok_2xx() > 0);
+            let cpu = probe.cpu.expect("/proc is readable");
+            assert_eq!(cpu.generator_workers, 2, "read from the runtime");
+            assert!(
+                cpu.worker_cores.is_some(),
+                "the workers are told apart by name"
+            );
+            assert!(!cpu.worker_cores_each.is_empty() && cpu.worker_cores_each.len() <= 2);
+            assert!(
+                cpu.target_cores.is_some(),
+                "the ceiling's threads are the target"
+            );
+        });
     }
 
     #[tokio::test]

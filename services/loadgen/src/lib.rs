@@ -15,7 +15,9 @@
 //!   [`wire`]: the lean keep-alive HTTP/1.1 connections it sends on.
 //! - [`recorder`]: HDR histograms (logical latency and admitted attempts) and counters: total,
 //!   per second, per phase, per request class.
-//! - [`generator`]: the open-loop dispatcher and the closed-loop saturation probe.
+//! - [`generator`]: the open-loop dispatcher and the closed-loop saturation probe;
+//!   [`generator_bound`]: the generator's CPU over each run and whether it, not the target,
+//!   was the limit.
 //! - [`ceiling`]: the fixed-body axum server on its own runtime.
 //! - [`service`]: the service child process, its admin and simulator APIs, Redis, MariaDB.
 //! - [`scenario`]: the scenarios and what each compares.
@@ -37,6 +39,7 @@ pub mod chaos;
 pub mod chart;
 pub mod client;
 pub mod generator;
+pub mod generator_bound;
 pub mod keys;
 pub mod procfs;
 pub mod recorder;

@@ -1,20 +1,32 @@
 //! What `/proc` says about a process: resident memory (`VmRSS` in `/proc/<pid>/status`) and CPU
-//! time (`utime` + `stime` in `/proc/<pid>/stat`). The chaos suite and the soak sample the
-//! service's RSS against its cache budgets, and the harness's own CPU to say how much of the
-//! 2-core machine the generator took from the service.
+//! time (`utime` + `stime` in `/proc/<pid>/stat`, and per thread in
+//! `/proc/self/task/<tid>/stat`). The chaos suite and the soak sample the service's RSS against
+//! its cache budgets, and the harness's own CPU to say how much of the 2-core machine the
+//! generator took from the service; the `run` scenarios read this process's threads one by one
+//! so that the in-process ceiling's CPU is not counted as the generator's.
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
-/// Clock ticks per second of `/proc/<pid>/stat` times (`getconf CLK_TCK`; 100 on Linux).
+/// Clock ticks per second of `/proc/<pid>/stat` times (`getconf CLK_TCK`; 100 on Linux). Asked
+/// once per process: it is a constant of the kernel, and `getconf` is a child process.
 pub fn clock_ticks_per_second() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|output| String::from_utf8(output.stdout).ok())
-        .and_then(|text| text.trim().parse::<f64>().ok())
-        .filter(|ticks| *ticks > 0.0)
-        .unwrap_or(100.0)
+    static TICKS: OnceLock<f64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|output| String::from_utf8(output.stdout).ok())
+            .and_then(|text| text.trim().parse::<f64>().ok())
+            .filter(|ticks| *ticks > 0.0)
+            .unwrap_or(100.0)
+    })
+}
+
+/// The cores this process may run on (`sched_getaffinity`, cgroup quota), at least 1.
+pub fn machine_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 /// `VmRSS` of `pid` in bytes, `None` when the process is gone.
@@ -28,6 +40,13 @@ pub fn parse_vm_rss(status: &str) -> Option<u64> {
     let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// The command name (field 2, `comm`: a thread's name, at most 15 bytes) and `utime + stime`
+/// of a `/proc/<pid>/stat` or `/proc/<pid>/task/<tid>/stat` line.
+pub fn parse_name_and_cpu_ticks(stat: &str) -> Option<(&str, u64)> {
+    let name = stat.get(stat.find('(')? + 1..stat.rfind(')')?)?;
+    Some((name, parse_cpu_ticks(stat)?))
 }
 
 /// `utime + stime` in clock ticks from a `/proc/<pid>/stat` line. The command name (field 2)
@@ -48,6 +67,50 @@ pub fn cpu_ticks(pid: Option<u32>) -> Option<u64> {
         None => "/proc/self/stat".to_owned(),
     };
     parse_cpu_ticks(&std::fs::read_to_string(path).ok()?)
+}
+
+/// Where the CPU time of a load's target is read, so that each run can set the generator's CPU
+/// beside its target's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuSource {
+    /// Not read (a test server, or a target the harness did not start).
+    #[default]
+    Unmeasured,
+    /// A process of its own, e.g. the service: `/proc/<pid>/stat`, all its threads.
+    Process(u32),
+    /// The threads of this process that bear this name, e.g. the in-process ceiling's runtime.
+    OwnThreads(&'static str),
+}
+
+/// One live thread of this process: its id, its name as the kernel keeps it (`comm`) and the
+/// CPU ticks it has used so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadCpu {
+    pub tid: u32,
+    pub name: String,
+    pub ticks: u64,
+}
+
+/// Every live thread of this process, from `/proc/self/task/*/stat` (one read per thread: the
+/// name is in the same line). Threads that already exited are not listed; their CPU is still
+/// in the process's own total ([`cpu_ticks`]`(None)`).
+pub fn own_threads() -> Vec<ThreadCpu> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let tid = task.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            let (name, ticks) = parse_name_and_cpu_ticks(&stat)?;
+            Some(ThreadCpu {
+                tid,
+                name: name.to_owned(),
+                ticks,
+            })
+        })
+        .collect()
 }
 
 /// CPU used by a process between two readings, as a share of one core and of the machine.
@@ -86,12 +149,11 @@ impl CpuMeter {
         let cpu_seconds = ticks.saturating_sub(self.ticks) as f64 / self.ticks_per_second;
         let wall_seconds = self.at.elapsed().as_secs_f64().max(1e-9);
         let cores = cpu_seconds / wall_seconds;
-        let machine_cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
         Some(CpuShare {
             cpu_seconds,
             wall_seconds,
             cores,
-            machine_share: cores / machine_cores,
+            machine_share: cores / machine_cores() as f64,
         })
     }
 }
@@ -113,6 +175,47 @@ mod tests {
         let stat = "4242 (tokio (rt) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 4 0";
         assert_eq!(parse_cpu_ticks(stat), Some(325));
         assert_eq!(parse_cpu_ticks("garbage"), None);
+        assert_eq!(parse_name_and_cpu_ticks(stat), Some(("tokio (rt) x", 325)));
+        assert_eq!(parse_name_and_cpu_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn a_named_thread_is_listed_under_its_name_with_the_cpu_it_used() {
+        const NAME: &str = "procfs-test-15b"; // 15 bytes: the most `comm` keeps
+        const TICKS: u64 = 2;
+        let (spun, listed) = (
+            std::sync::Arc::new(std::sync::Barrier::new(2)),
+            std::sync::Arc::new(std::sync::Barrier::new(2)),
+        );
+        let (spun_in_thread, listed_in_thread) = (spun.clone(), listed.clone());
+        let thread = std::thread::Builder::new()
+            .name(NAME.to_owned())
+            .spawn(move || {
+                // Spins until the kernel has charged it TICKS ticks: a condition on its own
+                // counter, not on time (a failed read ends the spin, and the test fails below).
+                let own = || {
+                    std::fs::read_to_string("/proc/thread-self/stat")
+                        .ok()
+                        .and_then(|stat| parse_cpu_ticks(&stat))
+                };
+                while own().is_some_and(|ticks| ticks < TICKS) {}
+                spun_in_thread.wait();
+                listed_in_thread.wait(); // alive until listed
+            })
+            .unwrap();
+        spun.wait();
+        let threads = own_threads();
+        listed.wait();
+        thread.join().unwrap();
+        let named: Vec<&ThreadCpu> = threads.iter().filter(|t| t.name == NAME).collect();
+        assert_eq!(named.len(), 1, "{threads:?}");
+        assert!(named[0].ticks >= TICKS, "{named:?}");
+        assert!(
+            threads
+                .iter()
+                .any(|thread| thread.tid == std::process::id()),
+            "the main thread's id is the process's: {threads:?}"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use serde::Serialize;
 
 use crate::client::RequestClass;
 use crate::generator::DispatchHealth;
+use crate::generator_bound::{self, Evidence, LoopKind, RunCpu};
 use crate::recorder::{Recorded, StatsSummary};
 use crate::service::{Readings, ShedSample};
 
@@ -103,6 +104,25 @@ pub struct Figures {
     pub store_loads_per_request: Option<f64>,
     pub client_overflow: u64,
     pub total_sent: u64,
+    #[serde(flatten)]
+    pub generator: GeneratorFigures,
+}
+
+/// What the generator did during the run a row comes from: whether the row measured the target
+/// or the harness. A phase or request class of a run has its run's figures.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GeneratorFigures {
+    /// Cores the harness's threads but the in-process ceiling's kept busy over the run.
+    pub generator_cores: Option<f64>,
+    /// `generator_cores` ÷ the machine's cores.
+    pub generator_machine_share: Option<f64>,
+    /// Cores the target (the service's process, or the ceiling's threads) used meanwhile.
+    pub target_cores: Option<f64>,
+    /// The open loop's dispatcher lateness (`None` for a closed loop).
+    pub dispatch_lag_p99_ms: Option<f64>,
+    pub dispatch_lag_max_ms: Option<f64>,
+    /// The generator, not the target, was the limit ([`generator_bound::judge`]).
+    pub generator_bound: bool,
 }
 
 /// One scenario: headline figures, the reference beside them, ratios, every series measured.
@@ -190,6 +210,13 @@ pub struct Series {
     /// The service's `resilience.shedding.capacity_rps` and whether shedding was on.
     pub service_shedding: Option<String>,
     pub dispatch: Option<DispatchHealth>,
+    /// The generator's CPU over the measured run, and the target's
+    /// ([`generator_bound::RunCpu`]).
+    pub generator_cpu: Option<RunCpu>,
+    /// Whether the generator, not the target, was the limit of this run; the reasons say why
+    /// in words (empty when it was not).
+    pub generator_bound: bool,
+    pub generator_bound_reasons: Vec<String>,
     pub phases: Vec<PhaseReport>,
     /// Per request class (`page`, `list`, `prefetch`: [`RequestClass::as_str`]), every class
     /// present when more than one is; empty otherwise (the series' own figures are the class's).
@@ -251,6 +278,8 @@ pub struct SeriesInput {
     pub key_draws: u64,
     pub hot_key_draws: u64,
     pub dispatch: Option<DispatchHealth>,
+    /// The generator's CPU over the measured run.
+    pub cpu: Option<RunCpu>,
     /// Counters before and after (service targets only).
     pub readings: Option<(Readings, Readings)>,
     /// The status page's shedding section, sampled once per second.
@@ -315,6 +344,17 @@ impl Series {
             .into_iter()
             .filter(|class| recorded.class(*class).logical() > 0)
             .collect();
+        let reasons = generator_bound::judge(&Evidence {
+            kind: if input.mode == "closed-loop" {
+                LoopKind::Closed
+            } else {
+                LoopKind::Open
+            },
+            cpu: input.cpu.as_ref(),
+            dispatch: input.dispatch,
+            client_overflow: stats.client_overflow,
+            not_sent: input.not_sent,
+        });
         let kinds = if present.len() > 1 {
             present
                 .iter()
@@ -347,6 +387,9 @@ impl Series {
             loads_started_per_request: started,
             service_shedding: shedding,
             dispatch: input.dispatch,
+            generator_cpu: input.cpu,
+            generator_bound: !reasons.is_empty(),
+            generator_bound_reasons: reasons.iter().map(ToString::to_string).collect(),
             phases: recorded
                 .phases
                 .iter()
@@ -394,6 +437,20 @@ impl Series {
             store_loads_per_request: self.store_loads_per_request,
             client_overflow: self.stats.client_overflow,
             total_sent: self.total_sent,
+            generator: self.generator_figures(),
+        }
+    }
+
+    /// The generator's figures of this run, for its rows.
+    pub fn generator_figures(&self) -> GeneratorFigures {
+        let cpu = self.generator_cpu.as_ref();
+        GeneratorFigures {
+            generator_cores: cpu.map(|cpu| cpu.generator_cores),
+            generator_machine_share: cpu.map(|cpu| cpu.generator_machine_share),
+            target_cores: cpu.and_then(|cpu| cpu.target_cores),
+            dispatch_lag_p99_ms: self.dispatch.map(|dispatch| dispatch.lag_p99_ms),
+            dispatch_lag_max_ms: self.dispatch.map(|dispatch| dispatch.lag_max_ms),
+            generator_bound: self.generator_bound,
         }
     }
 
@@ -418,6 +475,7 @@ impl Series {
             store_loads_per_request: None,
             client_overflow: stats.client_overflow,
             total_sent: 0,
+            generator: self.generator_figures(),
         })
     }
 
@@ -444,6 +502,7 @@ impl Series {
             store_loads_per_request: None,
             client_overflow: phase.stats.client_overflow,
             total_sent: self.total_sent,
+            generator: self.generator_figures(),
         })
     }
 }
@@ -490,9 +549,53 @@ fn percent(value: Option<f64>) -> String {
     }
 }
 
+/// Cores and their share of the machine: `0.62 (31.0 %)`.
+fn cores_cell(cores: Option<f64>, machine_share: Option<f64>) -> String {
+    match (cores, machine_share) {
+        (Some(cores), Some(share)) => format!("{cores:.2} ({})", percent(Some(share))),
+        (cores, _) => number(cores, 2),
+    }
+}
+
+/// `P99 / max` of the dispatcher's lateness, `–` for a closed loop.
+fn lag_cell(p99_ms: Option<f64>, max_ms: Option<f64>) -> String {
+    match (p99_ms, max_ms) {
+        (Some(p99), Some(max)) => format!("{p99:.2} / {max:.2}"),
+        _ => "–".to_owned(),
+    }
+}
+
+/// The generator's cores with its workers' in brackets, busiest first: `1.21 (0.63, 0.55)`.
+fn generator_cores_cell(cpu: Option<&RunCpu>) -> String {
+    let Some(cpu) = cpu else {
+        return "–".to_owned();
+    };
+    if cpu.worker_cores_each.is_empty() {
+        return format!("{:.2}", cpu.generator_cores);
+    }
+    let each: Vec<String> = cpu
+        .worker_cores_each
+        .iter()
+        .map(|cores| format!("{cores:.2}"))
+        .collect();
+    format!("{:.2} ({})", cpu.generator_cores, each.join(", "))
+}
+
+/// `generator-bound`, `no`, or `–` when nothing about the generator was measured.
+fn bound_cell(figures: &GeneratorFigures) -> &'static str {
+    if figures.generator_bound {
+        "generator-bound"
+    } else if figures.generator_cores.is_some() || figures.dispatch_lag_p99_ms.is_some() {
+        "no"
+    } else {
+        "–"
+    }
+}
+
 fn figures_row(scenario: &str, figures: &Figures, role: &str) -> String {
+    let generator = &figures.generator;
     format!(
-        "| {scenario} | {} ({role}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+        "| {scenario} | {} ({role}) | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
         figures.label,
         number(figures.offered_rps, 0),
         number(Some(figures.achieved_rps), 0),
@@ -508,10 +611,32 @@ fn figures_row(scenario: &str, figures: &Figures, role: &str) -> String {
         number(figures.store_loads_per_request, 3),
         figures.client_overflow,
         figures.total_sent,
+        cores_cell(generator.generator_cores, generator.generator_machine_share),
+        number(generator.target_cores, 2),
+        lag_cell(generator.dispatch_lag_p99_ms, generator.dispatch_lag_max_ms),
+        bound_cell(generator),
     )
 }
 
-const FIGURES_HEADER: &str = "| scenario | series | offered rps | achieved rps | P50 ms | P99 ms | P99.9 ms | admitted P99 ms | 5xx ≠ 503 | HTTP ok | business ok | upstream calls/req | upstream items/req | store loads/req | client overflow | sent (incl. retries) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+const FIGURES_HEADER: &str = "| scenario | series | offered rps | achieved rps | P50 ms | P99 ms | P99.9 ms | admitted P99 ms | 5xx ≠ 503 | HTTP ok | business ok | upstream calls/req | upstream items/req | store loads/req | client overflow | sent (incl. retries) | generator cores (of machine) | target cores | dispatch lag P99 / max ms | generator-bound? |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n";
+
+/// Under the summary: what the generator columns mean and when a row is generator-bound.
+fn generator_legend() -> String {
+    format!(
+        "Generator cores: CPU seconds of the harness's threads but the in-process ceiling's ÷ \
+         the run's wall seconds (1.00 = one core busy), and as a share of the machine; target \
+         cores: the same for the service's process or the ceiling's threads. A row is \
+         **generator-bound** when the generator's worker threads used ≥ {:.0} % of the cores \
+         they may use (one each, at most the machine's), when a closed loop's generator used \
+         more CPU than its target while the two kept ≥ {:.0} % of the machine busy, or when an \
+         open loop's dispatcher ran more than {} ms late at P99, hit --max-in-flight (client \
+         overflow) or left requests unsent: its figures are then the harness's, not the \
+         target's. A phase or request-class row has its whole run's generator figures.\n",
+        generator_bound::SATURATED_SHARE * 100.0,
+        generator_bound::BUSY_MACHINE_SHARE * 100.0,
+        generator_bound::DISPATCH_LAG_P99_LIMIT_MS,
+    )
+}
 
 /// The report as Markdown.
 pub fn markdown(report: &RunReport) -> String {
@@ -528,8 +653,11 @@ pub fn markdown(report: &RunReport) -> String {
     );
     let _ = writeln!(
         out,
-        "- generator runtime: {} worker thread(s); ceiling runtime: {} worker thread(s); the service runs as its own process",
-        report.machine.generator_threads, report.machine.ceiling_threads
+        "- generator runtime: {} worker thread(s) (`{}`; the open loop's dispatcher runs on the main thread); ceiling runtime: {} worker thread(s) (`{}`, in the harness's process); the service runs as its own process",
+        report.machine.generator_threads,
+        crate::generator::GENERATOR_WORKER_THREAD,
+        report.machine.ceiling_threads,
+        crate::ceiling::CEILING_THREAD
     );
     let _ = writeln!(out, "- service binary: `{}`", report.service_binary);
     match &report.capacity {
@@ -560,7 +688,7 @@ pub fn markdown(report: &RunReport) -> String {
             (None, status) => {
                 let _ = writeln!(
                     out,
-                    "| {} | {:?}: {} | | | | | | | | | | | | | |",
+                    "| {} | {:?}: {} | | | | | | | | | | | | | | | | | |",
                     scenario.name,
                     status,
                     scenario
@@ -572,6 +700,8 @@ pub fn markdown(report: &RunReport) -> String {
             }
         }
     }
+
+    let _ = write!(out, "\n{}", generator_legend());
 
     for scenario in &report.scenarios {
         let _ = writeln!(out, "\n## {}\n", scenario.name);
@@ -598,7 +728,7 @@ pub fn markdown(report: &RunReport) -> String {
         if !scenario.series.is_empty() {
             let _ = writeln!(
                 out,
-                "| series | mode | offered rps | achieved rps | logical | P50 ms | P99 ms | P99.9 ms | max ms | admitted | admitted P50 ms | admitted P99 ms | 503 received | 5xx ≠ 503 | HTTP ok | business ok | upstream/req | upstream items/req | store/req | L1 misses/req | overflow | unfinished | sent | hot-key share | dispatch lag P99 ms | shedding |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+                "| series | mode | offered rps | achieved rps | logical | P50 ms | P99 ms | P99.9 ms | max ms | admitted | admitted P50 ms | admitted P99 ms | 503 received | 5xx ≠ 503 | HTTP ok | business ok | upstream/req | upstream items/req | store/req | L1 misses/req | overflow | unfinished | sent | hot-key share | dispatch lag P99 ms | dispatch lag max ms | generator cores (workers) | generator of machine | target cores | generator-bound? | shedding |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"
             );
             for series in &scenario.series {
                 let mode = match series.concurrency {
@@ -607,7 +737,7 @@ pub fn markdown(report: &RunReport) -> String {
                 };
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     series.label,
                     mode,
                     number(series.offered_rps, 0),
@@ -633,6 +763,22 @@ pub fn markdown(report: &RunReport) -> String {
                     series.total_sent,
                     percent(series.hot_key_share),
                     number(series.dispatch.map(|dispatch| dispatch.lag_p99_ms), 2),
+                    number(series.dispatch.map(|dispatch| dispatch.lag_max_ms), 2),
+                    generator_cores_cell(series.generator_cpu.as_ref()),
+                    percent(
+                        series
+                            .generator_cpu
+                            .as_ref()
+                            .map(|cpu| cpu.generator_machine_share)
+                    ),
+                    number(
+                        series
+                            .generator_cpu
+                            .as_ref()
+                            .and_then(|cpu| cpu.target_cores),
+                        2
+                    ),
+                    bound_cell(&series.generator_figures()),
                     series.service_shedding.as_deref().unwrap_or("–"),
                 );
             }
@@ -727,6 +873,15 @@ mod tests {
     use crate::recorder::{Final, Phase, Recorder};
 
     fn sample_series(label: &str, latency_ms: u64) -> Series {
+        sample_series_with(label, latency_ms, |_| {})
+    }
+
+    /// As [`sample_series`], its input changed by `adjust` first.
+    fn sample_series_with(
+        label: &str,
+        latency_ms: u64,
+        adjust: impl FnOnce(&mut SeriesInput),
+    ) -> Series {
         let recorder = Recorder::new(
             Duration::from_secs(1),
             vec![Phase {
@@ -769,30 +924,183 @@ mod tests {
             store_loads: 24,
             ..before
         };
-        Series::build(
-            SeriesInput {
-                label: label.into(),
-                target: "service".into(),
-                mode: "open-loop".into(),
-                behaviour: "well-behaved".into(),
-                offered_rps: Some(50.0),
-                peak_offered_rps: Some(50.0),
-                duration_s: 2.0,
-                elapsed_s: 2.0,
-                total_sent: 100,
-                key_draws: 100,
-                hot_key_draws: 90,
-                readings: Some((before, after)),
-                shed_samples: [0, 1, 1]
-                    .map(|level| ShedSample {
-                        level: Some(level),
-                        ..ShedSample::default()
-                    })
-                    .to_vec(),
-                ..SeriesInput::default()
-            },
-            &recorder.snapshot(),
-        )
+        let mut input = SeriesInput {
+            label: label.into(),
+            target: "service".into(),
+            mode: "open-loop".into(),
+            behaviour: "well-behaved".into(),
+            offered_rps: Some(50.0),
+            peak_offered_rps: Some(50.0),
+            duration_s: 2.0,
+            elapsed_s: 2.0,
+            total_sent: 100,
+            key_draws: 100,
+            hot_key_draws: 90,
+            readings: Some((before, after)),
+            shed_samples: [0, 1, 1]
+                .map(|level| ShedSample {
+                    level: Some(level),
+                    ..ShedSample::default()
+                })
+                .to_vec(),
+            ..SeriesInput::default()
+        };
+        adjust(&mut input);
+        Series::build(input, &recorder.snapshot())
+    }
+
+    /// A run's CPU as [`generator_bound::RunCpu::between`] gives it, on a 2-core machine.
+    fn run_cpu(workers: &[f64], generator: f64, target: f64) -> RunCpu {
+        RunCpu {
+            wall_s: 10.0,
+            generator_cpu_s: generator * 10.0,
+            generator_cores: generator,
+            generator_machine_share: generator / 2.0,
+            generator_workers: workers.len(),
+            worker_cores: Some(workers.iter().sum()),
+            worker_cores_each: workers.to_vec(),
+            target_cores: Some(target),
+            machine_cores: 2,
+        }
+    }
+
+    #[test]
+    fn every_row_says_what_the_generator_used_and_whether_it_was_the_limit() {
+        // A closed loop on one saturated worker against the ceiling: generator-bound.
+        let ceiling_max = sample_series_with("ceiling max", 1, |input| {
+            input.target = "ceiling".into();
+            input.mode = "closed-loop".into();
+            input.concurrency = Some(64);
+            input.offered_rps = None;
+            input.cpu = Some(run_cpu(&[0.95], 0.98, 0.9));
+        });
+        // An open loop on two workers, on time, the service taking most of the machine.
+        let service_half = sample_series_with("service @50%", 2, |input| {
+            input.dispatch = Some(DispatchHealth {
+                lag_p99_ms: 0.12,
+                lag_max_ms: 0.5,
+            });
+            input.cpu = Some(run_cpu(&[0.22, 0.18], 0.45, 1.1));
+        });
+        // The same open loop, its dispatcher 2.4 ms late at P99.
+        let service_late = sample_series_with("service late", 2, |input| {
+            input.dispatch = Some(DispatchHealth {
+                lag_p99_ms: 2.4,
+                lag_max_ms: 9.0,
+            });
+            input.cpu = Some(run_cpu(&[0.22, 0.18], 0.45, 1.1));
+        });
+        // Nothing about the generator measured.
+        let unmeasured = sample_series("unmeasured", 2);
+        assert!(ceiling_max.generator_bound);
+        assert!(!service_half.generator_bound && service_half.generator_bound_reasons.is_empty());
+        assert!(service_late.generator_bound);
+        assert!(!unmeasured.generator_bound);
+
+        let mut hot_path = ScenarioReport::new("hot-path", "Closed loop, then open loop.");
+        hot_path.figures = Some(service_half.figures());
+        hot_path.reference = Some(ceiling_max.figures());
+        hot_path.series = vec![ceiling_max, service_half, service_late, unmeasured];
+        let report = run_report(vec![hot_path]);
+        let text = markdown(&report);
+        assert!(text.contains(
+            "| generator cores (of machine) | target cores | dispatch lag P99 / max ms | generator-bound? |"
+        ));
+        let summary_row = |series: &str| {
+            text.lines()
+                .find(|line| line.starts_with(&format!("| hot-path | {series}")))
+                .unwrap_or_else(|| panic!("no summary row for {series}:\n{text}"))
+        };
+        assert!(
+            summary_row("service @50% (measured)")
+                .ends_with("| 0.45 (22.5 %) | 1.10 | 0.12 / 0.50 | no |"),
+            "{text}"
+        );
+        assert!(
+            summary_row("ceiling max (reference)")
+                .ends_with("| 0.98 (49.0 %) | 0.90 | – | generator-bound |"),
+            "{text}"
+        );
+        assert!(text.contains("A row is **generator-bound** when"));
+        // The series table: dispatch lag max, the workers one by one, the verdict.
+        let series_row = |label: &str| {
+            text.lines()
+                .find(|line| line.starts_with(&format!("| {label} | ")))
+                .unwrap_or_else(|| panic!("no series row for {label}:\n{text}"))
+        };
+        assert!(
+            series_row("service @50%")
+                .contains("| 0.12 | 0.50 | 0.45 (0.22, 0.18) | 22.5 % | 1.10 | no |"),
+            "{text}"
+        );
+        assert!(
+            series_row("ceiling max")
+                .contains("| – | – | 0.98 (0.95) | 49.0 % | 0.90 | generator-bound |"),
+            "{text}"
+        );
+        assert!(
+            series_row("unmeasured").contains("| – | – | – | – | – | – |"),
+            "{text}"
+        );
+        // The reasons, in the series' JSON; the verdict and the figures in every row's.
+        let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+        let scenario = &json["scenarios"][0];
+        assert_eq!(scenario["reference"]["generator_bound"], true);
+        assert_eq!(scenario["reference"]["generator_cores"], 0.98);
+        assert_eq!(scenario["reference"]["target_cores"], 0.9);
+        assert_eq!(
+            scenario["reference"]["dispatch_lag_p99_ms"],
+            serde_json::Value::Null
+        );
+        assert_eq!(scenario["figures"]["generator_bound"], false);
+        assert_eq!(scenario["figures"]["generator_machine_share"], 0.225);
+        assert_eq!(scenario["figures"]["dispatch_lag_max_ms"], 0.5);
+        let ceiling = &scenario["series"][0];
+        assert_eq!(ceiling["generator_cpu"]["worker_cores_each"][0], 0.95);
+        let reasons = ceiling["generator_bound_reasons"].as_array().unwrap();
+        assert_eq!(reasons.len(), 2, "{reasons:?}");
+        assert!(
+            reasons[0]
+                .as_str()
+                .unwrap()
+                .contains("0.95 of the 1 core(s)")
+        );
+        assert!(
+            reasons[1]
+                .as_str()
+                .unwrap()
+                .contains("more CPU than its target")
+        );
+        let late = &scenario["series"][2];
+        assert!(
+            late["generator_bound_reasons"][0]
+                .as_str()
+                .unwrap()
+                .contains("P99 2.40 ms, max 9.00 ms")
+        );
+        assert_eq!(
+            scenario["series"][3]["generator_cpu"],
+            serde_json::Value::Null
+        );
+    }
+
+    #[test]
+    fn a_phase_or_class_row_has_its_whole_runs_generator_figures() {
+        let series = sample_series_with("service", 2, |input| {
+            input.dispatch = Some(DispatchHealth {
+                lag_p99_ms: 3.0,
+                lag_max_ms: 7.0,
+            });
+            input.cpu = Some(run_cpu(&[0.3], 0.4, 1.2));
+        });
+        let whole = series.figures().generator;
+        assert!(whole.generator_bound);
+        assert_eq!(series.phase_figures("all").unwrap().generator, whole);
+        let mixed = three_class_series();
+        assert_eq!(
+            mixed.class_figures(RequestClass::Page).unwrap().generator,
+            mixed.figures().generator
+        );
     }
 
     #[test]
@@ -860,6 +1168,9 @@ mod tests {
         ]);
         let text = markdown(&report);
         assert!(text.contains("2 CPUs (`nproc`), Test CPU"));
+        assert!(text.contains(
+            "- generator runtime: 1 worker thread(s) (`loadgen-worker`; the open loop's dispatcher runs on the main thread); ceiling runtime: 2 worker thread(s) (`loadgen-ceiling`, in the harness's process)"
+        ));
         assert!(text.contains("rebate-loadgen run --scenario steady --quick"));
         assert!(text.contains(
             "| steady | service (measured) | 50 | 50 | 2.00 | 2.00 | 2.00 | 2.00 | 0 | 100.0 % | 90.0 % | 0.500 | 1.000 | 0.200 | 0 | 100 |"

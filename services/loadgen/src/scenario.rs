@@ -291,18 +291,8 @@ impl Harness {
 
     /// Warnings a reader needs next to the figures.
     fn health_notes(&self, report: &ScenarioReport) -> Vec<String> {
-        let mut notes = Vec::new();
+        let mut notes = generator_bound_notes(&report.series);
         for series in &report.series {
-            if let Some(dispatch) = series.dispatch
-                && dispatch.lag_p99_ms > 1.0
-            {
-                notes.push(format!(
-                    "{}: the generator dispatched late (P99 {:.2} ms, max {:.2} ms behind \
-                     schedule); the lag is inside the latencies, which are measured from the \
-                     scheduled time",
-                    series.label, dispatch.lag_p99_ms, dispatch.lag_max_ms
-                ));
-            }
             if series.unfinished > 0 || series.not_sent > 0 {
                 notes.push(format!(
                     "{}: {} requests still in flight at the drain bound, {} never sent",
@@ -680,7 +670,7 @@ impl Harness {
         workload: &Workload,
         plan: &OpenLoop,
     ) -> anyhow::Result<Series> {
-        let target = Target::parse(&ceiling.base_url())?;
+        let target = ceiling.target()?;
         let start = Instant::now() + Duration::from_millis(50);
         let output = run_open_loop(&self.client, &target, workload, plan, start).await;
         Ok(Series::build(
@@ -735,7 +725,7 @@ impl Harness {
         let all_keys = keys.hottest(keys.len()).to_vec();
         report.notes.push(self.warm(&service, &all_keys).await.note);
         let ceiling = self.start_ceiling(&service).await?;
-        let ceiling_target = Target::parse(&ceiling.base_url())?;
+        let ceiling_target = ceiling.target()?;
 
         eprintln!("   saturation probe: ceiling, then service");
         let ceiling_max = self
@@ -1435,6 +1425,22 @@ fn storm_figures(report: &mut ScenarioReport, well_behaved: &Series, naive: &Ser
     );
 }
 
+/// One note per generator-bound series, with every reason: the row says "generator-bound",
+/// the note says why.
+fn generator_bound_notes(series: &[Series]) -> Vec<String> {
+    series
+        .iter()
+        .filter(|series| series.generator_bound)
+        .map(|series| {
+            format!(
+                "{}: generator-bound — {}; its figures are the harness's limit, not the target's",
+                series.label,
+                series.generator_bound_reasons.join("; ")
+            )
+        })
+        .collect()
+}
+
 /// Below this gap in HTTP success (points) and this ratio of attempts sent, the naive clients
 /// are not said to have done worse.
 const STORM_SUCCESS_GAP: f64 = 0.02;
@@ -1613,6 +1619,7 @@ fn open_loop_input(
         key_draws: output.key_draws,
         hot_key_draws: output.hot_key_draws,
         dispatch: Some(output.dispatch),
+        cpu: output.cpu.clone(),
         readings,
         shed_samples,
     }
@@ -1635,6 +1642,7 @@ fn probe_input(
         duration_s: output.measured.as_secs_f64(),
         elapsed_s: output.measured.as_secs_f64(),
         total_sent: output.total_sent,
+        cpu: output.cpu.clone(),
         readings,
         ..SeriesInput::default()
     }
@@ -1793,6 +1801,68 @@ mod tests {
         let verdict = storm_verdict(&well_behaved, &naive).join("\n");
         assert!(verdict.contains("the naive clients did worse"), "{verdict}");
         assert!(verdict.contains("2.00×"), "{verdict}");
+    }
+
+    #[test]
+    fn a_generator_bound_series_gets_a_note_with_its_reasons_and_a_sound_one_none() {
+        let overflowing = {
+            use crate::client::AttemptRecord;
+            use crate::recorder::{Final, Recorder};
+            let recorder =
+                Recorder::new(Duration::from_secs(1), vec![phase("all", Duration::ZERO)]);
+            for index in 0..10 {
+                let overflow = index < 4;
+                recorder.record(
+                    Duration::from_millis(index * 10),
+                    Duration::from_millis(2),
+                    if overflow {
+                        Final::ClientOverflow
+                    } else {
+                        Final::Response {
+                            status: 200,
+                            business_ok: true,
+                            shed_level: None,
+                        }
+                    },
+                    RequestClass::Page,
+                    1,
+                    &(if overflow {
+                        Vec::new()
+                    } else {
+                        vec![AttemptRecord {
+                            status: Ok(200),
+                            latency: Duration::from_millis(2),
+                            refusal: None,
+                        }]
+                    }),
+                );
+            }
+            Series::build(
+                SeriesInput {
+                    label: "service".into(),
+                    mode: "open-loop".into(),
+                    duration_s: 1.0,
+                    dispatch: Some(crate::generator::DispatchHealth {
+                        lag_p99_ms: 1.8,
+                        lag_max_ms: 4.0,
+                    }),
+                    ..SeriesInput::default()
+                },
+                &recorder.snapshot(),
+            )
+        };
+        let sound = storm_series("ceiling", 100, 1);
+        assert!(!sound.generator_bound);
+        let notes = generator_bound_notes(&[sound, overflowing]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with("service: generator-bound — the dispatcher ran late (P99 1.80 ms"),
+            "{notes:?}"
+        );
+        assert!(
+            notes[0].contains("; 4 request(s) not sent because --max-in-flight was reached"),
+            "{notes:?}"
+        );
     }
 
     #[test]

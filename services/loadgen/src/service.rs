@@ -14,6 +14,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use crate::client::Target;
+use crate::procfs::CpuSource;
 
 /// How long a started service may take to answer `/readyz` 200 (seeding the demo catalogue
 /// takes ~0.3 s; the production profile builds its Bloom filter from MySQL).
@@ -195,9 +196,10 @@ impl ServiceProcess {
         let child = command
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
+        let cpu = child.id().map_or(CpuSource::Unmeasured, CpuSource::Process);
         let mut service = Self {
             child,
-            api: Target::parse(&format!("http://127.0.0.1:{http_port}"))?,
+            api: Target::parse(&format!("http://127.0.0.1:{http_port}"))?.with_cpu_source(cpu),
             admin_base: format!("http://127.0.0.1:{admin_port}"),
             simulator_base: format!("http://127.0.0.1:{simulator_port}"),
             token,
