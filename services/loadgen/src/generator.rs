@@ -22,7 +22,6 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -31,16 +30,11 @@ use crate::client::{
     Attempt, AttemptRecord, Behaviour, LoadClient, LogicalOutcome, RequestKind, RequestTimes,
     Target,
 };
+pub use crate::generator_bound::{DispatchHealth, GENERATOR_WORKER_THREAD};
 use crate::generator_bound::{RunCpu, RunCpuMeter};
 use crate::keys::KeyPicker;
 use crate::recorder::{Final, Phase, Recorded, Recorder};
 use crate::schedule::Schedule;
-
-/// The name of the generator runtime's worker threads (`rebate-loadgen` names its runtimes so):
-/// how `/proc/self/task` tells them from the dispatcher's thread and the ceiling's.
-pub const GENERATOR_WORKER_THREAD: &str = "loadgen-worker";
-// Linux keeps 15 bytes of a thread's name (`comm`); a longer one would not be found again.
-const _: () = assert!(GENERATOR_WORKER_THREAD.len() <= 15);
 
 /// What the simulated clients ask for and how they behave.
 #[derive(Debug, Clone)]
@@ -171,14 +165,6 @@ pub struct RunOutput {
     pub cpu: Option<RunCpu>,
     pub key_draws: u64,
     pub hot_key_draws: u64,
-}
-
-/// How punctual the dispatcher was: if it runs late, the generator (not the target) is the
-/// bottleneck and the report says so.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct DispatchHealth {
-    pub lag_p99_ms: f64,
-    pub lag_max_ms: f64,
 }
 
 /// Sends `plan`'s schedule from `start` (which may be slightly in the future so that samplers

@@ -18,8 +18,21 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::ceiling::CEILING_THREAD;
-use crate::generator::{DispatchHealth, GENERATOR_WORKER_THREAD};
 use crate::procfs::{self, CpuSource, ThreadCpu};
+
+/// The name of the generator runtime's worker threads (`rebate-loadgen` names its runtimes so):
+/// how `/proc/self/task` tells them from the dispatcher's thread and the ceiling's.
+pub const GENERATOR_WORKER_THREAD: &str = "loadgen-worker";
+// Linux keeps 15 bytes of a thread's name (`comm`); a longer one would not be found again.
+const _: () = assert!(GENERATOR_WORKER_THREAD.len() <= 15);
+
+/// How punctual the dispatcher was: if it runs late, the generator (not the target) is the
+/// bottleneck and the report says so.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DispatchHealth {
+    pub lag_p99_ms: f64,
+    pub lag_max_ms: f64,
+}
 
 /// The generator's worker threads are saturated at this share of the cores they may use
 /// (one per worker, at most the machine's): a thread runnable all the time still loses some
