@@ -700,6 +700,17 @@ mod tests {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// One keep-alive request on `stream`, answered 200.
+    async fn keep_alive_request(stream: &mut TcpStream) {
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = [0u8; 512];
+        let read = stream.read(&mut response).await.unwrap();
+        assert!(String::from_utf8_lossy(&response[..read]).starts_with("HTTP/1.1 200"));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_head_that_trickles_is_cut_at_the_header_timeout() {
         let (address, _, _shutdown) = start(limits()).await;
@@ -719,22 +730,11 @@ mod tests {
     async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout_not_before() {
         let (address, stats, _shutdown) = start(limits()).await;
         let mut stream = TcpStream::connect(address).await.unwrap();
-        stream
-            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut response = [0u8; 512];
-        let read = stream.read(&mut response).await.unwrap();
-        assert!(String::from_utf8_lossy(&response[..read]).starts_with("HTTP/1.1 200"));
+        keep_alive_request(&mut stream).await;
         let answered = Instant::now();
         // Idle past the header timeout: still open, and the next request is served.
         tokio::time::sleep(Duration::from_secs(30)).await;
-        stream
-            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let read = stream.read(&mut response).await.unwrap();
-        assert!(String::from_utf8_lossy(&response[..read]).starts_with("HTTP/1.1 200"));
+        keep_alive_request(&mut stream).await;
         let answered_again = Instant::now();
         assert!(answered_again - answered >= Duration::from_secs(30));
         read_to_close(&mut stream).await;
@@ -754,13 +754,7 @@ mod tests {
     async fn a_head_trickling_after_an_idle_spell_is_cut_at_the_header_timeout() {
         let (address, _, _shutdown) = start(limits()).await;
         let mut stream = TcpStream::connect(address).await.unwrap();
-        stream
-            .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut response = [0u8; 512];
-        let read = stream.read(&mut response).await.unwrap();
-        assert!(String::from_utf8_lossy(&response[..read]).starts_with("HTTP/1.1 200"));
+        keep_alive_request(&mut stream).await;
         tokio::time::sleep(Duration::from_secs(10)).await;
         let started = Instant::now();
         stream.write_all(b"GET / HTTP/1.1\r\nho").await.unwrap();
