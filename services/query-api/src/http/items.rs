@@ -7,7 +7,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Router};
 use rebate_domain::{ItemKey, KeyError};
 use rebate_engine::{DegradeReason, QueryError, Quote, QuoteAnswer, RenderedQuote, ShedLevel};
 use rebate_telemetry::TraceId;
@@ -138,14 +138,20 @@ pub(super) async fn quote_assembled(
     Ok(response)
 }
 
-/// The quote's JSON response and what it answered.
-fn quote_response(body: Vec<u8>, degraded: bool) -> (Response, Answered) {
-    // Built directly: axum's `(headers, Vec<u8>)` sets a content type and then replaces it.
+/// A JSON body's response. Built directly: axum's `(headers, Vec<u8>)` sets a content type and
+/// then replaces it.
+fn json_response(body: Vec<u8>) -> Response {
     let mut response = Response::new(Body::from(body));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    response
+}
+
+/// The quote's JSON response and what it answered.
+fn quote_response(body: Vec<u8>, degraded: bool) -> (Response, Answered) {
+    let response = json_response(body);
     let answered = Answered {
         complete: u32::from(!degraded),
         degraded: u32::from(degraded),
@@ -231,6 +237,19 @@ struct BatchResult {
     quote: Option<QuoteAnswer>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<BatchError>,
+}
+
+impl BatchResult {
+    /// About how many bytes this result serialises to: a kept rendering's length plus the
+    /// result's own members, or a typical quote's or error's.
+    fn size_hint(&self) -> usize {
+        let own = 64 + self.platform.len() + self.item_id.len();
+        own + match &self.quote {
+            Some(QuoteAnswer::Rendered(rendered)) => rendered.json().get().len(),
+            Some(QuoteAnswer::Assembled(_)) => 1024,
+            None => 160,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -337,7 +356,16 @@ async fn batch_rebate(
             None => answered.failed += 1,
         }
     }
-    let mut response = Json(BatchBody { results, trace_id }).into_response();
+    // Serialised into a buffer sized for the answer: axum's `Json` starts at 128 bytes and
+    // doubles, and a 50-item answer (~34 KB) was reallocated and copied nine times — a sixth of
+    // the batch route's instructions.
+    let capacity = 64 + results.iter().map(BatchResult::size_hint).sum::<usize>();
+    let mut body = Vec::with_capacity(capacity);
+    serde_json::to_writer(&mut body, &BatchBody { results, trace_id }).map_err(|error| {
+        tracing::error!(%error, "cannot render a batch answer");
+        ApiError::Internal
+    })?;
+    let mut response = json_response(body);
     response.extensions_mut().insert(answered);
     Ok(response)
 }
