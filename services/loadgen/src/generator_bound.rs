@@ -593,34 +593,9 @@ mod tests {
     fn a_meter_reads_the_ceilings_threads_as_the_target_and_not_as_the_generator() {
         const TICKS: u64 = 3;
         let meter = RunCpuMeter::start(CpuSource::OwnThreads(CEILING_THREAD));
-        let (spun, read) = (
-            std::sync::Arc::new(std::sync::Barrier::new(2)),
-            std::sync::Arc::new(std::sync::Barrier::new(2)),
-        );
-        let (spun_in_thread, read_in_thread) = (spun.clone(), read.clone());
-        let spinner = std::thread::Builder::new()
-            .name(CEILING_THREAD.to_owned())
-            .spawn(move || {
-                // Spins until the kernel has charged this thread TICKS ticks: a condition on
-                // its own counter, not on time. Returns what /proc calls it.
-                let own = || {
-                    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
-                    procfs::parse_name_and_cpu_ticks(&stat)
-                        .map(|(name, ticks)| (name.to_owned(), ticks))
-                };
-                let mut seen = own();
-                while seen.as_ref().is_some_and(|(_, ticks)| *ticks < TICKS) {
-                    seen = own();
-                }
-                spun_in_thread.wait();
-                read_in_thread.wait(); // alive until the meter has read it
-                seen
-            })
-            .unwrap();
-        spun.wait();
+        let spinner = procfs::SpunThread::start(CEILING_THREAD, TICKS);
         let cpu = meter.finish().unwrap();
-        read.wait();
-        let (name, ticks) = spinner.join().unwrap().expect("/proc/thread-self/stat");
+        let (name, ticks) = spinner.finish();
         assert_eq!(name, CEILING_THREAD, "the name survives comm's 15 bytes");
         assert!(ticks >= TICKS);
         let target_s = cpu.target_cores.unwrap() * cpu.wall_s;

@@ -158,6 +158,52 @@ impl CpuMeter {
     }
 }
 
+/// A thread of this process, named, that has used at least some CPU ticks and stays alive until
+/// [`SpunThread::finish`]: what the tests that read `/proc` measure.
+#[cfg(test)]
+pub(crate) struct SpunThread {
+    handle: std::thread::JoinHandle<Option<(String, u64)>>,
+    release: std::sync::Arc<std::sync::Barrier>,
+}
+
+#[cfg(test)]
+impl SpunThread {
+    /// Starts a thread named `name` and returns once the kernel has charged it `ticks` ticks (a
+    /// condition on its own counter, not on time; a failed read of its stat ends the spin).
+    pub(crate) fn start(name: &str, ticks: u64) -> Self {
+        use std::sync::{Arc, Barrier};
+        let (spun, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+        let (spun_in_thread, release_in_thread) = (Arc::clone(&spun), Arc::clone(&release));
+        let handle = std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let own = || {
+                    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+                    parse_name_and_cpu_ticks(&stat).map(|(name, ticks)| (name.to_owned(), ticks))
+                };
+                let mut seen = own();
+                while seen.as_ref().is_some_and(|(_, used)| *used < ticks) {
+                    seen = own();
+                }
+                spun_in_thread.wait();
+                release_in_thread.wait();
+                seen
+            })
+            .expect("a test thread starts");
+        spun.wait();
+        Self { handle, release }
+    }
+
+    /// Lets the thread end; its name and ticks as `/proc` last gave them.
+    pub(crate) fn finish(self) -> (String, u64) {
+        self.release.wait();
+        self.handle
+            .join()
+            .expect("the test thread ends")
+            .expect("/proc/thread-self/stat is readable")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,30 +229,10 @@ mod tests {
     fn a_named_thread_is_listed_under_its_name_with_the_cpu_it_used() {
         const NAME: &str = "procfs-test-15b"; // 15 bytes: the most `comm` keeps
         const TICKS: u64 = 2;
-        let (spun, listed) = (
-            std::sync::Arc::new(std::sync::Barrier::new(2)),
-            std::sync::Arc::new(std::sync::Barrier::new(2)),
-        );
-        let (spun_in_thread, listed_in_thread) = (spun.clone(), listed.clone());
-        let thread = std::thread::Builder::new()
-            .name(NAME.to_owned())
-            .spawn(move || {
-                // Spins until the kernel has charged it TICKS ticks: a condition on its own
-                // counter, not on time (a failed read ends the spin, and the test fails below).
-                let own = || {
-                    std::fs::read_to_string("/proc/thread-self/stat")
-                        .ok()
-                        .and_then(|stat| parse_cpu_ticks(&stat))
-                };
-                while own().is_some_and(|ticks| ticks < TICKS) {}
-                spun_in_thread.wait();
-                listed_in_thread.wait(); // alive until listed
-            })
-            .unwrap();
-        spun.wait();
+        let spinner = SpunThread::start(NAME, TICKS);
         let threads = own_threads();
-        listed.wait();
-        thread.join().unwrap();
+        let (name, _) = spinner.finish();
+        assert_eq!(name, NAME);
         let named: Vec<&ThreadCpu> = threads.iter().filter(|t| t.name == NAME).collect();
         assert_eq!(named.len(), 1, "{threads:?}");
         assert!(named[0].ticks >= TICKS, "{named:?}");
