@@ -5,6 +5,7 @@
 //! cache crate injects a clock so tests never sleep).
 
 use std::fmt;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Datelike, SecondsFormat, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -21,8 +22,15 @@ impl Timestamp {
         self.0
     }
 
+    /// The wall clock's time. Read straight from `SystemTime` (a clock before 1970 reads as
+    /// negative milliseconds): `chrono`'s `Utc::now` builds a calendar date first, which every
+    /// request's kept-rendering check would pay for nothing.
     pub fn now() -> Self {
-        Self(Utc::now().timestamp_millis())
+        let millis = match SystemTime::now().duration_since(UNIX_EPOCH) {
+            Ok(since) => i64::try_from(since.as_millis()).unwrap_or(i64::MAX),
+            Err(before) => i64::try_from(before.duration().as_millis()).map_or(i64::MIN, |m| -m),
+        };
+        Self(millis)
     }
 
     pub fn saturating_add_millis(self, millis: u64) -> Self {
@@ -94,6 +102,17 @@ impl<'de> Deserialize<'de> for Timestamp {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn now_agrees_with_chrono() {
+        let before = chrono::Utc::now().timestamp_millis();
+        let now = super::Timestamp::now().as_millis();
+        let after = chrono::Utc::now().timestamp_millis();
+        assert!(
+            before <= now && now <= after,
+            "{before} <= {now} <= {after}"
+        );
+    }
+
     #[test]
     fn instants_rfc_3339_cannot_write_in_utc_are_refused() {
         use super::{Timestamp, TimestampError};
