@@ -375,6 +375,45 @@ async fn clients_over_their_limit_get_429_with_retry_after() {
     app.stop().await;
 }
 
+/// Without a client id the bucket is the peer's address: the hot path (a cached single item)
+/// and the general path (a batch) see the same address and share its bucket, and another
+/// address (127.0.0.2, also loopback) has its own.
+#[tokio::test]
+async fn clients_without_an_id_are_limited_by_their_address_on_both_paths() {
+    let app = spawn_app_with(|settings| {
+        settings.resilience.client_limit.enabled = true;
+        settings.resilience.client_limit.per_sec = 1.0;
+        settings.resilience.client_limit.burst = 3;
+    })
+    .await;
+    let from = |address: [u8; 4]| {
+        reqwest::Client::builder()
+            .local_address(std::net::IpAddr::from(address))
+            .build()
+            .unwrap()
+    };
+    let (first, second) = (from([127, 0, 0, 1]), from([127, 0, 0, 2]));
+    let item = app.item_url("jd", "100001");
+    // Two single items (the second from the kept rendering: the hot path) and one batch.
+    for _ in 0..2 {
+        assert_eq!(first.get(&item).send().await.unwrap().status(), 200);
+    }
+    let batch = first
+        .post(format!("{}/api/v1/items:batch", app.base_url))
+        .json(&json!({"items": [{"platform": "jd", "item_id": "100001"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(batch.status(), 200);
+    // The address's three tokens are spent, whichever path spent them.
+    let refused = first.get(&item).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    // Another address is another client.
+    assert_eq!(second.get(&item).send().await.unwrap().status(), 200);
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn the_admin_status_shows_levels_breakers_and_thresholds_behind_a_token() {
     let app = spawn_app_with(|settings| {

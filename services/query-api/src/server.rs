@@ -170,6 +170,22 @@ pub fn bind(address: SocketAddr, backlog: u32) -> io::Result<TcpListener> {
     socket.listen(backlog)
 }
 
+/// A service a listener serves, told each request's peer address.
+///
+/// The default passes it on as axum's `ConnectInfo` request extension, where extractors find it;
+/// a service that reads the peer itself (the public edge's hot path) takes it as an argument and
+/// saves the extension map every request would otherwise allocate.
+pub trait PeerService: Service<Request, Response = Response, Error = Infallible> {
+    /// Calls the service with `request`, received from `peer`. Called only once the service is
+    /// ready, as [`Service::call`] is.
+    fn call_from(&mut self, peer: SocketAddr, mut request: Request) -> Self::Future {
+        request.extensions_mut().insert(ConnectInfo(peer));
+        self.call(request)
+    }
+}
+
+impl PeerService for axum::Router {}
+
 /// Serves `router` on `listener` until `shutdown` is cancelled; then stops accepting, asks every
 /// connection to finish its current request, waits at most `drain`, and closes the rest.
 pub async fn serve<S>(
@@ -180,7 +196,7 @@ pub async fn serve<S>(
     shutdown: CancellationToken,
     drain: Duration,
 ) where
-    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S: PeerService + Clone + Send + 'static,
     S::Future: Send,
 {
     let limits = Arc::new(limits);
@@ -259,7 +275,7 @@ async fn serve_connection<S>(
     shutdown: CancellationToken,
     _slots: (OpenSlot, PeerSlot),
 ) where
-    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S: PeerService + Clone + Send + 'static,
     S::Future: Send,
 {
     // Small answers: do not wait for the peer's ACK before sending the next segment.
@@ -270,16 +286,17 @@ async fn serve_connection<S>(
     let io = TokioIo::new(BoundedIo::new(stream, &limits, Arc::clone(&activity)));
     let service = {
         let activity = Arc::clone(&activity);
-        hyper::service::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             activity.request_started();
-            request.extensions_mut().insert(ConnectInfo(peer));
-            let router = router.clone();
+            let mut router = router.clone();
             let activity = Arc::clone(&activity);
             async move {
-                let response = router
-                    .oneshot(request.map(axum::body::Body::new))
-                    .await
-                    .unwrap_or_else(|never: Infallible| match never {});
+                let response = match router.ready().await {
+                    Ok(router) => router.call_from(peer, request.map(axum::body::Body::new)),
+                    Err(never) => match never {},
+                }
+                .await
+                .unwrap_or_else(|never: Infallible| match never {});
                 activity.response_ready();
                 Ok::<_, Infallible>(response)
             }

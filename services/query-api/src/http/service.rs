@@ -2,6 +2,7 @@
 //! [`super::middleware`] around the router, and the single-item route's fast path.
 
 use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::body::HttpBody;
-use axum::extract::Request;
+use axum::extract::{ConnectInfo, Request};
 use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
@@ -25,6 +26,7 @@ use super::protect::{self, Admitted, OwnedAdmitted};
 use super::routes::{self, ITEM_ROUTE};
 use crate::metrics::{Answered, Route};
 use crate::protection::Protection;
+use crate::server::PeerService;
 use crate::state::AppState;
 
 /// The public listener's service: every stage a request passes before and after the routes, in
@@ -83,11 +85,33 @@ impl tower::Service<Request> for Edge {
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        let request = match self.shared.hot_item(request) {
-            Hot::Answered(response) => return Either::Left(ready(Ok(response))),
-            Hot::Continues(answer) => return Either::Right(answer),
-            Hot::Not(request) => request,
-        };
+        let peer = protect::peer_of(&request);
+        match self.shared.hot_item(request, peer) {
+            Hot::Answered(response) => Either::Left(ready(Ok(response))),
+            Hot::Continues(answer) => Either::Right(answer),
+            Hot::Not(request) => self.general(request),
+        }
+    }
+}
+
+impl PeerService for Edge {
+    /// The hot path reads the peer from here; only a request it hands on to the general path
+    /// carries it as the `ConnectInfo` extension.
+    fn call_from(&mut self, peer: SocketAddr, request: Request) -> EdgeFuture {
+        match self.shared.hot_item(request, Some(peer.ip())) {
+            Hot::Answered(response) => Either::Left(ready(Ok(response))),
+            Hot::Continues(answer) => Either::Right(answer),
+            Hot::Not(mut request) => {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                self.general(request)
+            }
+        }
+    }
+}
+
+impl Edge {
+    /// Every stage around the router, for a request the hot path did not take.
+    fn general(&self, request: Request) -> EdgeFuture {
         let Edge { routes, shared } = self.clone();
         Either::Right(Box::pin(async move {
             let EdgeStages {
@@ -166,7 +190,7 @@ impl EdgeStages {
     /// rendering misses, what is left (assembling the quote under the hard timeout) continues
     /// in one boxed future. Anything else — or a request that would be refused by a check the
     /// general path makes first — is handed back untouched.
-    fn hot_item(self: &Arc<Self>, request: Request) -> Hot {
+    fn hot_item(self: &Arc<Self>, request: Request, peer: Option<IpAddr>) -> Hot {
         let Some(HotCandidate {
             key,
             class,
@@ -181,7 +205,15 @@ impl EdgeStages {
         let _entered = trace.span.clone().entered();
         let step = Arc::clone(&trace.timeline).sync_scope(|| {
             std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.hot_stages(&request, key, class, protection, limiter, &trace.trace_hex)
+                self.hot_stages(
+                    &request,
+                    peer,
+                    key,
+                    class,
+                    protection,
+                    limiter,
+                    &trace.trace_hex,
+                )
             }))
         });
         let observer = Some(&*self.observer);
@@ -239,6 +271,7 @@ impl EdgeStages {
     fn hot_stages<'a>(
         &self,
         request: &Request,
+        peer: Option<IpAddr>,
         key: ItemKey,
         class: RequestClass,
         protection: &'a Protection,
@@ -246,12 +279,7 @@ impl EdgeStages {
         trace_hex: &[u8; 32],
     ) -> HotStep<'a> {
         if let Some((limiter, hops)) = limiter
-            && let Err(refused) = protect::limit_client_now(
-                limiter,
-                hops,
-                request.headers(),
-                protect::peer_of(request),
-            )
+            && let Err(refused) = protect::limit_client_now(limiter, hops, request.headers(), peer)
         {
             return HotStep::Done {
                 response: refused.into_response(),
