@@ -89,17 +89,15 @@ fn client_key(
     trusted_hops: u32,
 ) -> Result<ClientKey, ApiError> {
     if let Some(value) = headers.get(CLIENT_ID_HEADER) {
-        let id = value
-            .to_str()
-            .ok()
-            .filter(|id| valid_client_id(id))
-            .ok_or_else(|| {
-                ApiError::InvalidClientId(format!(
-                    "x-client-id must be 1–{MAX_CLIENT_ID_LEN} characters of letters, digits, '.', '_', ':' or '-'"
-                ))
-            })?;
+        // Checked as bytes: the allowed characters are ASCII, so no separate UTF-8 check.
+        let id = value.as_bytes();
+        if !valid_client_id(id) {
+            return Err(ApiError::InvalidClientId(format!(
+                "x-client-id must be 1–{MAX_CLIENT_ID_LEN} characters of letters, digits, '.', '_', ':' or '-'"
+            )));
+        }
         return Ok(ClientKey::new(b"id:", |rest| {
-            rest[..id.len()].copy_from_slice(id.as_bytes());
+            rest[..id.len()].copy_from_slice(id);
             id.len()
         }));
     }
@@ -152,11 +150,11 @@ impl PartialEq<&str> for ClientKey {
     }
 }
 
-fn valid_client_id(id: &str) -> bool {
+fn valid_client_id(id: &[u8]) -> bool {
     (1..=MAX_CLIENT_ID_LEN).contains(&id.len())
         && id
-            .bytes()
-            .all(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b':' | b'-'))
+            .iter()
+            .all(|&byte| byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b':' | b'-'))
 }
 
 /// The address `trusted_hops` places from the right of `X-Forwarded-For`: each trusted proxy
