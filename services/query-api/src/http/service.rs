@@ -160,6 +160,7 @@ enum Hot {
 }
 
 /// A request the hot path can take, with what its stages need.
+#[derive(Clone, Copy)]
 struct HotCandidate<'a> {
     key: ItemKey,
     class: RequestClass,
@@ -191,29 +192,16 @@ impl EdgeStages {
     /// in one boxed future. Anything else — or a request that would be refused by a check the
     /// general path makes first — is handed back untouched.
     fn hot_item(self: &Arc<Self>, request: Request, peer: Option<IpAddr>) -> Hot {
-        let Some(HotCandidate {
-            key,
-            class,
-            protection,
-            limiter,
-        }) = self.hot_candidate(&request)
-        else {
+        let Some(candidate) = self.hot_candidate(&request) else {
             return Hot::Not(request);
         };
+        let (key, class, protection) = (candidate.key, candidate.class, candidate.protection);
         // From here on the request is this path's: each stage's effects happen exactly once.
         let trace = Traced::begin(&request, Some(Route::Matched(ITEM_ROUTE)));
         let _entered = trace.span.clone().entered();
         let step = Arc::clone(&trace.timeline).sync_scope(|| {
             std::panic::catch_unwind(AssertUnwindSafe(|| {
-                self.hot_stages(
-                    &request,
-                    peer,
-                    key,
-                    class,
-                    protection,
-                    limiter,
-                    &trace.trace_hex,
-                )
+                self.hot_stages(&request, peer, candidate, &trace.trace_hex)
             }))
         });
         let observer = Some(&*self.observer);
@@ -272,12 +260,15 @@ impl EdgeStages {
         &self,
         request: &Request,
         peer: Option<IpAddr>,
-        key: ItemKey,
-        class: RequestClass,
-        protection: &'a Protection,
-        limiter: Option<(&KeyedLimiter, u32)>,
+        candidate: HotCandidate<'a>,
         trace_hex: &[u8; 32],
     ) -> HotStep<'a> {
+        let HotCandidate {
+            key,
+            class,
+            protection,
+            limiter,
+        } = candidate;
         if let Some((limiter, hops)) = limiter
             && let Err(refused) = protect::limit_client_now(limiter, hops, request.headers(), peer)
         {
