@@ -7,6 +7,7 @@
 )]
 
 mod api;
+mod contract;
 mod edge;
 mod events;
 mod fleet;

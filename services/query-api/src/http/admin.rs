@@ -31,20 +31,24 @@ use crate::pings::Pings;
 use crate::state::AppState;
 
 pub fn router(state: AppState, token: AdminToken) -> Router {
+    // Everything under /admin/v1 — its unknown paths and methods included — is behind the
+    // token: a stranger learns nothing from a 404 or a 405 about which routes exist.
     let protected = Router::new()
-        .route("/admin/v1/status", get(status))
-        .route("/admin/v1/shedding", put(force_shedding))
-        .route("/admin/v1/events", post(publish_event))
-        .route("/admin/v1/items/{platform}/{item_id}", get(inspect_item))
-        .route("/admin/v1/warm", post(warm))
-        .route("/admin/v1/hot-keys", get(hot_keys))
+        .route("/status", get(status))
+        .route("/shedding", put(force_shedding))
+        .route("/events", post(publish_event))
+        .route("/items/{platform}/{item_id}", get(inspect_item))
+        .route("/warm", post(warm))
+        .route("/hot-keys", get(hot_keys))
         .merge(super::slow_requests::routes())
+        .fallback(|| async { ApiError::RouteNotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(token, require_token));
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readiness))
         .route("/metrics", get(metrics))
-        .merge(protected)
+        .nest("/admin/v1", protected)
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(
@@ -246,13 +250,18 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
 /// `{"level": "cache_only"}` pins the shed level (drills, emergencies); `{"level": null}` returns
 /// to the measured level.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an object with a `level`")]
 struct ShedOverride {
+    /// Required, `null` included: `{}` is refused rather than read as "release the pin".
+    #[serde(deserialize_with = "Option::deserialize")]
     level: Option<LevelName>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(
+    rename_all = "snake_case",
+    expecting = "one of `normal`, `drop_extras`, `short_timeouts`, `cache_only` or null"
+)]
 enum LevelName {
     Normal,
     DropExtras,
@@ -291,17 +300,31 @@ async fn require_token(State(token): State<AdminToken>, request: Request, next: 
     let offered = request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
+        .map(|value| bearer_token(value.as_bytes()));
     match offered {
-        Some(offered) if token.matches(offered) => next.run(request).await,
-        _ => ApiError::Unauthorized.into_response(),
+        Some(Some(offered)) if token.matches(offered) => next.run(request).await,
+        offered => ApiError::Unauthorized {
+            token_offered: offered.is_some(),
+        }
+        .into_response(),
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive
+/// (RFC 9110 §11.1); one or more spaces separate it from the token, which must not be empty.
+fn bearer_token(value: &[u8]) -> Option<&str> {
+    let value = std::str::from_utf8(value).ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim_start_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 /// An operator's event; `event_id` and `occurred_at` are filled in when absent.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object with `kind`, `platform`, `item_ids` and `version`"
+)]
 struct EventRequest {
     kind: EventKind,
     platform: String,

@@ -46,7 +46,10 @@ pub enum ApiError {
     MethodNotAllowed,
     /// 401: admin routes without the right bearer token.
     #[error("missing or wrong bearer token")]
-    Unauthorized,
+    Unauthorized {
+        /// Whether an `Authorization` header was sent (the challenge then says `invalid_token`).
+        token_offered: bool,
+    },
     /// 413: body over the configured limit.
     #[error("request body is larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
@@ -104,7 +107,7 @@ impl ApiError {
                 StatusCode::NOT_FOUND
             }
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable
@@ -128,7 +131,7 @@ impl ApiError {
             ApiError::ItemNotFound(_) => ErrorCode::ItemNotFound,
             ApiError::RouteNotFound => ErrorCode::RouteNotFound,
             ApiError::MethodNotAllowed => ErrorCode::MethodNotAllowed,
-            ApiError::Unauthorized => ErrorCode::Unauthorized,
+            ApiError::Unauthorized { .. } => ErrorCode::Unauthorized,
             ApiError::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             ApiError::Unavailable | ApiError::BrokerUnavailable => ErrorCode::Unavailable,
             ApiError::RequestTimeout { .. } => ErrorCode::RequestTimeout,
@@ -170,6 +173,18 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let ApiError::Unauthorized { token_offered } = self {
+            // RFC 6750 §3: the challenge, and why a token that was sent is not accepted.
+            let challenge = if token_offered {
+                r#"Bearer realm="rebate-admin", error="invalid_token""#
+            } else {
+                r#"Bearer realm="rebate-admin""#
+            };
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(challenge),
+            );
         }
         response.extensions_mut().insert(self.body());
         response

@@ -194,7 +194,7 @@ fn query_error(state: &AppState, error: QueryError) -> ApiError {
 /// `{"items": [{"platform": …, "item_id": …}, …]}`: the batch route's body, and the admin warm
 /// route's.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an object with an `items` list")]
 pub struct BatchRequest {
     pub items: Vec<BatchKey>,
 }
@@ -215,7 +215,10 @@ impl BatchRequest {
 /// Kept as raw strings so that one bad key is reported on its own line instead of failing the
 /// whole batch.
 #[derive(Debug, Deserialize, PartialEq, Eq, Hash)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an object with `platform` and `item_id` strings"
+)]
 pub struct BatchKey {
     pub platform: String,
     pub item_id: String,

@@ -13,10 +13,11 @@ use crate::state::AppState;
 
 const DEFAULT_LIMIT: usize = 50;
 
+/// The routes, relative to `/admin/v1` (where the admin router nests them).
 pub(super) fn routes() -> Router<AppState> {
     Router::new()
-        .route("/admin/v1/slow-requests", get(recent))
-        .route("/admin/v1/slow-requests/{trace_id}", get(by_trace_id))
+        .route("/slow-requests", get(recent))
+        .route("/slow-requests/{trace_id}", get(by_trace_id))
 }
 
 async fn recent(

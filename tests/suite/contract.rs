@@ -1,0 +1,241 @@
+//! The HTTP contract at its edges: the admin API's challenge for every `/admin/v1` path, its
+//! case-insensitive scheme and strict bodies, and rejection messages that name the field.
+
+use rebate_tests::spawn_app;
+use serde_json::{Value, json};
+
+async fn json_of(response: reqwest::Response) -> Value {
+    response.json().await.expect("a JSON body")
+}
+
+/// Whether `message` names a Rust type rather than what the client sent.
+fn names_a_rust_type(message: &str) -> bool {
+    [
+        "struct ",
+        "enum ",
+        "BatchRequest",
+        "BatchKey",
+        "ShedOverride",
+        "LevelName",
+        "EventRequest",
+    ]
+    .iter()
+    .any(|needle| message.contains(needle))
+}
+
+async fn shed_level(app: &rebate_tests::TestApp) -> Value {
+    json_of(app.admin_get("/admin/v1/status").await).await["protection"]["shedding"]["level"]
+        .clone()
+}
+
+#[tokio::test]
+async fn every_admin_path_without_the_token_gets_the_bearer_challenge() {
+    let app = spawn_app().await;
+    let url = |path: &str| format!("{}{path}", app.admin_url);
+    let known_and_unknown = [
+        ("GET", "/admin/v1/status"),
+        ("GET", "/admin/v1/no-such-route"),
+        ("GET", "/admin/v1"),
+        ("DELETE", "/admin/v1/status"),
+        ("POST", "/admin/v1/events"),
+        (
+            "GET",
+            "/admin/v1/slow-requests/4bf92f3577b34da6a3ce929d0e0e4736",
+        ),
+    ];
+    for (method, path) in known_and_unknown {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let anonymous = app
+            .client
+            .request(method.clone(), url(path))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(anonymous.status(), 401, "{method} {path}");
+        assert_eq!(
+            anonymous.headers()["www-authenticate"],
+            r#"Bearer realm="rebate-admin""#,
+            "{method} {path}"
+        );
+        let body = json_of(anonymous).await;
+        assert_eq!(body["error"]["code"], "unauthorized", "{body}");
+        assert!(body["trace_id"].is_string(), "{body}");
+
+        let wrong = app
+            .client
+            .request(method.clone(), url(path))
+            .header("authorization", "Bearer not-the-token")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(wrong.status(), 401, "{method} {path}");
+        assert_eq!(
+            wrong.headers()["www-authenticate"],
+            r#"Bearer realm="rebate-admin", error="invalid_token""#
+        );
+    }
+    // With the token, an unknown route is a plain 404 and a wrong method a 405.
+    let authorised = |method: reqwest::Method, path: &str| {
+        app.client
+            .request(method, url(path))
+            .bearer_auth(&app.admin_token)
+            .send()
+    };
+    let missing = authorised(reqwest::Method::GET, "/admin/v1/no-such-route")
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    assert_eq!(json_of(missing).await["error"]["code"], "route_not_found");
+    let wrong_method = authorised(reqwest::Method::DELETE, "/admin/v1/status")
+        .await
+        .unwrap();
+    assert_eq!(wrong_method.status(), 405);
+    // Outside /admin/v1 nothing changes: probes and metrics need no token.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let response = app.client.get(url(path)).send().await.unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive_and_its_token_is_exact() {
+    let app = spawn_app().await;
+    let status = |authorization: String| {
+        app.client
+            .get(format!("{}/admin/v1/status", app.admin_url))
+            .header("authorization", authorization)
+            .send()
+    };
+    let token = &app.admin_token;
+    for accepted in [
+        format!("Bearer {token}"),
+        format!("bearer {token}"),
+        format!("BEARER {token}"),
+        format!("Bearer   {token}"),
+    ] {
+        assert_eq!(
+            status(accepted.clone()).await.unwrap().status(),
+            200,
+            "{accepted}"
+        );
+    }
+    for refused in [
+        format!("Basic {token}"),
+        format!("Bearer{token}"),
+        format!("Bearer {token}x"),
+        format!("Bearer {}", token.to_uppercase()),
+        "Bearer ".to_owned(),
+        token.clone(),
+    ] {
+        if refused == format!("Bearer {token}") {
+            continue; // an all-uppercase token would equal itself
+        }
+        assert_eq!(
+            status(refused.clone()).await.unwrap().status(),
+            401,
+            "{refused}"
+        );
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn admin_bodies_are_strict_and_an_empty_override_does_not_release_a_pinned_level() {
+    let app = spawn_app().await;
+    let pinned = app
+        .admin_put("/admin/v1/shedding", &json!({"level": "cache_only"}))
+        .await;
+    assert_eq!(pinned.status(), 200);
+    let pinned_level = shed_level(&app).await;
+    assert_eq!(pinned_level, "cache_only");
+
+    for body in [
+        json!({}),
+        json!({"level": "cache_only", "extra": 1}),
+        json!([]),
+        json!(5),
+    ] {
+        let refused = app.admin_put("/admin/v1/shedding", &body).await;
+        assert_eq!(refused.status(), 400, "{body}");
+        let message = json_of(refused).await["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(!names_a_rust_type(&message), "{body}: {message}");
+        if body == json!({}) {
+            assert!(message.contains("`level`"), "{message}");
+        }
+        if body.get("extra").is_some() {
+            assert!(message.contains("`extra`"), "{message}");
+        }
+    }
+    assert_eq!(shed_level(&app).await, pinned_level, "still pinned");
+    let released = app
+        .admin_put("/admin/v1/shedding", &json!({"level": null}))
+        .await;
+    assert_eq!(released.status(), 200);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn body_rejections_name_the_field_not_a_type() {
+    let app = spawn_app().await;
+    let cases = [
+        (json!([]), "`items`"),
+        (json!(5), "`items`"),
+        (json!({"items": 5}), "items"),
+        (json!({"items": [{"platform": "jd"}]}), "`item_id`"),
+        (json!({"items": [5]}), "`platform` and `item_id`"),
+        (json!({"items": [], "limit": 3}), "`limit`"),
+    ];
+    for (body, named) in cases {
+        for response in [
+            app.post_batch(&body).await,
+            app.client
+                .post(format!("{}/admin/v1/warm", app.admin_url))
+                .bearer_auth(&app.admin_token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap(),
+        ] {
+            assert_eq!(response.status(), 400, "{body}");
+            let error = json_of(response).await;
+            assert_eq!(error["error"]["code"], "invalid_body", "{error}");
+            let message = error["error"]["message"].as_str().unwrap();
+            assert!(!names_a_rust_type(message), "{body}: {message}");
+            assert!(message.contains(named), "{body}: {message}");
+        }
+    }
+    let events = [
+        (json!({"kind": "rate_changed"}), "`platform`"),
+        (
+            json!({"kind": 5, "platform": "jd", "item_ids": ["1"], "version": 1}),
+            "kind",
+        ),
+        (
+            json!({"kind": "renamed", "platform": "jd", "item_ids": ["1"], "version": 1}),
+            "rate_changed",
+        ),
+        (json!([]), "`kind`"),
+    ];
+    for (body, named) in events {
+        let response = app
+            .client
+            .post(format!("{}/admin/v1/events", app.admin_url))
+            .bearer_auth(&app.admin_token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{body}");
+        let message = json_of(response).await["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(!names_a_rust_type(&message), "{body}: {message}");
+        assert!(message.contains(named), "{body}: {message}");
+    }
+    app.stop().await;
+}
