@@ -239,3 +239,111 @@ async fn body_rejections_name_the_field_not_a_type() {
     }
     app.stop().await;
 }
+
+#[tokio::test]
+async fn h5_origins_get_cors_on_both_paths_and_other_origins_get_none() {
+    let app = rebate_tests::spawn_app_with(|settings| {
+        settings.http.cors.allowed_origins = vec!["https://h5.example.com".to_owned()];
+        settings.http.cors.max_age_secs = 900;
+    })
+    .await;
+    const H5: &str = "https://h5.example.com";
+    let batch_url = format!("{}/api/v1/items:batch", app.base_url);
+    let preflight = |origin: &'static str| {
+        app.client
+            .request(reqwest::Method::OPTIONS, &batch_url)
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "content-type, x-client-id",
+            )
+            .send()
+    };
+    let allowed = preflight(H5).await.unwrap();
+    assert_eq!(allowed.status(), 204);
+    let headers = allowed.headers();
+    assert_eq!(headers["access-control-allow-origin"], H5);
+    assert_eq!(headers["access-control-max-age"], "900");
+    assert!(
+        headers["access-control-allow-methods"]
+            .to_str()
+            .unwrap()
+            .contains("POST")
+    );
+    let allow_headers = headers["access-control-allow-headers"].to_str().unwrap();
+    assert!(allow_headers.contains("content-type") && allow_headers.contains("x-client-id"));
+    assert!(headers.get("access-control-allow-credentials").is_none());
+    assert!(headers.contains_key("x-trace-id"));
+
+    let other = preflight("https://evil.example").await.unwrap();
+    assert_ne!(other.status(), 204);
+    assert!(
+        other
+            .headers()
+            .keys()
+            .all(|name| !name.as_str().starts_with("access-control-")),
+        "{:?}",
+        other.headers()
+    );
+
+    // Actual requests: the single item twice (the second from the kept rendering, the edge's
+    // hot path), a batch and an error, from the allowed origin.
+    let item = app.item_url("jd", "100001");
+    for _ in 0..2 {
+        let answer = app
+            .client
+            .get(&item)
+            .header("origin", H5)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200);
+        assert_eq!(answer.headers()["access-control-allow-origin"], H5);
+        assert_eq!(answer.headers()["vary"], "origin");
+        let exposed = answer.headers()["access-control-expose-headers"]
+            .to_str()
+            .unwrap();
+        assert!(
+            exposed.contains("x-trace-id") && exposed.contains("etag"),
+            "{exposed}"
+        );
+    }
+    let batch = app
+        .client
+        .post(&batch_url)
+        .header("origin", H5)
+        .json(&json!({"items": [{"platform": "jd", "item_id": "100001"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(batch.status(), 200);
+    assert_eq!(batch.headers()["access-control-allow-origin"], H5);
+    let missing = app
+        .client
+        .get(app.item_url("jd", "999999999"))
+        .header("origin", H5)
+        .send()
+        .await
+        .unwrap();
+    assert!(missing.status().is_client_error());
+    assert_eq!(missing.headers()["access-control-allow-origin"], H5);
+
+    // Another origin: the answer, but nothing that lets its page read it.
+    let elsewhere = app
+        .client
+        .get(&item)
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(elsewhere.status(), 200);
+    assert!(
+        elsewhere
+            .headers()
+            .get("access-control-allow-origin")
+            .is_none()
+    );
+    assert_eq!(elsewhere.headers()["vary"], "origin");
+    app.stop().await;
+}

@@ -82,4 +82,6 @@ pub struct HttpLimits {
     /// The head and body bounds checked before a request is admitted.
     pub edge: Arc<EdgeLimits>,
     pub admin_request_timeout: Duration,
+    /// Cross-origin access for H5 pages (`None`: no CORS headers).
+    pub cors: Option<crate::http::cors::Cors>,
 }

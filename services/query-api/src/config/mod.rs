@@ -182,6 +182,92 @@ pub struct HttpSettings {
     /// Length of the kernel's queue of connections waiting to be accepted (`listen(2)`'s
     /// backlog; the kernel caps it at `net.core.somaxconn`).
     pub listen_backlog: u32,
+    /// Cross-origin access for H5 pages.
+    pub cors: CorsSettings,
+}
+
+/// Which browser origins may call the public API (`[http.cors]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorsSettings {
+    /// `scheme://host[:port]` each, or the one entry `*`; empty: CORS off.
+    pub allowed_origins: Vec<String>,
+    /// How long a browser may cache a preflight's answer (at most a day).
+    pub max_age_secs: u64,
+    /// Whether credentialed requests (cookies, HTTP authentication) are allowed.
+    pub allow_credentials: bool,
+}
+
+impl CorsSettings {
+    /// The most origins listed (each preflight compares against every one).
+    pub const MAX_ORIGINS: usize = 100;
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        const FIELD: &str = "http.cors.allowed_origins";
+        if self.allowed_origins.len() > Self::MAX_ORIGINS {
+            return Err(invalid(
+                FIELD,
+                format!(
+                    "{} origins listed; at most {}",
+                    self.allowed_origins.len(),
+                    Self::MAX_ORIGINS
+                ),
+            ));
+        }
+        let any = self.allowed_origins.iter().any(|origin| origin == "*");
+        if any && self.allowed_origins.len() > 1 {
+            return Err(invalid(FIELD, "\"*\" must be the only entry"));
+        }
+        if any && self.allow_credentials {
+            return Err(invalid(
+                FIELD,
+                "\"*\" cannot be combined with http.cors.allow_credentials = true (browsers refuse it)",
+            ));
+        }
+        for origin in self.allowed_origins.iter().filter(|origin| *origin != "*") {
+            check_origin(origin).map_err(|reason| invalid(FIELD, reason))?;
+        }
+        ensure_in("http.cors.max_age_secs", self.max_age_secs, 0..=86_400)
+    }
+}
+
+/// An origin as browsers send it: `http(s)://host[:port]`, lower case, nothing after the port.
+fn check_origin(origin: &str) -> Result<(), String> {
+    let rest = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"))
+        .ok_or_else(|| format!("{origin:?} must start with http:// or https://"))?;
+    let (host, port) = if rest.starts_with('[') {
+        // An IPv6 literal: `[…]`, then an optional `:port`.
+        let end = rest.find(']').map_or(rest.len(), |end| end + 1);
+        let (host, after) = rest.split_at(end);
+        match after {
+            "" => (host, None),
+            after => (host, Some(after.strip_prefix(':').unwrap_or(after))),
+        }
+    } else {
+        match rest.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (rest, None),
+        }
+    };
+    let host_ok = !host.is_empty()
+        && host.bytes().all(|byte| {
+            byte.is_ascii_lowercase()
+                || byte.is_ascii_digit()
+                || matches!(byte, b'.' | b'-' | b'[' | b']' | b':')
+        });
+    if !host_ok {
+        return Err(format!(
+            "{origin:?}: the host must be a lower-case name or address, with no path, query or trailing slash"
+        ));
+    }
+    if let Some(port) = port
+        && port.parse::<u16>().map_or(true, |port| port == 0)
+    {
+        return Err(format!("{origin:?}: the port must be 1–65535"));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -633,6 +719,7 @@ impl Settings {
             ));
         }
         self.validate_connections()?;
+        self.http.cors.validate()?;
         if !self.admin.token.is_empty() && self.admin.token.expose().len() < 16 {
             return Err(invalid("admin.token", "must be at least 16 characters"));
         }
@@ -1082,6 +1169,46 @@ mod tests {
         assert_eq!(timeouts.product, Duration::from_millis(1000));
         assert_eq!(timeouts.coupons, Duration::from_millis(500));
         assert_eq!(timeouts.extras, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn cors_origins_are_checked_as_browsers_send_them() {
+        let with = |origins: &[&str], credentials: bool| {
+            let mut settings = Settings::defaults().unwrap();
+            settings.http.cors.allowed_origins = origins.iter().map(|o| (*o).to_owned()).collect();
+            settings.http.cors.allow_credentials = credentials;
+            settings.validate()
+        };
+        for good in [
+            &["https://h5.example.com"][..],
+            &["http://localhost:3000", "https://a.b-c.example"],
+            &["http://[::1]:8080", "http://127.0.0.1"],
+            &["*"],
+            &[],
+        ] {
+            assert!(with(good, false).is_ok(), "{good:?}");
+        }
+        for bad in [
+            &["https://h5.example.com/"][..],
+            &["https://H5.example.com"],
+            &["h5.example.com"],
+            &["https://h5.example.com/page"],
+            &["https://h5.example.com:0"],
+            &["https://h5.example.com:99999"],
+            &["https://"],
+            &["*", "https://a.example"],
+        ] {
+            let error = with(bad, false).unwrap_err().to_string();
+            assert!(
+                error.contains("http.cors.allowed_origins"),
+                "{bad:?}: {error}"
+            );
+        }
+        assert!(with(&["*"], true).is_err());
+        assert!(with(&["https://a.example"], true).is_ok());
+        let mut settings = Settings::defaults().unwrap();
+        settings.http.cors.max_age_secs = 86_401;
+        assert!(settings.validate().is_err());
     }
 
     fn load_file(contents: &str) -> Result<Settings, ConfigError> {

@@ -6,11 +6,13 @@
 //! catcher, then the [`edge::Gate`] stages in order (head caps (431, 414, 413 on a declared
 //! length), per-client limit (429), body read (408, 413: the whole body arrives before the request
 //! counts as load), load-shedding admission (stamps the shed level), request timeout), then the
-//! routes (body limit). The admin listener runs the same trace stage and gate as layers.
+//! routes (body limit); CORS (`cors`) answers an allowed origin's preflight before the gate and
+//! adds its headers to every answer. The admin listener runs the same trace stage and gate as layers.
 //! Connection-level bounds (header and idle timeouts, connection caps) are the server loop's, in
 //! [`crate::server`].
 
 pub mod admin;
+pub mod cors;
 pub mod edge;
 mod error;
 mod extract;

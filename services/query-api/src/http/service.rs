@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use axum::Router;
 use axum::body::HttpBody;
 use axum::extract::{ConnectInfo, Request};
-use axum::http::Method;
+use axum::http::{HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
 use futures::future::{Either, Ready, ready};
@@ -20,6 +20,7 @@ use rebate_resilience::{KeyedLimiter, RequestClass};
 use tower::ServiceExt;
 use tracing::Instrument;
 
+use super::cors::Cors;
 use super::edge::Gate;
 use super::middleware::{RequestObserver, Traced};
 use super::protect::{self, Admitted, OwnedAdmitted};
@@ -119,7 +120,12 @@ impl Edge {
                 gate,
                 state,
             } = &*shared;
+            let cors = state.limits.cors.as_ref();
+            let origin = cors.and_then(|cors| cors.origin_of(request.headers()));
             let response = super::middleware::traced(request, Some(observer), |request| {
+                // An allowed origin's preflight: answered here, before the client limit and the
+                // admission (it costs nothing and carries no query).
+                let preflight = cors.and_then(|cors| cors.preflight(&request));
                 let stages = gate.run(request, |request| async move {
                     // The single-item route past the router when the hot path could not take
                     // it (say, the fleet's client buckets): the router's matching, parameter
@@ -137,6 +143,9 @@ impl Edge {
                 // Boxed: the stages' future is large, and the trace stage moves what it runs
                 // into its timeline and its span; a box moves as a pointer.
                 Box::pin(async move {
+                    if let Some(preflight) = preflight {
+                        return preflight;
+                    }
                     match AssertUnwindSafe(stages).catch_unwind().await {
                         Ok(response) => response,
                         Err(panic) => super::middleware::panic_response(panic),
@@ -144,7 +153,7 @@ impl Edge {
                 })
             })
             .await;
-            Ok(response)
+            Ok(with_cors(cors, origin, response))
         }))
     }
 }
@@ -205,25 +214,28 @@ impl EdgeStages {
             }))
         });
         let observer = Some(&*self.observer);
-        match step {
+        let cors = self.state.limits.cors.as_ref();
+        let origin = cors.and_then(|cors| cors.origin_of(request.headers()));
+        let finished = match step {
             Ok(HotStep::Done {
                 response,
                 class,
                 answered,
-            }) => Hot::Answered(trace.finish_with(response, observer, class, answered)),
+            }) => trace.finish_with(response, observer, class, answered),
             Ok(HotStep::Assemble(admitted)) => {
                 let admitted = admitted.into_owned(Arc::clone(protection));
-                Hot::Continues(Box::pin(
-                    Arc::clone(self).assemble(trace, admitted, key, class),
-                ))
+                return Hot::Continues(Box::pin(
+                    Arc::clone(self).assemble(trace, admitted, key, class, origin),
+                ));
             }
-            Err(panic) => Hot::Answered(trace.finish_with(
+            Err(panic) => trace.finish_with(
                 super::middleware::panic_response(panic),
                 observer,
                 None,
                 None,
-            )),
-        }
+            ),
+        };
+        Hot::Answered(with_cors(cors, origin, finished))
     }
 
     /// The item, class and guards of a request the hot path can take, checked without any
@@ -306,6 +318,7 @@ impl EdgeStages {
         admitted: OwnedAdmitted,
         key: ItemKey,
         class: RequestClass,
+        origin: Option<HeaderValue>,
     ) -> Result<Response, Infallible> {
         let (trace_id, level, timeout) = (trace.trace_id, admitted.level, self.gate.timeout);
         let answer = super::middleware::with_timeout(timeout, async {
@@ -324,6 +337,15 @@ impl EdgeStages {
             }
         };
         let answered = response.extensions().get::<Answered>().copied();
-        Ok(trace.finish_with(response, Some(&self.observer), class, answered))
+        let response = trace.finish_with(response, Some(&self.observer), class, answered);
+        Ok(with_cors(self.state.limits.cors.as_ref(), origin, response))
     }
+}
+
+/// `response` with the CORS headers for `origin` (when CORS is configured).
+fn with_cors(cors: Option<&Cors>, origin: Option<HeaderValue>, mut response: Response) -> Response {
+    if let Some(cors) = cors {
+        cors.decorate(origin, &mut response);
+    }
+    response
 }

@@ -453,5 +453,6 @@ fn http_limits(settings: &Settings) -> HttpLimits {
             body_read_timeout: Duration::from_millis(http.body_read_timeout_ms),
         }),
         admin_request_timeout: Duration::from_millis(settings.admin.request_timeout_ms),
+        cors: crate::http::cors::Cors::from_settings(&settings.http.cors),
     }
 }
