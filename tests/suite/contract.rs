@@ -347,3 +347,151 @@ async fn h5_origins_get_cors_on_both_paths_and_other_origins_get_none() {
     assert_eq!(elsewhere.headers()["vary"], "origin");
     app.stop().await;
 }
+
+/// A quote's answer and its tag, by `GET` with an optional `If-None-Match`.
+async fn get_tagged(
+    app: &rebate_tests::TestApp,
+    url: &str,
+    if_none_match: Option<&str>,
+) -> reqwest::Response {
+    let mut request = app.client.get(url);
+    if let Some(tag) = if_none_match {
+        request = request.header("if-none-match", tag);
+    }
+    request.send().await.unwrap()
+}
+
+fn etag_of(response: &reqwest::Response) -> String {
+    response.headers()["etag"].to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn etags_give_304s_on_both_routes_and_change_with_the_quote() {
+    use rebate_domain::{ItemKey, RateBps, RebateRate, Timestamp};
+    use rebate_events::EventKind;
+    use rebate_store::{CatalogRepository, SqliteConfig, SqliteStore, Versioned};
+
+    let app = spawn_app().await;
+    let url = app.item_url("taobao", "100042");
+    // Two answers (the demo's hot items are warmed at start, so both come from the kept
+    // rendering): the same tag, though the trace ids differ.
+    let first = get_tagged(&app, &url, None).await;
+    assert_eq!(first.status(), 200);
+    let tag = etag_of(&first);
+    let first_trace = json_of(first).await["trace_id"].clone();
+    let second = get_tagged(&app, &url, None).await;
+    assert_eq!(etag_of(&second), tag);
+    let cache_control = second.headers()["cache-control"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let max_age: u64 = cache_control
+        .strip_prefix("private, max-age=")
+        .unwrap_or_else(|| panic!("{cache_control}"))
+        .parse()
+        .unwrap();
+    assert!(max_age <= 300, "{cache_control}");
+    assert_ne!(json_of(second).await["trace_id"], first_trace);
+
+    // The last tag back: 304, no body, the tag and a trace id; a weak or listed form too.
+    for sent in [tag.clone(), format!("W/{tag}"), format!("\"other\", {tag}")] {
+        let not_modified = get_tagged(&app, &url, Some(&sent)).await;
+        assert_eq!(not_modified.status(), 304, "{sent}");
+        assert_eq!(etag_of(&not_modified), tag);
+        assert!(not_modified.headers().contains_key("x-trace-id"));
+        assert!(not_modified.headers().get("content-type").is_none());
+        assert!(not_modified.bytes().await.unwrap().is_empty());
+    }
+    assert_eq!(
+        get_tagged(&app, &url, Some("\"other\"")).await.status(),
+        200
+    );
+
+    // The batch: the same tag for the same answers, and a 304 for it.
+    let batch_url = format!("{}/api/v1/items:batch", app.base_url);
+    let batch_body = json!({"items": [
+        {"platform": "taobao", "item_id": "100042"},
+        {"platform": "jd", "item_id": "100001"},
+    ]});
+    let post = |if_none_match: Option<String>| {
+        let mut request = app.client.post(&batch_url).json(&batch_body);
+        if let Some(tag) = if_none_match {
+            request = request.header("if-none-match", tag);
+        }
+        request.send()
+    };
+    let batch = post(None).await.unwrap();
+    assert_eq!(batch.status(), 200);
+    let batch_tag = etag_of(&batch);
+    assert_eq!(batch.headers()["cache-control"], "private, no-cache");
+    assert_eq!(etag_of(&post(None).await.unwrap()), batch_tag);
+    let batch_not_modified = post(Some(batch_tag.clone())).await.unwrap();
+    assert_eq!(batch_not_modified.status(), 304);
+    assert!(batch_not_modified.bytes().await.unwrap().is_empty());
+
+    // A changed rate, after its event: a new tag for the item and for the batch holding it.
+    let key = ItemKey::parse("taobao", "100042").unwrap();
+    let store = SqliteStore::open(&SqliteConfig {
+        path: app.database_path.clone(),
+        max_connections: 1,
+        acquire_timeout: std::time::Duration::from_secs(5),
+    })
+    .await
+    .unwrap();
+    let current = store.rate(key).await.unwrap().unwrap();
+    let version = current.version + 1;
+    store
+        .upsert_rate(
+            key,
+            &Versioned {
+                value: RebateRate {
+                    rate_bps: RateBps::try_from(4_321u64).unwrap(),
+                },
+                version,
+                updated_at: Timestamp::now(),
+            },
+        )
+        .await
+        .unwrap();
+    app.state
+        .events
+        .publisher()
+        .publish(&rebate_tests::event_for(
+            EventKind::RateChanged,
+            key,
+            version,
+        ))
+        .await
+        .unwrap();
+    app.state.events.in_process().unwrap().settled().await;
+    let changed = get_tagged(&app, &url, Some(&tag)).await;
+    assert_eq!(changed.status(), 200);
+    let new_tag = etag_of(&changed);
+    assert_ne!(new_tag, tag);
+    assert_eq!(json_of(changed).await["rebate"]["rate_bps"], 4_321);
+    // The same tag again from the new rendering, which has a max-age.
+    let rendered = get_tagged(&app, &url, None).await;
+    assert_eq!(etag_of(&rendered), new_tag);
+    assert!(
+        rendered.headers()["cache-control"]
+            .to_str()
+            .unwrap()
+            .starts_with("private, max-age="),
+        "{:?}",
+        rendered.headers()
+    );
+    assert_eq!(get_tagged(&app, &url, Some(&new_tag)).await.status(), 304);
+
+    // A degraded answer (coupons failing for an item never asked for) is tagged but must be
+    // revalidated: it changes as soon as the coupons come back.
+    app.break_upstream(upstream_sim::Endpoint::Coupons);
+    let degraded = get_tagged(&app, &app.item_url("pdd", "100998"), None).await;
+    assert_eq!(degraded.status(), 200);
+    assert_eq!(degraded.headers()["cache-control"], "private, no-cache");
+    assert!(degraded.headers().contains_key("etag"));
+    assert_eq!(json_of(degraded).await["degraded"], true);
+    let batch_changed = post(Some(batch_tag.clone())).await.unwrap();
+    assert_eq!(batch_changed.status(), 200);
+    assert_ne!(etag_of(&batch_changed), batch_tag);
+    app.stop().await;
+}

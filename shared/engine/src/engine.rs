@@ -210,7 +210,7 @@ impl QueryEngine {
                 .await
                 .map(|(quote, _)| QuoteAnswer::Assembled(Box::new(quote)));
         };
-        if let Some(hit) = self.answer_rendered(key) {
+        if let Some((hit, _)) = self.answer_rendered(key) {
             return Ok(QuoteAnswer::Rendered(hit));
         }
         let ticket = rendered.begin();
@@ -220,13 +220,14 @@ impl QueryEngine {
 
     /// [`QueryEngine::answer`]'s first step on its own, without a future: the kept rendering of
     /// `key`'s complete quote when one is valid now. Callers on the hot path try this first and
-    /// build (and box) `answer`'s larger future only when it misses.
-    pub fn answer_rendered(&self, key: ItemKey) -> Option<Arc<RenderedQuote>> {
+    /// build (and box) `answer`'s larger future only when it misses. With the rendering comes
+    /// the time it was found valid at (what is left of its validity is its answer's freshness).
+    pub fn answer_rendered(&self, key: ItemKey) -> Option<(Arc<RenderedQuote>, Timestamp)> {
         let rendered = self.inner.rendered.as_ref()?;
         let now = self.inner.clock.now();
         let hit = rendered.get(&key, now)?;
         self.refresh_ahead(key, &hit, now);
-        Some(hit)
+        Some((hit, now))
     }
 
     /// A read of a kept rendering near its end starts, once per rendering, the background

@@ -34,7 +34,7 @@ pub use engine::{CacheOnlyLoads, EngineConfig, EngineMode, QueryEngine};
 pub use error::{DegradeReason, QueryError};
 pub use parts::EngineParts;
 pub use quote::{DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble};
-pub use rendered::{QuoteAnswer, RenderedQuote, RenderedQuotes, RenderedStats};
+pub use rendered::{QuoteAnswer, RenderedQuote, RenderedQuotes, RenderedStats, entity_tag};
 pub use timeout_class::{ClassTimeouts, PartTimeouts, TimeoutClass, scale_timeouts};
 
 pub use rebate_resilience::ShedLevel;

@@ -31,6 +31,8 @@ use crate::quote::Quote;
 #[derive(Debug)]
 pub struct RenderedQuote {
     json: Box<RawValue>,
+    /// [`entity_tag`] of the JSON, computed once.
+    etag: http::HeaderValue,
     valid_until: Timestamp,
     /// Set by the first read that starts the refresh of the parts this rendering ends with:
     /// one refresh per rendering, however many reads come near its end.
@@ -42,6 +44,13 @@ impl RenderedQuote {
     /// next coupon expiry.
     pub fn valid_until(&self) -> Timestamp {
         self.valid_until
+    }
+
+    /// The strong entity tag of every body made from this rendering by
+    /// [`RenderedQuote::with_members`] with only the trace id added: equal to [`entity_tag`] of
+    /// such a body.
+    pub fn etag(&self) -> &http::HeaderValue {
+        &self.etag
     }
 
     /// True for the one caller that may start this rendering's refresh.
@@ -67,6 +76,22 @@ impl RenderedQuote {
         body.push(b'}');
         body
     }
+}
+
+/// A strong entity tag (`"` + 32 hex digits + `"`) for a JSON body whose last member is a
+/// trace id, computed over `members`: the body's bytes before that member's comma (for a body
+/// without one, the whole body but its closing brace). Two bodies that differ only in their
+/// trace ids have the same tag; the hash (XXH3-128) is a fixed, published algorithm, so every
+/// instance of the fleet tags the same answer alike, whatever its build.
+pub fn entity_tag(members: &[u8]) -> http::HeaderValue {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let hash = xxhash_rust::xxh3::xxh3_128(members).to_be_bytes();
+    let mut tag = [b'"'; 34];
+    for (index, byte) in hash.iter().enumerate() {
+        tag[1 + 2 * index] = HEX[usize::from(byte >> 4)];
+        tag[2 + 2 * index] = HEX[usize::from(byte & 0x0f)];
+    }
+    http::HeaderValue::from_bytes(&tag).expect("quotes and hex digits are a valid header value")
 }
 
 /// A quote as the engine answers it: just assembled, or served from its rendering.
@@ -223,8 +248,11 @@ impl RenderedQuotes {
                 return None;
             }
         };
+        let object = json.get().as_bytes();
+        let etag = entity_tag(&object[..object.len() - 1]);
         let rendered = Arc::new(RenderedQuote {
             json,
+            etag,
             valid_until,
             refresh_claimed: AtomicBool::new(false),
         });

@@ -8,7 +8,7 @@ use axum::http::{HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use rebate_domain::{ItemKey, KeyError};
+use rebate_domain::{ItemKey, KeyError, Timestamp};
 use rebate_engine::{DegradeReason, QueryError, Quote, QuoteAnswer, RenderedQuote, ShedLevel};
 use rebate_telemetry::TraceId;
 use serde::{Deserialize, Serialize};
@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiJson, ApiPath};
 use super::routes::{BATCH_ROUTE, ITEM_ROUTE};
+use super::validators;
 use crate::metrics::Answered;
 use crate::state::AppState;
 
@@ -92,12 +93,28 @@ pub(super) fn quote_rendered(
     trace_hex: &[u8; 32],
     key: ItemKey,
 ) -> Option<(Response, Answered)> {
-    let rendered = state.engine.answer_rendered(key)?;
+    let (rendered, now) = state.engine.answer_rendered(key)?;
     if let Some(hot_keys) = &state.hot_keys {
         hot_keys.record(key);
     }
     // Only complete quotes are kept rendered.
-    Some(quote_response(with_trace_id(&rendered, trace_hex), false))
+    Some(rendered_response(&rendered, trace_hex, now))
+}
+
+/// A kept rendering's answer: its body with the trace id, its precomputed tag, and fresh for
+/// what is left of its validity.
+fn rendered_response(
+    rendered: &RenderedQuote,
+    trace_hex: &[u8; 32],
+    now: Timestamp,
+) -> (Response, Answered) {
+    let (mut response, answered) = quote_response(with_trace_id(rendered, trace_hex), false);
+    validators::stamp(
+        &mut response,
+        rendered.etag().clone(),
+        validators::fresh_for(rendered.valid_until(), now),
+    );
+    (response, answered)
 }
 
 /// The kept JSON with the trace id (its hex digits) appended: one copy.
@@ -125,15 +142,23 @@ pub(super) async fn quote_assembled(
     if let Some(hot_keys) = &state.hot_keys {
         hot_keys.record(key);
     }
-    let body = match &answer {
-        QuoteAnswer::Rendered(rendered) => with_trace_id(rendered, &trace_id.hex_digits()),
-        QuoteAnswer::Assembled(quote) => serde_json::to_vec(&QuoteBody { quote, trace_id })
-            .map_err(|error| {
+    let (mut response, answered) = match &answer {
+        QuoteAnswer::Rendered(rendered) => {
+            rendered_response(rendered, &trace_id.hex_digits(), state.engine.now())
+        }
+        QuoteAnswer::Assembled(quote) => {
+            let body = serde_json::to_vec(&QuoteBody { quote, trace_id }).map_err(|error| {
                 tracing::error!(%error, "cannot render a quote");
                 ApiError::Internal
-            })?,
+            })?;
+            let etag = validators::body_etag(&body);
+            let (mut response, answered) = quote_response(body, quote.degraded);
+            // Just assembled: how long it stays as it is is the kept rendering's business (the
+            // next answer says), so this one is revalidated.
+            validators::stamp(&mut response, etag, validators::REVALIDATE);
+            (response, answered)
+        }
     };
-    let (mut response, answered) = quote_response(body, answer.degraded());
     response.extensions_mut().insert(answered);
     Ok(response)
 }
@@ -368,7 +393,9 @@ async fn batch_rebate(
         tracing::error!(%error, "cannot render a batch answer");
         ApiError::Internal
     })?;
+    let etag = validators::body_etag(&body);
     let mut response = json_response(body);
+    validators::stamp(&mut response, etag, validators::REVALIDATE);
     response.extensions_mut().insert(answered);
     Ok(response)
 }

@@ -22,6 +22,7 @@ pub mod protect;
 pub mod routes;
 pub mod service;
 mod slow_requests;
+mod validators;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;

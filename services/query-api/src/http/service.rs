@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use axum::Router;
 use axum::body::HttpBody;
 use axum::extract::{ConnectInfo, Request};
-use axum::http::{HeaderValue, Method};
+use axum::http::{HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
 use futures::future::{Either, Ready, ready};
@@ -25,6 +25,7 @@ use super::edge::Gate;
 use super::middleware::{RequestObserver, Traced};
 use super::protect::{self, Admitted, OwnedAdmitted};
 use super::routes::{self, ITEM_ROUTE};
+use super::validators;
 use crate::metrics::{Answered, Route};
 use crate::protection::Protection;
 use crate::server::PeerService;
@@ -126,6 +127,7 @@ impl Edge {
                 // An allowed origin's preflight: answered here, before the client limit and the
                 // admission (it costs nothing and carries no query).
                 let preflight = cors.and_then(|cors| cors.preflight(&request));
+                let if_none_match = validators::if_none_match(request.headers());
                 let stages = gate.run(request, |request| async move {
                     // The single-item route past the router when the hot path could not take
                     // it (say, the fleet's client buckets): the router's matching, parameter
@@ -147,7 +149,7 @@ impl Edge {
                         return preflight;
                     }
                     match AssertUnwindSafe(stages).catch_unwind().await {
-                        Ok(response) => response,
+                        Ok(response) => validators::conditional(if_none_match.as_ref(), response),
                         Err(panic) => super::middleware::panic_response(panic),
                     }
                 })
@@ -224,9 +226,14 @@ impl EdgeStages {
             }) => trace.finish_with(response, observer, class, answered),
             Ok(HotStep::Assemble(admitted)) => {
                 let admitted = admitted.into_owned(Arc::clone(protection));
-                return Hot::Continues(Box::pin(
-                    Arc::clone(self).assemble(trace, admitted, key, class, origin),
-                ));
+                let if_none_match = validators::if_none_match(request.headers());
+                return Hot::Continues(Box::pin(Arc::clone(self).assemble(
+                    trace,
+                    admitted,
+                    key,
+                    class,
+                    (origin, if_none_match),
+                )));
             }
             Err(panic) => trace.finish_with(
                 super::middleware::panic_response(panic),
@@ -302,7 +309,10 @@ impl EdgeStages {
         };
         match super::items::quote_rendered(&self.state, trace_hex, key) {
             Some((response, answered)) => HotStep::Done {
-                response: admitted.finish(response),
+                response: admitted.finish(validators::conditional(
+                    request.headers().get(header::IF_NONE_MATCH),
+                    response,
+                )),
                 class: Some(class),
                 answered: Some(answered),
             },
@@ -318,13 +328,14 @@ impl EdgeStages {
         admitted: OwnedAdmitted,
         key: ItemKey,
         class: RequestClass,
-        origin: Option<HeaderValue>,
+        (origin, if_none_match): (Option<HeaderValue>, Option<HeaderValue>),
     ) -> Result<Response, Infallible> {
         let (trace_id, level, timeout) = (trace.trace_id, admitted.level, self.gate.timeout);
         let answer = super::middleware::with_timeout(timeout, async {
-            super::items::quote_assembled(&self.state, trace_id, level, key)
+            let answer = super::items::quote_assembled(&self.state, trace_id, level, key)
                 .await
-                .into_response()
+                .into_response();
+            validators::conditional(if_none_match.as_ref(), answer)
         });
         let answer = Arc::clone(&trace.timeline)
             .scope(answer)
