@@ -84,4 +84,6 @@ pub struct HttpLimits {
     pub admin_request_timeout: Duration,
     /// Cross-origin access for H5 pages (`None`: no CORS headers).
     pub cors: Option<crate::http::cors::Cors>,
+    /// Compression of large answers (`None`: off).
+    pub compression: Option<crate::http::encoding::Compression>,
 }

@@ -184,6 +184,21 @@ pub struct HttpSettings {
     pub listen_backlog: u32,
     /// Cross-origin access for H5 pages.
     pub cors: CorsSettings,
+    /// Compression of large answers.
+    pub compression: CompressionSettings,
+}
+
+/// Compression of large answers (`[http.compression]`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompressionSettings {
+    pub enabled: bool,
+    /// Answers at least this large are compressed for clients that accept it.
+    pub min_bytes: usize,
+    /// 1 (fastest) to 9.
+    pub gzip_level: u32,
+    /// 0 (fastest) to 11.
+    pub brotli_quality: u32,
 }
 
 /// Which browser origins may call the public API (`[http.cors]`).
@@ -720,6 +735,18 @@ impl Settings {
         }
         self.validate_connections()?;
         self.http.cors.validate()?;
+        let compression = &self.http.compression;
+        ensure_in(
+            "http.compression.min_bytes",
+            compression.min_bytes,
+            64..=16_777_216,
+        )?;
+        ensure_in("http.compression.gzip_level", compression.gzip_level, 1..=9)?;
+        ensure_in(
+            "http.compression.brotli_quality",
+            compression.brotli_quality,
+            0..=11,
+        )?;
         if !self.admin.token.is_empty() && self.admin.token.expose().len() < 16 {
             return Err(invalid("admin.token", "must be at least 16 characters"));
         }

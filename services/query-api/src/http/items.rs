@@ -4,7 +4,7 @@ use std::collections::HashSet;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, header};
+use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Router};
@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::error::{ApiError, ErrorBody};
 use super::extract::{ApiJson, ApiPath};
 use super::routes::{BATCH_ROUTE, ITEM_ROUTE};
-use super::validators;
+use super::{encoding, validators};
 use crate::metrics::Answered;
 use crate::state::AppState;
 
@@ -39,9 +39,10 @@ async fn item_rebate(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
     Extension(level): Extension<ShedLevel>,
+    headers: HeaderMap,
     ApiPath((platform, item_id)): ApiPath<(String, String)>,
 ) -> Result<Response, ApiError> {
-    quote_item(&state, trace_id, level, &platform, &item_id).await
+    quote_item(&state, trace_id, level, &headers, &platform, &item_id).await
 }
 
 /// The single-item route without the router, for the edge's fast path: a `GET` on a path that
@@ -66,24 +67,30 @@ pub(super) async fn item_rebate_direct(
         tracing::error!("the edge ran the item route without a trace id or shed level");
         return Ok(ApiError::Internal.into_response());
     };
-    Ok(quote_item(state, trace_id, level, platform, item_id)
-        .await
-        .into_response())
+    Ok(
+        quote_item(state, trace_id, level, &parts.headers, platform, item_id)
+            .await
+            .into_response(),
+    )
 }
 
 async fn quote_item(
     state: &AppState,
     trace_id: TraceId,
     level: ShedLevel,
+    headers: &HeaderMap,
     platform: &str,
     item_id: &str,
 ) -> Result<Response, ApiError> {
     let key = parse_key(platform, item_id)?;
-    if let Some((mut response, answered)) = quote_rendered(state, &trace_id.hex_digits(), key) {
+    if let Some((mut response, answered)) =
+        quote_rendered(state, &trace_id.hex_digits(), key, headers)
+    {
         response.extensions_mut().insert(answered);
         return Ok(response);
     }
-    quote_assembled(state, trace_id, level, key).await
+    let accept = headers.get(header::ACCEPT_ENCODING).cloned();
+    quote_assembled(state, trace_id, level, key, accept).await
 }
 
 /// `key`'s answer from its kept rendering when one is valid now, without a future: the edge's
@@ -92,29 +99,63 @@ pub(super) fn quote_rendered(
     state: &AppState,
     trace_hex: &[u8; 32],
     key: ItemKey,
+    headers: &HeaderMap,
 ) -> Option<(Response, Answered)> {
     let (rendered, now) = state.engine.answer_rendered(key)?;
     if let Some(hot_keys) = &state.hot_keys {
         hot_keys.record(key);
     }
     // Only complete quotes are kept rendered.
-    Some(rendered_response(&rendered, trace_hex, now))
+    let accept = || headers.get(header::ACCEPT_ENCODING);
+    Some(rendered_response(state, &rendered, trace_hex, now, accept))
 }
 
 /// A kept rendering's answer: its body with the trace id, its precomputed tag, and fresh for
 /// what is left of its validity.
-fn rendered_response(
+fn rendered_response<'a>(
+    state: &AppState,
     rendered: &RenderedQuote,
     trace_hex: &[u8; 32],
     now: Timestamp,
+    accept: impl FnOnce() -> Option<&'a HeaderValue>,
 ) -> (Response, Answered) {
-    let (mut response, answered) = quote_response(with_trace_id(rendered, trace_hex), false);
-    validators::stamp(
-        &mut response,
+    let response = tagged_response(
+        state,
+        accept,
+        with_trace_id(rendered, trace_hex),
         rendered.etag().clone(),
         validators::fresh_for(rendered.valid_until(), now),
     );
-    (response, answered)
+    (response, answered(false))
+}
+
+/// A quote's or a batch's `200`: the body (compressed when it is large and `accept`, the
+/// request's `Accept-Encoding`, takes a coding), its tag and its freshness. `accept` is asked
+/// only for a body large enough to compress.
+fn tagged_response<'a>(
+    state: &AppState,
+    accept: impl FnOnce() -> Option<&'a HeaderValue>,
+    body: Vec<u8>,
+    mut etag: HeaderValue,
+    cache_control: HeaderValue,
+) -> Response {
+    let compression = state
+        .limits
+        .compression
+        .filter(|compression| compression.applies_to(body.len()));
+    let Some(compression) = compression else {
+        let mut response = json_response(body);
+        validators::stamp(&mut response, etag, cache_control);
+        return response;
+    };
+    let (body, coding) = match compression.compress(accept(), &body) {
+        Some((coding, compressed)) => (compressed, Some(coding)),
+        None => (body, None),
+    };
+    let mut response = json_response(body);
+    encoding::mark(response.headers_mut(), coding, &mut etag);
+    validators::stamp(&mut response, etag, cache_control);
+    response
 }
 
 /// The kept JSON with the trace id (its hex digits) appended: one copy.
@@ -133,6 +174,7 @@ pub(super) async fn quote_assembled(
     trace_id: TraceId,
     level: ShedLevel,
     key: ItemKey,
+    accept: Option<HeaderValue>,
 ) -> Result<Response, ApiError> {
     let deadline = Instant::now() + state.limits.request_deadline;
     // Boxed: assembling is a large future, and this one is inside every request's.
@@ -143,20 +185,29 @@ pub(super) async fn quote_assembled(
         hot_keys.record(key);
     }
     let (mut response, answered) = match &answer {
-        QuoteAnswer::Rendered(rendered) => {
-            rendered_response(rendered, &trace_id.hex_digits(), state.engine.now())
-        }
+        QuoteAnswer::Rendered(rendered) => rendered_response(
+            state,
+            rendered,
+            &trace_id.hex_digits(),
+            state.engine.now(),
+            || accept.as_ref(),
+        ),
         QuoteAnswer::Assembled(quote) => {
             let body = serde_json::to_vec(&QuoteBody { quote, trace_id }).map_err(|error| {
                 tracing::error!(%error, "cannot render a quote");
                 ApiError::Internal
             })?;
             let etag = validators::body_etag(&body);
-            let (mut response, answered) = quote_response(body, quote.degraded);
-            // Just assembled: how long it stays as it is is the kept rendering's business (the
-            // next answer says), so this one is revalidated.
-            validators::stamp(&mut response, etag, validators::REVALIDATE);
-            (response, answered)
+            // Not kept (degraded, or renderings off): how long it stays as it is is unknown
+            // here, so it is to be revalidated.
+            let response = tagged_response(
+                state,
+                || accept.as_ref(),
+                body,
+                etag,
+                validators::REVALIDATE,
+            );
+            (response, answered(quote.degraded))
         }
     };
     response.extensions_mut().insert(answered);
@@ -174,15 +225,13 @@ fn json_response(body: Vec<u8>) -> Response {
     response
 }
 
-/// The quote's JSON response and what it answered.
-fn quote_response(body: Vec<u8>, degraded: bool) -> (Response, Answered) {
-    let response = json_response(body);
-    let answered = Answered {
+/// What one quote answered.
+fn answered(degraded: bool) -> Answered {
+    Answered {
         complete: u32::from(!degraded),
         degraded: u32::from(degraded),
         failed: 0,
-    };
-    (response, answered)
+    }
 }
 
 pub(super) fn parse_key(platform: &str, item_id: &str) -> Result<ItemKey, ApiError> {
@@ -306,6 +355,7 @@ async fn batch_rebate(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
     Extension(level): Extension<ShedLevel>,
+    headers: HeaderMap,
     ApiJson(request): ApiJson<BatchRequest>,
 ) -> Result<Response, ApiError> {
     request.check_size(state.limits.max_batch_items)?;
@@ -394,8 +444,13 @@ async fn batch_rebate(
         ApiError::Internal
     })?;
     let etag = validators::body_etag(&body);
-    let mut response = json_response(body);
-    validators::stamp(&mut response, etag, validators::REVALIDATE);
+    let mut response = tagged_response(
+        &state,
+        || headers.get(header::ACCEPT_ENCODING),
+        body,
+        etag,
+        validators::REVALIDATE,
+    );
     response.extensions_mut().insert(answered);
     Ok(response)
 }

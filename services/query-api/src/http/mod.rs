@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod cors;
 pub mod edge;
+pub mod encoding;
 mod error;
 mod extract;
 pub mod items;

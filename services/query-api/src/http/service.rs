@@ -160,6 +160,14 @@ impl Edge {
     }
 }
 
+/// The request headers a hot request whose rendering missed still needs, once the request
+/// itself is gone.
+struct Carried {
+    origin: Option<HeaderValue>,
+    if_none_match: Option<HeaderValue>,
+    accept_encoding: Option<HeaderValue>,
+}
+
 /// What the hot path made of a request.
 enum Hot {
     /// Answered without a future.
@@ -226,14 +234,15 @@ impl EdgeStages {
             }) => trace.finish_with(response, observer, class, answered),
             Ok(HotStep::Assemble(admitted)) => {
                 let admitted = admitted.into_owned(Arc::clone(protection));
-                let if_none_match = validators::if_none_match(request.headers());
-                return Hot::Continues(Box::pin(Arc::clone(self).assemble(
-                    trace,
-                    admitted,
-                    key,
-                    class,
-                    (origin, if_none_match),
-                )));
+                let headers = request.headers();
+                let carried = Carried {
+                    origin,
+                    if_none_match: validators::if_none_match(headers),
+                    accept_encoding: headers.get(header::ACCEPT_ENCODING).cloned(),
+                };
+                return Hot::Continues(Box::pin(
+                    Arc::clone(self).assemble(trace, admitted, key, class, carried),
+                ));
             }
             Err(panic) => trace.finish_with(
                 super::middleware::panic_response(panic),
@@ -307,7 +316,7 @@ impl EdgeStages {
                 };
             }
         };
-        match super::items::quote_rendered(&self.state, trace_hex, key) {
+        match super::items::quote_rendered(&self.state, trace_hex, key, request.headers()) {
             Some((response, answered)) => HotStep::Done {
                 response: admitted.finish(validators::conditional(
                     request.headers().get(header::IF_NONE_MATCH),
@@ -328,13 +337,19 @@ impl EdgeStages {
         admitted: OwnedAdmitted,
         key: ItemKey,
         class: RequestClass,
-        (origin, if_none_match): (Option<HeaderValue>, Option<HeaderValue>),
+        carried: Carried,
     ) -> Result<Response, Infallible> {
+        let Carried {
+            origin,
+            if_none_match,
+            accept_encoding,
+        } = carried;
         let (trace_id, level, timeout) = (trace.trace_id, admitted.level, self.gate.timeout);
         let answer = super::middleware::with_timeout(timeout, async {
-            let answer = super::items::quote_assembled(&self.state, trace_id, level, key)
-                .await
-                .into_response();
+            let answer =
+                super::items::quote_assembled(&self.state, trace_id, level, key, accept_encoding)
+                    .await
+                    .into_response();
             validators::conditional(if_none_match.as_ref(), answer)
         });
         let answer = Arc::clone(&trace.timeline)

@@ -454,5 +454,6 @@ fn http_limits(settings: &Settings) -> HttpLimits {
         }),
         admin_request_timeout: Duration::from_millis(settings.admin.request_timeout_ms),
         cors: crate::http::cors::Cors::from_settings(&settings.http.cors),
+        compression: crate::http::encoding::Compression::from_settings(&settings.http.compression),
     }
 }
