@@ -1,4 +1,5 @@
-//! `rebate-query`: serves the rebate query API, or seeds the demo catalogue.
+//! `rebate-query`: serves the rebate query API, seeds the demo catalogue, or prints the
+//! configuration reference.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -32,11 +33,20 @@ enum Command {
     Serve,
     /// Create the catalogue if needed, load the demo catalogue into it, and exit.
     Seed,
+    /// Print the configuration reference (every key, its default, its environment variable and
+    /// what it does) as Markdown, and exit.
+    ConfigReference,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(Command::ConfigReference) = cli.command {
+        use std::io::Write as _;
+        // The reference is this command's output, not a log line.
+        std::io::stdout().write_all(query_api::config::reference::render().as_bytes())?;
+        return Ok(());
+    }
     let mut settings = Settings::load(cli.config.as_deref())?;
     if let Some(listen) = cli.listen {
         settings.http.listen = listen;
@@ -48,7 +58,7 @@ async fn main() -> anyhow::Result<()> {
     // Seeding exports no traces.
     let otlp = match command {
         Command::Serve => settings.otlp(),
-        Command::Seed => None,
+        Command::Seed | Command::ConfigReference => None,
     };
     let telemetry =
         rebate_telemetry::init(settings.log.format, &settings.log.filter, otlp.as_ref())?;
@@ -59,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
     let result = match command {
         Command::Serve => serve(settings).await,
         Command::Seed => query_api::startup::seed(&settings).await,
+        Command::ConfigReference => Ok(()),
     };
     // Off the runtime's worker: the exporter's last flush awaits the runtime.
     tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;

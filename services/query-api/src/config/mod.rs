@@ -1,6 +1,7 @@
 //! Typed, validated configuration: the embedded `config/default.toml`, then an optional file,
 //! then `REBATE__SECTION__KEY` environment variables, each overriding the one before.
 
+pub mod reference;
 pub mod resilience;
 
 pub use resilience::{
