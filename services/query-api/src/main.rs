@@ -33,6 +33,9 @@ enum Command {
     Serve,
     /// Create the catalogue if needed, load the demo catalogue into it, and exit.
     Seed,
+    /// Load and validate the configuration (defaults, `--config`, environment), then exit: 0
+    /// when the service would start with it, else the message naming the key.
+    CheckConfig,
     /// Print the configuration reference (every key, its default, its environment variable and
     /// what it does) as Markdown, and exit.
     ConfigReference,
@@ -55,10 +58,15 @@ async fn main() -> anyhow::Result<()> {
         settings.admin.listen = listen;
     }
     let command = cli.command.unwrap_or(Command::Serve);
+    if let Command::CheckConfig = command {
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), "configuration valid")?;
+        return Ok(());
+    }
     // Seeding exports no traces.
     let otlp = match command {
         Command::Serve => settings.otlp(),
-        Command::Seed | Command::ConfigReference => None,
+        Command::Seed | Command::ConfigReference | Command::CheckConfig => None,
     };
     let telemetry =
         rebate_telemetry::init(settings.log.format, &settings.log.filter, otlp.as_ref())?;
@@ -69,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
     let result = match command {
         Command::Serve => serve(settings).await,
         Command::Seed => query_api::startup::seed(&settings).await,
-        Command::ConfigReference => Ok(()),
+        Command::ConfigReference | Command::CheckConfig => Ok(()),
     };
     // Off the runtime's worker: the exporter's last flush awaits the runtime.
     tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;
