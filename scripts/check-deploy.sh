@@ -4,7 +4,13 @@
 #   (kubernetes-validate from PyPI, installed when missing), strictly (unknown fields fail);
 # - the validator itself fails on a manifest broken on purpose (so a pass means something);
 # - the ConfigMap's config.toml is a configuration the service starts with
-#   (`rebate-query check-config`), and every REBATE__* variable the Deployment sets is a key.
+#   (`rebate-query check-config`), and every REBATE__* variable the Deployment sets is a key;
+# - docker/compose.yaml parses and checks (`docker-compose config`, Debian's docker-compose,
+#   which needs no engine), as does the production config the image carries;
+# - Prometheus's configuration and alert rules (`promtool`, Debian's prometheus package);
+# - every metric and label the Grafana dashboard and the rules query is in /metrics of a
+#   running instance (scripts/check-metrics-queries.py).
+# Debian packages and the PyPI tool are installed when missing.
 #
 #   scripts/check-deploy.sh                 # REBATE_QUERY_BIN defaults to target/debug/rebate-query
 set -euo pipefail
@@ -48,3 +54,44 @@ for variable in $(grep -Eo 'REBATE__[A-Z0-9_]+' deploy/k8s/deployment.yaml | sor
   fi
 done
 echo "kubernetes: the ConfigMap's configuration is valid; the Deployment's variables are keys"
+
+for tool in docker-compose promtool; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "installing Debian's docker-compose and prometheus (for promtool)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose prometheus >/dev/null
+    break
+  fi
+done
+REBATE_ADMIN_TOKEN=check REBATE_SIGNING_KEY=check docker-compose -f docker/compose.yaml config -q
+DATABASE_URL=mysql://rebate:x@mysql:3306/rebate REDIS_URL=redis://redis:6379 \
+  AMQP_URL=amqp://rebate:x@rabbitmq:5672/%2f \
+  REBATE__EVENTS__SIGNING_KEY=0123456789abcdef0123456789abcdef \
+  "$service_bin" --config config/production.toml check-config >/dev/null
+echo "compose: docker/compose.yaml and the image's config/production.toml are valid"
+
+# promtool resolves rule_files as written: point it at the checkout's copy.
+sed "s|/etc/prometheus/rules.yml|$PWD/docker/prometheus/rules.yml|" docker/prometheus/prometheus.yml \
+  >"$scratch/prometheus.yml"
+promtool check config --syntax-only "$scratch/prometheus.yml" >/dev/null
+promtool check rules docker/prometheus/rules.yml >/dev/null
+python3 -c 'import json, sys; [json.load(open(p)) for p in sys.argv[1:]]' docker/grafana/dashboards/*.json
+echo "prometheus: configuration and rules valid; grafana: dashboards parse"
+
+# The queries against a running instance's /metrics, after a request of each route.
+api_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+admin_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+REBATE__STORE__SQLITE__PATH="$scratch/catalogue.sqlite" REBATE__ADMIN__TOKEN_FILE="$scratch/admin-token" \
+  "$service_bin" --listen "127.0.0.1:$api_port" --admin-listen "127.0.0.1:$admin_port" \
+  >"$scratch/service.log" 2>&1 &
+service_pid=$!
+trap 'kill $service_pid 2>/dev/null; wait $service_pid 2>/dev/null; rm -rf "$scratch"' EXIT
+for _ in $(seq 1 100); do
+  curl -fsS "http://127.0.0.1:$admin_port/readyz" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+curl -fsS "http://127.0.0.1:$api_port/api/v1/items/taobao/100001/rebate" >/dev/null
+curl -fsS "http://127.0.0.1:$api_port/api/v1/items:batch" -H 'content-type: application/json' \
+  -d '{"items":[{"platform":"jd","item_id":"100002"}]}' >/dev/null
+curl -fsS "http://127.0.0.1:$admin_port/metrics" >"$scratch/metrics.txt"
+python3 scripts/check-metrics-queries.py "$scratch/metrics.txt" docker/grafana/dashboards/*.json \
+  docker/prometheus/rules.yml
