@@ -367,9 +367,8 @@ fn etag_of(response: &reqwest::Response) -> String {
 
 #[tokio::test]
 async fn etags_give_304s_on_both_routes_and_change_with_the_quote() {
-    use rebate_domain::{ItemKey, RateBps, RebateRate, Timestamp};
+    use rebate_domain::ItemKey;
     use rebate_events::EventKind;
-    use rebate_store::{CatalogRepository, SqliteConfig, SqliteStore, Versioned};
 
     let app = spawn_app().await;
     let url = app.item_url("taobao", "100042");
@@ -431,28 +430,7 @@ async fn etags_give_304s_on_both_routes_and_change_with_the_quote() {
 
     // A changed rate, after its event: a new tag for the item and for the batch holding it.
     let key = ItemKey::parse("taobao", "100042").unwrap();
-    let store = SqliteStore::open(&SqliteConfig {
-        path: app.database_path.clone(),
-        max_connections: 1,
-        acquire_timeout: std::time::Duration::from_secs(5),
-    })
-    .await
-    .unwrap();
-    let current = store.rate(key).await.unwrap().unwrap();
-    let version = current.version + 1;
-    store
-        .upsert_rate(
-            key,
-            &Versioned {
-                value: RebateRate {
-                    rate_bps: RateBps::try_from(4_321u64).unwrap(),
-                },
-                version,
-                updated_at: Timestamp::now(),
-            },
-        )
-        .await
-        .unwrap();
+    let version = app.write_rate(key, 4_321, None).await;
     app.state
         .events
         .publisher()

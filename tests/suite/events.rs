@@ -2,9 +2,9 @@
 //! after its event, duplicates and out-of-order events change nothing, malformed events are
 //! dead-lettered with their reason and the bus keeps going.
 
-use rebate_domain::{ItemKey, RateBps, RebateRate, Timestamp};
+use rebate_domain::{ItemKey, Timestamp};
 use rebate_events::{EventId, EventKind, EventPublisher, InvalidationEvent};
-use rebate_store::{CatalogRepository, SqliteConfig, SqliteStore, Versioned};
+use rebate_store::{CatalogRepository, SqliteConfig, SqliteStore};
 use rebate_tests::{TestApp, event_for, spawn_app};
 use serde_json::Value;
 
@@ -44,21 +44,8 @@ async fn a_rate_change_is_served_after_its_event_and_old_events_change_nothing()
     let current = store.rate(key).await.unwrap().unwrap();
 
     // The operator changes the rate; without an event the cached rate is still served.
-    let new_rate = RebateRate {
-        rate_bps: RateBps::try_from(4_321u64).unwrap(),
-    };
-    let new_version = current.version + 1;
-    store
-        .upsert_rate(
-            key,
-            &Versioned {
-                value: new_rate,
-                version: new_version,
-                updated_at: Timestamp::now(),
-            },
-        )
-        .await
-        .unwrap();
+    let new_version = app.write_rate(key, 4_321, None).await;
+    assert_eq!(new_version, current.version + 1);
     assert_eq!(rate_of(&app, "taobao", "100042").await, before);
     // That answer came from the kept rendering of the whole quote: the event must drop it too.
     let rendered = app.state.engine.rendered_stats().unwrap();
@@ -202,19 +189,7 @@ async fn an_event_ahead_of_the_store_never_leaves_the_old_value_behind() {
     app.state.events.in_process().unwrap().settled().await;
     // The store still holds the old row: that is what there is to serve.
     assert_eq!(rate_of(&app, "pdd", "100031").await, before);
-    store
-        .upsert_rate(
-            key,
-            &Versioned {
-                value: RebateRate {
-                    rate_bps: RateBps::try_from(1_234u64).unwrap(),
-                },
-                version: ahead,
-                updated_at: Timestamp::now(),
-            },
-        )
-        .await
-        .unwrap();
+    app.write_rate(key, 1_234, Some(ahead)).await;
     assert_eq!(rate_of(&app, "pdd", "100031").await, 1_234);
     assert_eq!(rate_of(&app, "pdd", "100031").await, 1_234);
     store.close().await;

@@ -277,6 +277,45 @@ pub async fn delete_redis_prefix(redis_url: &str, prefix: &str) {
 }
 
 impl TestApp {
+    /// Writes `rate_bps` for `key` into the embedded catalogue, as an operator would, at
+    /// `version` (default: one past the stored row's); the version written. The cache is not
+    /// told: publish the change event for that.
+    pub async fn write_rate(
+        &self,
+        key: rebate_domain::ItemKey,
+        rate_bps: u64,
+        version: Option<u64>,
+    ) -> u64 {
+        use rebate_store::CatalogRepository as _;
+        let store = rebate_store::SqliteStore::open(&rebate_store::SqliteConfig {
+            path: self.database_path.clone(),
+            max_connections: 1,
+            acquire_timeout: Duration::from_secs(5),
+        })
+        .await
+        .expect("the app's catalogue opens");
+        let version = match version {
+            Some(version) => version,
+            None => store.rate(key).await.unwrap().map_or(0, |row| row.version) + 1,
+        };
+        let rate = rebate_domain::RebateRate {
+            rate_bps: rebate_domain::RateBps::try_from(rate_bps).expect("a valid rate"),
+        };
+        store
+            .upsert_rate(
+                key,
+                &rebate_store::Versioned {
+                    value: rate,
+                    version,
+                    updated_at: rebate_domain::Timestamp::now(),
+                },
+            )
+            .await
+            .expect("the rate is written");
+        store.close().await;
+        version
+    }
+
     pub fn item_url(&self, platform: &str, item_id: &str) -> String {
         format!("{}/api/v1/items/{platform}/{item_id}/rebate", self.base_url)
     }

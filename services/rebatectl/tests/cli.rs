@@ -2,8 +2,7 @@
 //! next query returns; inspect and warm report what the tiers hold; bad input and a wrong token
 //! fail with a precise message.
 
-use rebate_domain::{ItemKey, RateBps, RebateRate, Timestamp};
-use rebate_store::{CatalogRepository, SqliteConfig, SqliteStore, Versioned};
+use rebate_domain::ItemKey;
 use rebate_tests::{TestApp, spawn_app};
 use serde_json::Value;
 
@@ -40,27 +39,7 @@ async fn invalidate_changes_what_the_next_query_returns() {
     let app = spawn_app().await;
     let key = ItemKey::parse("jd", "100077").unwrap();
     let before = rate_of(&app, "100077").await;
-    let store = SqliteStore::open(&SqliteConfig {
-        path: app.database_path.clone(),
-        max_connections: 1,
-        acquire_timeout: std::time::Duration::from_secs(5),
-    })
-    .await
-    .unwrap();
-    let version = store.rate(key).await.unwrap().unwrap().version + 1;
-    store
-        .upsert_rate(
-            key,
-            &Versioned {
-                value: RebateRate {
-                    rate_bps: RateBps::try_from(7_777u64).unwrap(),
-                },
-                version,
-                updated_at: Timestamp::now(),
-            },
-        )
-        .await
-        .unwrap();
+    let version = app.write_rate(key, 7_777, None).await;
     assert_eq!(
         rate_of(&app, "100077").await,
         before,
@@ -106,7 +85,6 @@ async fn invalidate_changes_what_the_next_query_returns() {
         Value::Null,
         "no L2 in the embedded profile"
     );
-    store.close().await;
     app.stop().await;
 }
 
