@@ -330,14 +330,19 @@ async fn level_three_still_warms_a_cold_item_under_one_of_its_permits() {
     app.stop().await;
 }
 
-#[tokio::test]
-async fn clients_over_their_limit_get_429_with_retry_after() {
-    let app = spawn_app_with(|settings| {
+/// The per-client limit on, at three requests and then one a second.
+async fn spawn_app_with_a_tight_client_limit() -> TestApp {
+    spawn_app_with(|settings| {
         settings.resilience.client_limit.enabled = true;
         settings.resilience.client_limit.per_sec = 1.0;
         settings.resilience.client_limit.burst = 3;
     })
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn clients_over_their_limit_get_429_with_retry_after() {
+    let app = spawn_app_with_a_tight_client_limit().await;
     let get = |client_id: &'static str| {
         app.client
             .get(app.item_url("jd", "100001"))
@@ -380,12 +385,7 @@ async fn clients_over_their_limit_get_429_with_retry_after() {
 /// address (127.0.0.2, also loopback) has its own.
 #[tokio::test]
 async fn clients_without_an_id_are_limited_by_their_address_on_both_paths() {
-    let app = spawn_app_with(|settings| {
-        settings.resilience.client_limit.enabled = true;
-        settings.resilience.client_limit.per_sec = 1.0;
-        settings.resilience.client_limit.burst = 3;
-    })
-    .await;
+    let app = spawn_app_with_a_tight_client_limit().await;
     let from = |address: [u8; 4]| {
         reqwest::Client::builder()
             .local_address(std::net::IpAddr::from(address))
