@@ -10,8 +10,6 @@
 //! origins it does not allow, answers `200`, and allocates a header map per request — and the
 //! edge's hot path answers without a tower service to wrap.
 
-use std::time::Duration;
-
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
@@ -65,7 +63,7 @@ impl Cors {
         Some(Self {
             origins,
             allow_credentials: settings.allow_credentials,
-            max_age: HeaderValue::from(Duration::from_secs(settings.max_age_secs).as_secs()),
+            max_age: HeaderValue::from(settings.max_age_secs),
         })
     }
 

@@ -88,11 +88,7 @@ impl tower::Service<Request> for Edge {
 
     fn call(&mut self, request: Request) -> Self::Future {
         let peer = protect::peer_of(&request);
-        match self.shared.hot_item(request, peer) {
-            Hot::Answered(response) => Either::Left(ready(Ok(response))),
-            Hot::Continues(answer) => Either::Right(answer),
-            Hot::Not(request) => self.general(request),
-        }
+        self.answer(request, peer, |_| {})
     }
 }
 
@@ -100,18 +96,30 @@ impl PeerService for Edge {
     /// The hot path reads the peer from here; only a request it hands on to the general path
     /// carries it as the `ConnectInfo` extension.
     fn call_from(&mut self, peer: SocketAddr, request: Request) -> EdgeFuture {
-        match self.shared.hot_item(request, Some(peer.ip())) {
-            Hot::Answered(response) => Either::Left(ready(Ok(response))),
-            Hot::Continues(answer) => Either::Right(answer),
-            Hot::Not(mut request) => {
-                request.extensions_mut().insert(ConnectInfo(peer));
-                self.general(request)
-            }
-        }
+        self.answer(request, Some(peer.ip()), |request| {
+            request.extensions_mut().insert(ConnectInfo(peer));
+        })
     }
 }
 
 impl Edge {
+    /// The hot path for `request` from `peer`, else (after `before_general`) the general one.
+    fn answer(
+        &self,
+        request: Request,
+        peer: Option<IpAddr>,
+        before_general: impl FnOnce(&mut Request),
+    ) -> EdgeFuture {
+        match self.shared.hot_item(request, peer) {
+            Hot::Answered(response) => Either::Left(ready(Ok(response))),
+            Hot::Continues(answer) => Either::Right(answer),
+            Hot::Not(mut request) => {
+                before_general(&mut request);
+                self.general(request)
+            }
+        }
+    }
+
     /// Every stage around the router, for a request the hot path did not take.
     fn general(&self, request: Request) -> EdgeFuture {
         let Edge { routes, shared } = self.clone();
@@ -179,7 +187,6 @@ enum Hot {
 }
 
 /// A request the hot path can take, with what its stages need.
-#[derive(Clone, Copy)]
 struct HotCandidate<'a> {
     key: ItemKey,
     class: RequestClass,
