@@ -84,13 +84,9 @@ impl RenderedQuote {
 /// trace ids have the same tag; the hash (XXH3-128) is a fixed, published algorithm, so every
 /// instance of the fleet tags the same answer alike, whatever its build.
 pub fn entity_tag(members: &[u8]) -> http::HeaderValue {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let hash = xxhash_rust::xxh3::xxh3_128(members).to_be_bytes();
     let mut tag = [b'"'; 34];
-    for (index, byte) in hash.iter().enumerate() {
-        tag[1 + 2 * index] = HEX[usize::from(byte >> 4)];
-        tag[2 + 2 * index] = HEX[usize::from(byte & 0x0f)];
-    }
+    tag[1..33].copy_from_slice(&rebate_telemetry::hex_128(hash));
     http::HeaderValue::from_bytes(&tag).expect("quotes and hex digits are a valid header value")
 }
 

@@ -35,6 +35,17 @@ pub use timeline::{Stage, Timeline, record_stage};
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TraceId([u8; 16]);
 
+/// 16 bytes as 32 lowercase hex digits, without allocating (trace ids, entity tags).
+pub fn hex_128(bytes: [u8; 16]) -> [u8; 32] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = [0u8; 32];
+    for (index, byte) in bytes.into_iter().enumerate() {
+        text[2 * index] = DIGITS[usize::from(byte >> 4)];
+        text[2 * index + 1] = DIGITS[usize::from(byte & 0x0f)];
+    }
+    text
+}
+
 impl TraceId {
     /// A fresh random trace id, from a small per-thread generator seeded by the operating
     /// system's (through `rand::rng()`). A trace id must be unique, not unpredictable (it grants
@@ -103,13 +114,7 @@ impl TraceId {
 
     /// The 32 lowercase hex digits, without allocating: [`TraceId::hex`] borrows from it.
     pub fn hex_digits(self) -> [u8; 32] {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut text = [0u8; 32];
-        for (index, byte) in self.0.into_iter().enumerate() {
-            text[2 * index] = DIGITS[usize::from(byte >> 4)];
-            text[2 * index + 1] = DIGITS[usize::from(byte & 0x0f)];
-        }
-        text
+        hex_128(self.0)
     }
 
     /// The id as text, in a stack buffer (every request sends it at least once).
