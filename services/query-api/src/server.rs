@@ -35,7 +35,6 @@ use std::time::Duration;
 use axum::extract::ConnectInfo;
 use axum::extract::Request;
 use axum::response::Response;
-use futures::task::AtomicWaker;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -446,10 +445,6 @@ impl Drop for PeerSlot {
 struct Activity {
     started: AtomicU64,
     answered: AtomicU64,
-    /// The read that was left pending while a request was served: hyper does not read again
-    /// after writing a response until the socket is readable, so the end of a request must wake
-    /// it for the idle timer to start.
-    pending_read: AtomicWaker,
 }
 
 impl Activity {
@@ -459,7 +454,6 @@ impl Activity {
 
     fn response_ready(&self) {
         self.answered.fetch_add(1, Ordering::Relaxed);
-        self.pending_read.wake();
     }
 
     fn between_requests(&self) -> bool {
@@ -574,11 +568,8 @@ impl AsyncRead for BoundedIo {
             }
             Poll::Pending => {
                 if this.wait == ReadWait::Serving {
-                    this.activity.pending_read.register(cx.waker());
-                    if this.activity.between_requests() {
-                        // The response was ready before the waker was registered.
-                        cx.waker().wake_by_ref();
-                    }
+                    // Untimed while the request is served; its response's first write starts
+                    // the idle wait (`start_idle_wait`).
                     return Poll::Pending;
                 }
                 if this.read_timed_out(cx) {
@@ -594,12 +585,29 @@ impl AsyncRead for BoundedIo {
 }
 
 impl BoundedIo {
+    /// Once the service has answered, the response's first write starts the idle wait and arms
+    /// the read timer for it, in this task: hyper reads again only when the socket is readable,
+    /// so a connection whose read was left pending while the request was served would otherwise
+    /// never time out. (Waking the task from the service instead cost every request a second
+    /// poll of its connection and, through the scheduler, often a parked sibling worker's
+    /// wake-up: a context switch per few requests.)
+    fn start_idle_wait(&mut self, cx: &mut Context<'_>) {
+        if self.wait == ReadWait::Serving && self.activity.between_requests() {
+            self.track_requests();
+            if self.read_timed_out(cx) {
+                // Over as it began (an idle timeout of zero): the next read says so.
+                cx.waker().wake_by_ref();
+            }
+        }
+    }
+
     /// Runs a write, failing it once it has made no progress for the idle timeout.
     fn poll_timed<T>(
         &mut self,
         cx: &mut Context<'_>,
         write: impl FnOnce(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
+        self.start_idle_wait(cx);
         match write(Pin::new(&mut self.stream), cx) {
             Poll::Ready(result) => {
                 self.write_stalled = false;
