@@ -548,3 +548,92 @@ async fn large_answers_are_compressed_for_clients_that_accept_it() {
     assert!(single.headers().get("content-encoding").is_none());
     app.stop().await;
 }
+
+/// The document the admin listener serves is the committed one, and real answers — assembled
+/// and kept renderings, batches, errors, the admin pages — are exactly its schemas: the schema
+/// types deny unknown fields, so a field added to an answer and not to the document fails here.
+#[tokio::test]
+async fn the_served_openapi_document_is_the_committed_one_and_answers_match_its_schemas() {
+    use query_api::http::schemas;
+
+    macro_rules! conforms {
+        ($schema:ty, $body:expr, $what:expr) => {{
+            let body: String = $body;
+            if let Err(error) = serde_json::from_str::<$schema>(&body) {
+                panic!("{} does not match its schema: {error}\n{body}", $what);
+            }
+        }};
+    }
+
+    let app = spawn_app().await;
+    let served = app
+        .client
+        .get(format!("{}/openapi.json", app.admin_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(served.status(), 200);
+    assert_eq!(served.headers()["content-type"], "application/json");
+    assert!(
+        served.text().await.unwrap() == include_str!("../../docs/openapi.json"),
+        "GET /openapi.json is not docs/openapi.json: run \
+         `cargo run -p query-api -- openapi > docs/openapi.json`"
+    );
+
+    // The first answer is assembled, the second comes from the kept rendering.
+    for round in ["assembled", "kept rendering"] {
+        let response = app.get_item("taobao", "100001").await;
+        assert_eq!(response.status(), 200, "{round}");
+        conforms!(schemas::QuoteBody, response.text().await.unwrap(), round);
+    }
+    let batch = app
+        .client
+        .post(format!("{}/api/v1/items:batch", app.base_url))
+        .json(
+            &json!({"items": [{"platform": "taobao", "item_id": "100001"},
+            {"platform": "jd", "item_id": "abc"}, {"platform": "pdd", "item_id": "101123"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(batch.status(), 200);
+    conforms!(schemas::BatchBody, batch.text().await.unwrap(), "a batch");
+    let missing = app.get_item("jd", "999999999").await;
+    assert_eq!(missing.status(), 404);
+    conforms!(
+        schemas::ErrorEnvelope,
+        missing.text().await.unwrap(),
+        "an error"
+    );
+
+    let readiness = app
+        .client
+        .get(format!("{}/readyz", app.admin_url))
+        .send()
+        .await
+        .unwrap();
+    conforms!(
+        schemas::Readiness,
+        readiness.text().await.unwrap(),
+        "/readyz"
+    );
+    let app = &app;
+    let admin = |path: &'static str| async move {
+        let response = app.admin_get(path).await;
+        assert_eq!(response.status(), 200, "{path}");
+        response.text().await.unwrap()
+    };
+    let status = "/admin/v1/status";
+    conforms!(schemas::Status, admin(status).await, status);
+    let hot_keys = "/admin/v1/hot-keys";
+    conforms!(schemas::HotKeys, admin(hot_keys).await, hot_keys);
+    let slow = "/admin/v1/slow-requests";
+    conforms!(schemas::SlowRequests, admin(slow).await, slow);
+    let inspect = "/admin/v1/items/taobao/100001";
+    conforms!(schemas::Inspection, admin(inspect).await, inspect);
+
+    // The bodies are objects: serde alone would read `[null]` as `{"level": null}`.
+    let array = app.admin_put("/admin/v1/shedding", &json!([null])).await;
+    assert_eq!(array.status(), 400);
+    assert_eq!(json_of(array).await["error"]["code"], "invalid_body");
+}

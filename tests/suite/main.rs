@@ -8,6 +8,7 @@
 
 mod api;
 mod contract;
+mod dashboard;
 mod edge;
 mod events;
 mod fleet;

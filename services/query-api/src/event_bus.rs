@@ -148,8 +148,9 @@ impl EventBus {
     }
 }
 
-/// Event counters since start, the same for the in-process bus and RabbitMQ.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Event counters since start, the same for the in-process bus and RabbitMQ (for metrics and
+/// the status page).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct EventStats {
     /// Events this instance published (confirmed by the broker on RabbitMQ).
     pub published: u64,

@@ -1,5 +1,5 @@
 //! `rebate-query`: serves the rebate query API, seeds the demo catalogue, or prints the
-//! configuration reference.
+//! configuration reference or the OpenAPI document.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -39,6 +39,9 @@ enum Command {
     /// Print the configuration reference (every key, its default, its environment variable and
     /// what it does) as Markdown, and exit.
     ConfigReference,
+    /// Print the OpenAPI 3.1 document of the public and admin APIs (`docs/openapi.json`, also
+    /// served as the admin listener's `/openapi.json`), and exit.
+    Openapi,
 }
 
 #[tokio::main]
@@ -48,6 +51,12 @@ async fn main() -> anyhow::Result<()> {
         use std::io::Write as _;
         // The reference is this command's output, not a log line.
         std::io::stdout().write_all(query_api::config::reference::render().as_bytes())?;
+        return Ok(());
+    }
+    if let Some(Command::Openapi) = cli.command {
+        use std::io::Write as _;
+        // The document is this command's output, not a log line.
+        std::io::stdout().write_all(query_api::http::openapi::render().as_bytes())?;
         return Ok(());
     }
     let mut settings = Settings::load(cli.config.as_deref())?;
@@ -66,7 +75,7 @@ async fn main() -> anyhow::Result<()> {
     // Seeding exports no traces.
     let otlp = match command {
         Command::Serve => settings.otlp(),
-        Command::Seed | Command::ConfigReference | Command::CheckConfig => None,
+        Command::Seed | Command::ConfigReference | Command::Openapi | Command::CheckConfig => None,
     };
     let telemetry =
         rebate_telemetry::init(settings.log.format, &settings.log.filter, otlp.as_ref())?;
@@ -77,7 +86,7 @@ async fn main() -> anyhow::Result<()> {
     let result = match command {
         Command::Serve => serve(settings).await,
         Command::Seed => query_api::startup::seed(&settings).await,
-        Command::ConfigReference | Command::CheckConfig => Ok(()),
+        Command::ConfigReference | Command::Openapi | Command::CheckConfig => Ok(()),
     };
     // Off the runtime's worker: the exporter's last flush awaits the runtime.
     tokio::task::spawn_blocking(move || telemetry.shutdown()).await?;

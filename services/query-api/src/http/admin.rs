@@ -30,7 +30,9 @@ use crate::lifecycle::Phase;
 use crate::pings::Pings;
 use crate::state::AppState;
 
-pub fn router(state: AppState, token: AdminToken) -> Router {
+/// The admin listener's routes; `openapi` is the document `GET /openapi.json` answers with
+/// (rendered by [`super::openapi`], which describes these routes and so is handed in).
+pub fn router(state: AppState, token: AdminToken, openapi: axum::body::Bytes) -> Router {
     // Everything under /admin/v1 — its unknown paths and methods included — is behind the
     // token: a stranger learns nothing from a 404 or a 405 about which routes exist.
     let protected = Router::new()
@@ -45,9 +47,15 @@ pub fn router(state: AppState, token: AdminToken) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(token, require_token));
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readiness))
         .route("/metrics", get(metrics))
+        .merge(
+            Router::new()
+                .route("/openapi.json", get(openapi_json))
+                .with_state(openapi),
+        )
+        .merge(super::dashboard::routes())
         .nest("/admin/v1", protected)
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
@@ -195,8 +203,33 @@ async fn recent_readiness(state: &AppState) -> (Readiness, Duration) {
     (Readiness::from_pings(state, pings), age)
 }
 
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "admin", operation_id = "healthz",
+    responses((status = 200, description = "The process answers: `ok`.", body = String,
+        content_type = "text/plain")))]
+pub(super) async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// The OpenAPI document of both listeners, rendered once at start. Served without the token: it
+/// is the committed `docs/openapi.json`, describes shapes and never data, and tools fetch it as
+/// they fetch `/metrics`.
+#[utoipa::path(get, path = "/openapi.json", tag = "admin", operation_id = "openapi",
+    responses((status = 200, description = "This document (`docs/openapi.json`).",
+        body = Object, content_type = "application/json")))]
+pub(super) async fn openapi_json(State(document): State<axum::body::Bytes>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], document).into_response()
+}
+
 /// 200 while this instance should get traffic, else 503; the body says what is down either way.
-async fn readiness(State(state): State<AppState>) -> Response {
+#[utoipa::path(get, path = "/readyz", tag = "admin", operation_id = "readyz",
+    responses(
+        (status = 200, description = "Serving, and the store answers or L1 holds products.",
+            body = super::schemas::Readiness),
+        (status = 503, description = "Starting, draining, or the store down with nothing cached. \
+            Same body.", body = super::schemas::Readiness),
+    ))]
+pub(super) async fn readiness(State(state): State<AppState>) -> Response {
     let readiness = Readiness::probe(&state).await;
     let status = if readiness.ready {
         StatusCode::OK
@@ -208,7 +241,10 @@ async fn readiness(State(state): State<AppState>) -> Response {
 
 /// Prometheus scrapes without a token: the numbers say how the service fares, never what it
 /// holds.
-async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+#[utoipa::path(get, path = "/metrics", tag = "admin", operation_id = "metrics",
+    responses((status = 200, description = "The Prometheus metrics (OpenMetrics text).",
+        body = String, content_type = "application/openmetrics-text")))]
+pub(super) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let text = state.metrics.encode().map_err(|_| {
         tracing::error!("cannot encode the metrics");
         ApiError::Internal
@@ -219,7 +255,9 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
 /// Everything an operator needs to see why the service answers the way it does right now,
 /// including what readiness sees (`ready`, `phase`, `store`, `redis`, `events`, `degraded`) and,
 /// on RabbitMQ, the connection's state and last error.
-async fn status(State(state): State<AppState>) -> Json<Value> {
+#[utoipa::path(get, path = "/admin/v1/status", tag = "admin", operation_id = "status",
+    responses((status = 200, description = "The status page.", body = super::schemas::Status)))]
+pub(super) async fn status(State(state): State<AppState>) -> Json<Value> {
     let (readiness, pinged_ago) = recent_readiness(&state).await;
     Json(json!({
         "shed_level": state.protection.level(),
@@ -233,6 +271,7 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
         "connections": state.connections.snapshot(),
         "memory": crate::memory::MemoryStats::read(),
         "consistency": state.consistency.report(),
+        "event_counts": state.events.stats(),
         "ready": readiness.ready,
         "phase": readiness.phase,
         "store": readiness.store,
@@ -251,7 +290,7 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
 /// to the measured level.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, expecting = "an object with a `level`")]
-struct ShedOverride {
+pub(super) struct ShedOverride {
     /// Required, `null` included: `{}` is refused rather than read as "release the pin".
     #[serde(deserialize_with = "Option::deserialize")]
     level: Option<LevelName>,
@@ -280,7 +319,16 @@ impl From<LevelName> for ShedLevel {
     }
 }
 
-async fn force_shedding(
+#[utoipa::path(put, path = "/admin/v1/shedding", tag = "admin", operation_id = "force_shedding",
+    request_body(content = super::schemas::ShedOverride, content_type = "application/json"),
+    responses(
+        (status = 200, description = "The override is in place.", body = super::schemas::ShedAnswer),
+        (status = 400, description = "`invalid_body`: not this JSON, or shedding is disabled \
+            (`resilience.shedding.enabled = false`).", body = super::schemas::ErrorEnvelope),
+        (status = 415, description = "`invalid_body`: not sent as `application/json`.",
+            body = super::schemas::ErrorEnvelope),
+    ))]
+pub(super) async fn force_shedding(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
     ApiJson(request): ApiJson<ShedOverride>,
@@ -325,16 +373,51 @@ fn bearer_token(value: &[u8]) -> Option<&str> {
     deny_unknown_fields,
     expecting = "an object with `kind`, `platform`, `item_ids` and `version`"
 )]
-struct EventRequest {
+pub(super) struct EventRequest {
     kind: EventKind,
     platform: String,
     item_ids: Vec<String>,
+    #[serde(deserialize_with = "whole_number")]
     version: u64,
     #[serde(default)]
     event_id: Option<String>,
 }
 
-async fn publish_event(
+/// A non-negative whole number written as an integer or with a zero fraction (`411.0`): JSON
+/// has one number type, and JSON Schema's `integer` (the document's) takes both spellings.
+fn whole_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    if let Some(whole) = number.as_u64() {
+        return Ok(whole);
+    }
+    match number.as_f64() {
+        // Exact up to 2^53, the largest version an event may carry.
+        Some(float) if float.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(&float) =>
+        {
+            #[expect(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                reason = "a whole, non-negative float of at most 2^53 converts exactly"
+            )]
+            Ok(float as u64)
+        }
+        _ => Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Other(&number.to_string()),
+            &"a non-negative whole number",
+        )),
+    }
+}
+
+#[utoipa::path(post, path = "/admin/v1/events", tag = "admin", operation_id = "publish_event",
+    request_body(content = super::schemas::EventRequest, content_type = "application/json"),
+    responses(
+        (status = 202, description = "Handed to the event bus.", body = super::schemas::EventAnswer),
+        (status = 400, description = "`invalid_body`, `invalid_platform` or `invalid_item_id`: \
+            not a valid event.", body = super::schemas::ErrorEnvelope),
+        (status = 415, description = "`invalid_body`: not sent as `application/json`.",
+            body = super::schemas::ErrorEnvelope),
+    ))]
+pub(super) async fn publish_event(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
     ApiJson(request): ApiJson<EventRequest>,
@@ -406,7 +489,20 @@ async fn part_view(part: &dyn PartView, key: ItemKey) -> Value {
 }
 
 /// What L1, L2 and the store hold for one item.
-async fn inspect_item(
+#[utoipa::path(get, path = "/admin/v1/items/{platform}/{item_id}", tag = "admin",
+    operation_id = "inspect_item",
+    params(
+        ("platform" = super::schemas::Platform, Path, description = "`taobao`, `jd` or `pdd`."),
+        ("item_id" = String, Path, pattern = "^[0-9]{1,20}$",
+            description = "1–20 ASCII digits."),
+    ),
+    responses(
+        (status = 200, description = "What each tier and the store hold (nothing, for an \
+            unknown item).", body = super::schemas::Inspection),
+        (status = 400, description = "`invalid_platform`, `invalid_item_id` or `invalid_query` \
+            (a segment that is not percent-encoded UTF-8).", body = super::schemas::ErrorEnvelope),
+    ))]
+pub(super) async fn inspect_item(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
     ApiPath((platform, item_id)): ApiPath<(String, String)>,
@@ -439,7 +535,17 @@ async fn inspect_item(
 }
 
 /// Loads the named items through the normal query path (filling L1 and L2).
-async fn warm(
+#[utoipa::path(post, path = "/admin/v1/warm", tag = "admin", operation_id = "warm",
+    request_body(content = super::schemas::WarmRequest, content_type = "application/json",
+        example = json!({"items": [{"platform": "taobao", "item_id": "100001"}]})),
+    responses(
+        (status = 200, description = "Loaded.", body = super::schemas::WarmAnswer),
+        (status = 400, description = "`invalid_body`, `invalid_batch_size`, `invalid_platform` \
+            or `invalid_item_id`: the whole request is refused.", body = super::schemas::ErrorEnvelope),
+        (status = 415, description = "`invalid_body`: not sent as `application/json`.",
+            body = super::schemas::ErrorEnvelope),
+    ))]
+pub(super) async fn warm(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
     ApiJson(request): ApiJson<BatchRequest>,
@@ -465,7 +571,15 @@ const MAX_HOT_KEYS: usize = 1_000;
 /// `GET /admin/v1/hot-keys?limit=N` (1–1000, default 100): the hottest items learned from
 /// traffic, this instance's (each count with the most it may overestimate) and, with Redis, the
 /// fleet's (the lists every instance published lately, summed).
-async fn hot_keys(
+#[utoipa::path(get, path = "/admin/v1/hot-keys", tag = "admin", operation_id = "hot_keys",
+    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 1000,
+        description = "How many keys to list (default 100); the only parameter.")),
+    responses(
+        (status = 200, description = "The hottest items.", body = super::schemas::HotKeys),
+        (status = 400, description = "`invalid_query`: a parameter other than `limit=N`, \
+            1 ≤ N ≤ 1000.", body = super::schemas::ErrorEnvelope),
+    ))]
+pub(super) async fn hot_keys(
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
@@ -504,6 +618,22 @@ mod tests {
             redis: Some(true),
             events_connected: true,
             events_catch_up: None,
+        }
+    }
+
+    #[test]
+    fn an_event_version_may_be_written_with_a_zero_fraction_but_must_be_whole() {
+        let version = |text: &str| {
+            serde_json::from_str::<EventRequest>(&format!(
+                r#"{{"kind":"rate_changed","platform":"jd","item_ids":["1"],"version":{text}}}"#
+            ))
+            .map(|request| request.version)
+        };
+        assert_eq!(version("411").unwrap(), 411);
+        assert_eq!(version("411.0").unwrap(), 411);
+        assert_eq!(version("4.11e2").unwrap(), 411);
+        for refused in ["411.5", "-1", "-1.0", "1e300", "\"7\"", "null"] {
+            assert!(version(refused).is_err(), "{refused}");
         }
     }
 

@@ -35,7 +35,49 @@ struct QuoteBody<'a> {
     trace_id: TraceId,
 }
 
-async fn item_rebate(
+#[utoipa::path(get, path = "/api/v1/items/{platform}/{item_id}/rebate", tag = "public",
+    operation_id = "item_rebate",
+    params(
+        ("platform" = super::schemas::Platform, Path, example = "taobao",
+            description = "`taobao`, `jd` or `pdd`."),
+        ("item_id" = String, Path, pattern = "^[0-9]{1,20}$", example = "100001",
+            description = "1–20 ASCII digits (the demo catalogue: 100001–110000)."),
+        ("x-client-id" = Option<String>, Header, pattern = "^[A-Za-z0-9._:-]{1,64}$",
+            description = "Who the client is, for the per-client limit (else its address)."),
+        ("x-request-class" = Option<super::schemas::RequestClass>, Header,
+            description = "Lowers the request's class for load shedding (never raises it)."),
+        ("traceparent" = Option<String>, Header,
+            description = "W3C trace context: a valid one gives the answer its trace id; any \
+                other value is ignored."),
+        ("if-none-match" = Option<String>, Header,
+            description = "Tags of answers held: an unchanged answer is `304`."),
+    ),
+    responses(
+        (status = 200, description = "The quote: live, or degraded part by part.",
+            body = super::schemas::QuoteBody, headers(
+            ("etag" = String, description = "Strong tag over the answer without its trace id, \
+                `-br` or `-gzip` appended when compressed."),
+            ("cache-control" = String, description = "`private, max-age=N` (kept rendering: \
+                whole seconds it stays what the service would answer, ≤ 300) or `private, \
+                no-cache` (degraded or assembled: revalidate)."),
+            ("vary" = String, description = "`accept-encoding` for an answer large enough to \
+                compress; `origin` with a CORS origin list."),
+            ("content-encoding" = String, description = "`br` or `gzip`: answers of at least \
+                `http.compression.min_bytes` when `Accept-Encoding` takes one."),
+        )),
+        (status = 304, description = "Not modified: `If-None-Match` names this answer's tag.",
+            headers(
+            ("etag" = String, description = "The tag named in `If-None-Match`."),
+            ("cache-control" = String, description = "As the `200` would have said."),
+            ("vary" = String, description = "As the `200` would have said."),
+        )),
+        (status = 400, description = "`invalid_platform`, `invalid_item_id`, `invalid_query` \
+            (a segment that is not percent-encoded UTF-8), `invalid_client_id` or \
+            `invalid_request_class`.", body = super::schemas::ErrorEnvelope),
+        (status = 404, description = "`item_not_found`: unknown or delisted.",
+            body = super::schemas::ErrorEnvelope),
+    ))]
+pub(super) async fn item_rebate(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
     Extension(level): Extension<ShedLevel>,
@@ -351,7 +393,48 @@ impl From<&ApiError> for BatchError {
 
 /// Answers each distinct key once, in the order of first appearance, all in parallel under one
 /// deadline. Per-item failures are per-item statuses; the batch itself is 200.
-async fn batch_rebate(
+#[utoipa::path(post, path = "/api/v1/items:batch", tag = "public", operation_id = "batch_rebate",
+    params(
+        ("x-client-id" = Option<String>, Header, pattern = "^[A-Za-z0-9._:-]{1,64}$",
+            description = "Who the client is, for the per-client limit (else its address)."),
+        ("x-request-class" = Option<super::schemas::RequestClass>, Header,
+            description = "Lowers the request's class for load shedding (never raises it)."),
+        ("traceparent" = Option<String>, Header,
+            description = "W3C trace context: a valid one gives the answer its trace id; any \
+                other value is ignored."),
+        ("if-none-match" = Option<String>, Header,
+            description = "Tags of answers held: an unchanged answer is `304`."),
+    ),
+    request_body(content = super::schemas::BatchRequest, content_type = "application/json",
+        example = json!({"items": [{"platform": "taobao", "item_id": "100001"},
+            {"platform": "jd", "item_id": "abc"}, {"platform": "pdd", "item_id": "101123"}]})),
+    responses(
+        (status = 200, description = "Each distinct key once, in order of first appearance, \
+            with the status it would have had on its own.", body = super::schemas::BatchBody,
+            headers(
+            ("etag" = String, description = "Strong tag over the answer without its trace id, \
+                `-br` or `-gzip` appended when compressed."),
+            ("cache-control" = String, description = "`private, max-age=N` (kept rendering: \
+                whole seconds it stays what the service would answer, ≤ 300) or `private, \
+                no-cache` (degraded or assembled: revalidate)."),
+            ("vary" = String, description = "`accept-encoding` for an answer large enough to \
+                compress; `origin` with a CORS origin list."),
+            ("content-encoding" = String, description = "`br` or `gzip`: answers of at least \
+                `http.compression.min_bytes` when `Accept-Encoding` takes one."),
+        )),
+        (status = 304, description = "Not modified: `If-None-Match` names this answer's tag.",
+            headers(
+            ("etag" = String, description = "The tag named in `If-None-Match`."),
+            ("cache-control" = String, description = "As the `200` would have said."),
+            ("vary" = String, description = "As the `200` would have said."),
+        )),
+        (status = 400, description = "`invalid_body` (not this JSON, unknown fields), \
+            `invalid_batch_size` (0 or over `http.max_batch_items` keys), `invalid_client_id` \
+            or `invalid_request_class`.", body = super::schemas::ErrorEnvelope),
+        (status = 415, description = "`invalid_body`: not sent as `application/json`.",
+            body = super::schemas::ErrorEnvelope),
+    ))]
+pub(super) async fn batch_rebate(
     State(state): State<AppState>,
     Extension(trace_id): Extension<TraceId>,
     Extension(level): Extension<ShedLevel>,

@@ -13,14 +13,17 @@
 
 pub mod admin;
 pub mod cors;
+mod dashboard;
 pub mod edge;
 pub mod encoding;
 mod error;
 mod extract;
 pub mod items;
 pub mod middleware;
+pub mod openapi;
 pub mod protect;
 pub mod routes;
+pub mod schemas;
 pub mod service;
 mod slow_requests;
 mod validators;
@@ -32,6 +35,11 @@ pub use error::{ApiError, ErrorBody};
 pub use middleware::TRACE_ID_HEADER;
 
 use crate::state::AppState;
+
+/// The admin listener: [`admin::router`] serving the OpenAPI document of both listeners.
+pub fn admin_router(state: AppState, token: crate::admin_token::AdminToken) -> Router {
+    admin::router(state, token, openapi::render().into())
+}
 
 /// The public API: the routes inside the [`service::Edge`] stages.
 pub fn router(state: AppState) -> service::Edge {

@@ -20,7 +20,18 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/slow-requests/{trace_id}", get(by_trace_id))
 }
 
-async fn recent(
+#[utoipa::path(get, path = "/admin/v1/slow-requests", tag = "admin",
+    operation_id = "slow_requests",
+    params(("limit" = Option<u32>, Query, minimum = 1, maximum = 256,
+        description = "How many to list, at most `observability.slow_log_size` (256; default \
+            50); the only parameter.")),
+    responses(
+        (status = 200, description = "The newest recorded requests first.",
+            body = super::schemas::SlowRequests),
+        (status = 400, description = "`invalid_query`: a parameter other than `limit=N`, \
+            1 ≤ N ≤ the log's size.", body = super::schemas::ErrorEnvelope),
+    ))]
+pub(super) async fn recent(
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
 ) -> Result<Json<Value>, ApiError> {
@@ -51,7 +62,19 @@ pub(super) fn parse_limit(query: &str, capacity: usize) -> Result<usize, ApiErro
     Ok(limit)
 }
 
-async fn by_trace_id(
+#[utoipa::path(get, path = "/admin/v1/slow-requests/{trace_id}", tag = "admin",
+    operation_id = "slow_request",
+    params(("trace_id" = String, Path, pattern = "^(?!0{32}$)[0-9a-f]{32}$",
+        description = "A trace id (`x-trace-id`): 32 lowercase hex digits, not all zero.")),
+    responses(
+        (status = 200, description = "The recorded request and its stages.",
+            body = super::schemas::SlowRequest),
+        (status = 400, description = "`invalid_query`: not a trace id.",
+            body = super::schemas::ErrorEnvelope),
+        (status = 404, description = "`not_recorded`: not in this instance's log (fast, served \
+            elsewhere, or pushed out).", body = super::schemas::ErrorEnvelope),
+    ))]
+pub(super) async fn by_trace_id(
     State(state): State<AppState>,
     ApiPath(trace_id): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {

@@ -260,7 +260,7 @@ impl Application {
         let address = self.local_addr();
         let admin_address = self.admin_addr();
         let lifecycle = Arc::clone(&self.state.lifecycle);
-        let admin_router = crate::http::admin::router(self.state.clone(), self.admin_token);
+        let admin_router = crate::http::admin_router(self.state.clone(), self.admin_token);
         let connections = Arc::clone(&self.state.connections);
         let router = crate::http::router(self.state);
         let shutdown = self.shutdown.clone();
