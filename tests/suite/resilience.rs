@@ -591,7 +591,12 @@ async fn concurrent_cold_items_share_one_upstream_call_and_one_quota_token() {
 /// raises it, and a class the service does not know is a 400.
 #[tokio::test]
 async fn lower_request_classes_give_way_first_at_each_level() {
-    let app = spawn_app_with(|settings| settings.engine.cache_only_loads = 0).await;
+    let app = spawn_app_with(|settings| {
+        settings.engine.cache_only_loads = 0;
+        // Refused at once, not after a wait (the wait has its own tests below).
+        settings.resilience.admission_wait.prefetch_max_waiters = 0;
+    })
+    .await;
     let get_as = |class: Option<&'static str>, id: &'static str| {
         let mut request = app.client.get(app.item_url("jd", id));
         if let Some(class) = class {
@@ -667,5 +672,164 @@ async fn lower_request_classes_give_way_first_at_each_level() {
         metrics.contains(r#"rebate_shed_refused_total{class="prefetch"} 1"#),
         "{metrics}"
     );
+    app.stop().await;
+}
+
+/// The prefetch queue's line of the admin status.
+async fn prefetch_queue(app: &TestApp) -> Value {
+    let status = json_of(app.admin_get("/admin/v1/status").await).await;
+    let classes = &status["protection"]["admission_wait"]["classes"];
+    assert_eq!(classes[0]["class"], "prefetch", "{status}");
+    classes[0].clone()
+}
+
+/// Polls the admin status until `waiting` prefetches wait (each poll is a round trip to the
+/// service, which lets the waiting requests run; no timer).
+async fn until_waiting(app: &TestApp, waiting: u64) -> Value {
+    for _ in 0..2_000 {
+        let queue = prefetch_queue(app).await;
+        if queue["waiting"] == waiting {
+            return queue;
+        }
+    }
+    panic!(
+        "{waiting} prefetches never waited: {}",
+        prefetch_queue(app).await
+    );
+}
+
+fn get_prefetch(app: &TestApp, id: &str) -> tokio::task::JoinHandle<reqwest::Response> {
+    let request = app
+        .client
+        .get(app.item_url("jd", id))
+        .header("x-request-class", "prefetch");
+    tokio::spawn(async move { request.send().await.unwrap() })
+}
+
+/// Over its limit (here: a level that refuses prefetches), a prefetch waits in its bounded queue
+/// instead of being refused, and is admitted once the level falls; a full queue is a 503 at
+/// once; a page request is answered while prefetches wait, never behind them. The waits are
+/// long (4 s) so that nothing here races a timer: capacity frees when the test says so.
+#[tokio::test]
+async fn a_prefetch_waits_over_the_limit_and_is_admitted_when_capacity_frees() {
+    let app = spawn_app_with(|settings| {
+        settings.http.request_deadline_ms = 5_000;
+        settings.http.request_timeout_ms = 6_000;
+        let wait = &mut settings.resilience.admission_wait;
+        (wait.prefetch_max_waiters, wait.prefetch_max_wait_ms) = (2, 4_000);
+    })
+    .await;
+    assert_eq!(app.get_item("jd", "100001").await.status(), 200);
+    app.admin_put("/admin/v1/shedding", &json!({"level": "short_timeouts"}))
+        .await;
+
+    let first = get_prefetch(&app, "100001");
+    until_waiting(&app, 1).await;
+    // A page is not refused, not queued and not delayed by the waiting prefetch.
+    let page = app.get_item("jd", "100001").await;
+    assert_eq!(page.status(), 200);
+    assert_eq!(page.headers()["x-shed-level"], "2");
+    let queue = prefetch_queue(&app).await;
+    assert_eq!(
+        (&queue["waiting"], &queue["admitted"], &queue["timed_out"]),
+        (&json!(1), &json!(0), &json!(0)),
+        "the prefetch still waits after the page was answered: {queue}"
+    );
+    assert!(!first.is_finished());
+
+    let second = get_prefetch(&app, "100002");
+    until_waiting(&app, 2).await;
+    let full = app
+        .client
+        .get(app.item_url("jd", "100003"))
+        .header("x-request-class", "prefetch")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(full.status(), 503);
+    assert!(full.headers().contains_key("retry-after"));
+    assert_eq!(full.headers()["x-shed-level"], "2");
+    assert_eq!(json_of(full).await["error"]["code"], "overloaded");
+    assert_eq!(prefetch_queue(&app).await["refused_full"], 1);
+
+    // The level falls: both waiters are let in, oldest first, and answered at the new level.
+    app.admin_put("/admin/v1/shedding", &json!({"level": null}))
+        .await;
+    for waiter in [first, second] {
+        let response = waiter.await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(!response.headers().contains_key("x-shed-level"));
+    }
+    let queue = prefetch_queue(&app).await;
+    assert_eq!(
+        (
+            &queue["waiting"],
+            &queue["admitted"],
+            &queue["refused_full"]
+        ),
+        (&json!(0), &json!(2), &json!(1)),
+        "{queue}"
+    );
+    assert_eq!(queue["max_waiters"], 2);
+    let metrics = app.admin_get("/metrics").await.text().await.unwrap();
+    for series in [
+        r#"rebate_admission_queue_depth{class="prefetch"} 0"#,
+        r#"rebate_admission_wait_outcomes_total{class="prefetch",outcome="admitted"} 2"#,
+        r#"rebate_admission_wait_outcomes_total{class="prefetch",outcome="full"} 1"#,
+        r#"rebate_admission_wait_seconds_count{class="prefetch"} 2"#,
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
+    assert_eq!(
+        app.state
+            .protection
+            .shedder
+            .as_ref()
+            .unwrap()
+            .snapshot()
+            .in_flight,
+        0
+    );
+    app.stop().await;
+}
+
+/// A prefetch whose wait runs out before capacity frees is a 503 with `Retry-After`, counted
+/// as timed out, and its wait is a stage of its slow-request record.
+#[tokio::test]
+async fn a_spent_wait_is_a_503_with_retry_after() {
+    let app = spawn_app_with(|settings| {
+        let wait = &mut settings.resilience.admission_wait;
+        (wait.prefetch_max_waiters, wait.prefetch_max_wait_ms) = (4, 20);
+    })
+    .await;
+    app.admin_put("/admin/v1/shedding", &json!({"level": "short_timeouts"}))
+        .await;
+    let refused = get_prefetch(&app, "100001").await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert!(refused.headers().contains_key("retry-after"));
+    let trace_id = refused.headers()["x-trace-id"].to_str().unwrap().to_owned();
+    assert_eq!(json_of(refused).await["error"]["code"], "overloaded");
+    let queue = prefetch_queue(&app).await;
+    assert_eq!(
+        (&queue["waiting"], &queue["timed_out"], &queue["admitted"]),
+        (&json!(0), &json!(1), &json!(0)),
+        "{queue}"
+    );
+    let record = json_of(
+        app.admin_get(&format!("/admin/v1/slow-requests/{trace_id}"))
+            .await,
+    )
+    .await;
+    let stage = record["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|stage| stage["kind"] == "admission")
+        .unwrap_or_else(|| panic!("an admission stage in {record}"))
+        .clone();
+    assert_eq!(stage["name"], "prefetch");
+    assert_eq!(stage["outcome"], "timed_out");
+    app.admin_put("/admin/v1/shedding", &json!({"level": null}))
+        .await;
     app.stop().await;
 }

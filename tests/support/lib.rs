@@ -70,16 +70,20 @@ async fn spawn_app_calling(
     // about them switch them on.
     settings.warmup.enabled = false;
     settings.bloom.enabled = false;
+    // Likewise the warm-job consumer: its polls are Redis round trips that tests count.
+    settings.warm_jobs.consume = false;
     // Every test client comes from 127.0.0.1; tests of the limit switch it on.
     settings.resilience.client_limit.enabled = false;
-    // Token buckets refill on the ticker, which tests do not move: outbound quotas would run dry
-    // after one burst. Tests of quotas set their own.
+    // Token buckets refill on the ticker, which tests do not move: outbound quotas, and each
+    // item's own limit on loads (hot items), would run dry after one burst. Tests of quotas and
+    // hot items set their own.
     for upstream in [
         &mut settings.resilience.coupons,
         &mut settings.resilience.extras,
     ] {
         upstream.quota_per_sec = None;
         upstream.quota_burst = None;
+        upstream.hot_item_per_sec = Some(0.0);
     }
     if let Some(shared) = shared {
         settings.upstreams.simulate = false;
@@ -242,7 +246,8 @@ impl ProductionEnv {
     }
 }
 
-/// Deletes every key under `prefix` (best effort: a dead server has nothing to clean).
+/// Deletes every key under `prefix`, hash-tagged ones (`{prefix:hot}:…`, `{prefix:warm}:…`)
+/// included (best effort: a dead server has nothing to clean).
 pub async fn delete_redis_prefix(redis_url: &str, prefix: &str) {
     let Ok(client) = redis::Client::open(redis_url) else {
         return;
@@ -250,24 +255,28 @@ pub async fn delete_redis_prefix(redis_url: &str, prefix: &str) {
     let Ok(mut connection) = client.get_multiplexed_async_connection().await else {
         return;
     };
+    for pattern in [format!("{prefix}:*"), format!("{{{prefix}:*")] {
+        delete_matching(&mut connection, &pattern).await;
+    }
+}
+
+async fn delete_matching(connection: &mut redis::aio::MultiplexedConnection, pattern: &str) {
     let mut cursor: u64 = 0;
     loop {
         let Ok((next, keys)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
-            .arg(format!("{prefix}:*"))
+            .arg(pattern)
             .arg("COUNT")
             .arg(1000)
-            .query_async(&mut connection)
+            .query_async(connection)
             .await
         else {
             return;
         };
         if !keys.is_empty() {
-            let _: redis::RedisResult<u64> = redis::cmd("DEL")
-                .arg(&keys)
-                .query_async(&mut connection)
-                .await;
+            let _: redis::RedisResult<u64> =
+                redis::cmd("DEL").arg(&keys).query_async(connection).await;
         }
         if next == 0 {
             return;

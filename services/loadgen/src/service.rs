@@ -37,7 +37,8 @@ pub fn free_port() -> std::io::Result<u16> {
 }
 
 /// Env overrides of the "before" system: no cache, parts one after another, long timeouts, no
-/// breakers (min_calls out of reach), no shedding, no per-client limit.
+/// breakers (min_calls out of reach), no shedding, no per-client limit, no per-item limit on
+/// upstream loads (the APIs' quotas stay: they are the providers' contracts).
 pub fn naive_profile_env() -> Vec<(String, String)> {
     [
         ("REBATE__ENGINE__MODE", "naive"),
@@ -49,6 +50,8 @@ pub fn naive_profile_env() -> Vec<(String, String)> {
         ("REBATE__HTTP__REQUEST_DEADLINE_MS", "20000"),
         ("REBATE__HTTP__REQUEST_TIMEOUT_MS", "30000"),
         ("REBATE__RESILIENCE__BREAKER__MIN_CALLS", "1000000"),
+        ("REBATE__RESILIENCE__COUPONS__HOT_ITEM_PER_SEC", "0"),
+        ("REBATE__RESILIENCE__EXTRAS__HOT_ITEM_PER_SEC", "0"),
     ]
     .into_iter()
     .map(|(key, value)| (key.to_owned(), value.to_owned()))
@@ -753,6 +756,14 @@ mod tests {
         assert_eq!(
             get("REBATE__RESILIENCE__BREAKER__MIN_CALLS"),
             Some("1000000")
+        );
+        assert_eq!(
+            get("REBATE__RESILIENCE__COUPONS__HOT_ITEM_PER_SEC"),
+            Some("0")
+        );
+        assert_eq!(
+            get("REBATE__RESILIENCE__EXTRAS__HOT_ITEM_PER_SEC"),
+            Some("0")
         );
     }
 }

@@ -39,6 +39,8 @@
 //! - [`http`]: the router, the error type and the middleware (trace id, request timeout).
 //! - [`upstreams`]: [`UpstreamClients`](upstreams::UpstreamClients), the coupon and extras API
 //!   clients kept for their batch counters.
+//! - [`warm_jobs`]: [`WarmJobs`](warm_jobs::WarmJobs), operators' warm jobs: chunks on a Redis
+//!   stream the fleet works through (an in-process queue without Redis).
 
 pub mod admin_token;
 pub mod background;
@@ -60,6 +62,7 @@ pub mod slow;
 pub mod startup;
 pub mod state;
 pub mod upstreams;
+pub mod warm_jobs;
 
 pub use config::Settings;
 pub use startup::Application;

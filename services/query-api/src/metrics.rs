@@ -28,7 +28,7 @@ use rebate_cache::{CacheStatsSnapshot, PartView};
 use rebate_domain::PartKind;
 use rebate_engine::QueryEngine;
 use rebate_guard::{CallObserver, CallOutcome};
-use rebate_resilience::{BreakerState, RequestClass};
+use rebate_resilience::{AdmissionQueue, BreakerState, RequestClass, WAIT_BUCKETS_SECONDS};
 use rebate_sources::BatchStats;
 
 use crate::consistency::ConsistencyObserver;
@@ -657,6 +657,15 @@ impl StateCollector {
         )?;
         counters(
             encoder,
+            "rebate_hot_item_refused",
+            "Loads refused because their item's own share of loads toward the dependency was spent (hot items; dependencies with the per-item limit only). By dependency only, never by item: the hot keys' page names the items.",
+            snapshots.iter().filter_map(|snapshot| {
+                snapshot.hot_items.as_ref()?;
+                Some(([("dependency", snapshot.name)], snapshot.rejected_hot_item))
+            }),
+        )?;
+        counters(
+            encoder,
             "rebate_retries",
             "Retries made (dependencies that retry only).",
             snapshots.iter().filter_map(|snapshot| {
@@ -793,7 +802,11 @@ impl StateCollector {
             protection
                 .refused_by_class()
                 .map(|(class, refused)| ([("class", class.as_str())], refused)),
-        )
+        )?;
+        match &protection.admission_queue {
+            Some(queue) => encode_admission_queue(encoder, queue),
+            None => Ok(()),
+        }
     }
 
     fn encode_connections(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
@@ -907,6 +920,67 @@ fn encode_memory(encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
         ]
         .map(|(kind, bytes)| ([("kind", kind)], bytes)),
     )
+}
+
+/// The deferrable classes' admission wait, read from the queue's counters at scrape time: the
+/// depth now, every outcome, and the waits that ended as a histogram.
+fn encode_admission_queue(
+    encoder: &mut DescriptorEncoder<'_>,
+    queue: &AdmissionQueue,
+) -> fmt::Result {
+    let snapshot = queue.snapshot();
+    gauges(
+        encoder,
+        "rebate_admission_queue_depth",
+        "Requests waiting for admission now, by class (only the classes that may wait).",
+        snapshot
+            .classes
+            .iter()
+            .map(|class| ([("class", class.class.as_str())], u64::from(class.waiting))),
+    )?;
+    counters(
+        encoder,
+        "rebate_admission_wait_outcomes",
+        "Requests of a class that may wait that met a full queue or waited, by class and outcome: admitted (after waiting), full (503 at once), timed_out (503 once the class's wait ran out), cancelled (the client went away while waiting).",
+        snapshot.classes.iter().flat_map(|class| {
+            [
+                ("admitted", class.admitted),
+                ("full", class.refused_full),
+                ("timed_out", class.timed_out),
+                ("cancelled", class.cancelled),
+            ]
+            .map(|(outcome, count)| {
+                (
+                    [("class", class.class.as_str()), ("outcome", outcome)],
+                    count,
+                )
+            })
+        }),
+    )?;
+    let mut metric = encoder.encode_descriptor(
+        "rebate_admission_wait_seconds",
+        "How long requests waited for admission, by class (every wait that ended: admitted, timed out or cancelled).",
+        None,
+        MetricType::Histogram,
+    )?;
+    for class in &snapshot.classes {
+        // Upper bounds as the histogram type writes them, the last one `+Inf`.
+        let buckets: Vec<(f64, u64)> = WAIT_BUCKETS_SECONDS
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::MAX))
+            .zip(class.wait_buckets.iter().copied())
+            .collect();
+        metric
+            .encode_family(&[("class", class.class.as_str())])?
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            class.wait_seconds_sum,
+            class.waits,
+            &buckets,
+            None,
+        )?;
+    }
+    Ok(())
 }
 
 /// One counter family: its descriptor, then a sample per label set.

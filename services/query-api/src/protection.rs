@@ -1,6 +1,7 @@
-//! The service's protection: a guard per dependency, the load shedder and the per-client
-//! limiter, built once from `[resilience]` (`crate::config::resilience`) and shared by the edge,
-//! the loaders and the admin status.
+//! The service's protection: a guard per dependency, the load shedder (with the deferrable
+//! classes' admission queue beside it) and the per-client limiter, built once from
+//! `[resilience]` (`crate::config::resilience`) and shared by the edge, the loaders and the
+//! admin status.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +12,10 @@ use rebate_guard::{
     CallObserver, DependencyConfig, DependencyGuard, DependencySnapshot, FleetKeyedLimiter,
     FleetQuotaConfig, FleetTokens, QuotaScope,
 };
-use rebate_resilience::{KeyedLimiter, LoadShedder, RequestClass, ShedLevel, ShedSnapshot, Ticker};
+use rebate_resilience::{
+    AdmissionQueue, AdmissionQueueSnapshot, KeyedLimiter, LoadShedder, RequestClass, ShedLevel,
+    ShedSnapshot, Ticker,
+};
 use serde::Serialize;
 
 use crate::config::ResilienceSettings;
@@ -26,6 +30,9 @@ pub struct Protection {
     pub extras: Arc<DependencyGuard>,
     /// `None` when shedding is disabled.
     pub shedder: Option<LoadShedder>,
+    /// Where requests of the deferrable classes wait for admission while the service is over
+    /// its limit (`[resilience.admission_wait]`); `None` when shedding is off or no class waits.
+    pub admission_queue: Option<AdmissionQueue>,
     pub clients: Option<ClientLimiter>,
     /// Level 3's `Retry-After` range, in seconds.
     pub retry_after_secs: (u32, u32),
@@ -147,6 +154,12 @@ impl Protection {
                 },
                 Arc::clone(&ticker),
             );
+            // Each item's own share of the loads toward an external API, taken before its
+            // quota (`rebate_guard::hot`).
+            let dependency = match ResilienceSettings::hot_items(config) {
+                Some(hot_items) => dependency.with_hot_items(hot_items),
+                None => dependency,
+            };
             Arc::new(match &observer {
                 Some(observer) => dependency.with_observer(Arc::clone(observer)),
                 None => dependency,
@@ -162,6 +175,9 @@ impl Protection {
             shedder: shedding
                 .enabled
                 .then(|| LoadShedder::new(settings.shed_config(), Arc::clone(&ticker))),
+            admission_queue: (shedding.enabled && settings.admission_wait.any()).then(|| {
+                AdmissionQueue::new(settings.admission_wait.wait_config(), Arc::clone(&ticker))
+            }),
             clients: client.enabled.then(|| {
                 let idle = Duration::from_secs(client.idle_secs);
                 let fleet = fleet.filter(|_| client.scope == LimitScope::Fleet);
@@ -213,6 +229,14 @@ impl Protection {
         rand::random_range(min..=max)
     }
 
+    /// Capacity may have freed (a request ended, the level was changed): the first waiter for
+    /// admission, if any, tries again. One atomic load when nobody waits.
+    pub fn notify_waiters(&self) {
+        if let Some(queue) = &self.admission_queue {
+            queue.notify();
+        }
+    }
+
     /// Counts a request refused because its class gives way at the current level.
     pub fn count_refused(&self, class: RequestClass) {
         self.refused_by_class[class as usize].fetch_add(1, Ordering::Relaxed);
@@ -235,6 +259,7 @@ impl Protection {
     pub fn status(&self) -> ProtectionStatus {
         ProtectionStatus {
             shedding: self.shedder.as_ref().map(LoadShedder::snapshot),
+            admission_wait: self.admission_queue.as_ref().map(AdmissionQueue::snapshot),
             shedding_thresholds: self.settings.shedding.clone(),
             dependencies: self
                 .dependencies()
@@ -279,6 +304,8 @@ pub struct DependencyTimeouts {
 #[derive(Debug, Serialize)]
 pub struct ProtectionStatus {
     pub shedding: Option<ShedSnapshot>,
+    /// The deferrable classes' admission queues: waiting now, bounds, outcomes and waits.
+    pub admission_wait: Option<AdmissionQueueSnapshot>,
     /// `[resilience.shedding]` as configured.
     pub shedding_thresholds: SheddingSettings,
     pub dependencies: Vec<DependencySnapshot>,

@@ -70,6 +70,8 @@ pub struct AppShared {
     pub upstreams: UpstreamClients,
     /// The hot items learned from traffic; `None` when `hot_keys.enabled` is off.
     pub hot_keys: Option<Arc<HotKeys>>,
+    /// Operators' warm jobs: where they are queued, and this instance's consumer's counters.
+    pub warm_jobs: Arc<crate::warm_jobs::WarmJobs>,
 }
 
 /// The request limits handlers and middleware enforce, resolved once from the settings.
@@ -79,6 +81,8 @@ pub struct HttpLimits {
     pub request_timeout: Duration,
     pub body_limit_bytes: usize,
     pub max_batch_items: usize,
+    /// `POST /admin/v1/warm-jobs`'s own body limit (`warm_jobs.body_limit_bytes`).
+    pub warm_job_body_limit_bytes: usize,
     /// The head and body bounds checked before a request is admitted.
     pub edge: Arc<EdgeLimits>,
     pub admin_request_timeout: Duration,

@@ -177,3 +177,57 @@ async fn warm_loads_items_and_bad_input_is_refused_precisely() {
     assert_eq!(health.status(), 200);
     app.stop().await;
 }
+
+/// `warm --file` queues the file's keys as a warm job, follows it to the end and prints its
+/// summary; a delisted item is "not found", not a failure. A file with bad lines is refused
+/// before anything is sent, naming each bad line.
+#[tokio::test]
+async fn warm_file_runs_a_job_and_reports_its_summary() {
+    let app = rebate_tests::spawn_app_with(|settings| {
+        settings.warm_jobs.consume = true;
+        settings.warm_jobs.chunk_keys = 50;
+        settings.warm_jobs.rate_per_sec = 5_000;
+        settings.warm_jobs.poll_interval_ms = 20;
+    })
+    .await;
+    let directory = tempfile::tempdir().unwrap();
+    let file = directory.path().join("ids.txt");
+    let mut text = String::from("# the first 400 jd items, one delisted\n");
+    for id in 101_001..=101_400u64 {
+        text.push_str(&format!("jd:{id}\n"));
+    }
+    std::fs::write(&file, text).unwrap();
+    let path = file.to_str().unwrap();
+    let outcome = rebatectl(
+        &app,
+        &app.admin_token,
+        &["warm", "--file", path, "--poll-ms", "50"],
+    )
+    .await;
+    assert!(outcome.success, "{}", outcome.stderr);
+    let summary: Value = serde_json::from_str(&outcome.stdout).unwrap();
+    assert_eq!(summary["state"], "done", "{summary}");
+    assert_eq!(summary["loaded"], 399, "{summary}");
+    assert_eq!(summary["not_found"], 1, "{summary}");
+    assert_eq!(summary["failed"], 0, "{summary}");
+    assert!(
+        outcome.stderr.contains("progress: ")
+            && outcome.stderr.contains("loaded 399, not found 1, failed 0"),
+        "plain progress lines and the summary off a terminal: {}",
+        outcome.stderr
+    );
+    assert_eq!(app.product_loads(), 400);
+
+    std::fs::write(&file, "jd:100001\nebay:1\n\njd:12x\n").unwrap();
+    let bad = rebatectl(&app, &app.admin_token, &["warm", "--file", path]).await;
+    assert!(!bad.success);
+    assert!(
+        bad.stderr.contains("line 2:")
+            && bad.stderr.contains("ebay")
+            && bad.stderr.contains("line 4:"),
+        "{}",
+        bad.stderr
+    );
+    assert_eq!(app.product_loads(), 400, "nothing was sent");
+    app.stop().await;
+}

@@ -1,9 +1,11 @@
 //! The small error vocabulary shared with clients. Clients branch on these codes (back off, fall
 //! back, give up), so a code is never renamed once published.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+/// An error's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The platform segment is not one of taobao, jd, pdd.
@@ -37,6 +39,8 @@ pub enum ErrorCode {
     InvalidQuery,
     /// The slow-request log holds no request with this trace id.
     NotRecorded,
+    /// No warm job with this id (never submitted, or its progress expired).
+    JobNotFound,
     /// The `x-client-id` header is not 1–64 characters of letters, digits, `.`, `_`, `:`, `-`.
     InvalidClientId,
     /// The `x-request-class` header is not `page`, `list` or `prefetch`.
@@ -73,6 +77,7 @@ impl ErrorCode {
             ErrorCode::InvalidRequestClass => "invalid_request_class",
             ErrorCode::InvalidQuery => "invalid_query",
             ErrorCode::NotRecorded => "not_recorded",
+            ErrorCode::JobNotFound => "job_not_found",
             ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::UriTooLong => "uri_too_long",
             ErrorCode::HeadersTooLarge => "headers_too_large",

@@ -8,6 +8,7 @@ use crate::time::Timestamp;
 
 /// Which part of a quote; used for cache names, timeouts, counters and degrade reasons.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum PartKind {
     Product,

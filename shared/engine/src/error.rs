@@ -2,10 +2,11 @@
 //! query has no quote at all.
 
 use rebate_cache::FailureKind;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Why a part is not live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum DegradeReason {
     /// The source did not answer within the part's tier or the request deadline.
@@ -20,6 +21,9 @@ pub enum DegradeReason {
     BulkheadFull,
     /// The outbound quota for the source was spent (or the source said 429).
     Quota,
+    /// This item's own share of the source's loads was spent (an item reloaded again and
+    /// again, e.g. invalidated many times a second): it was not called.
+    HotItem,
     /// The service is shedding load: the part was served from cache only, or dropped.
     Shed,
 }
@@ -33,6 +37,7 @@ impl DegradeReason {
             DegradeReason::BreakerOpen => "breaker_open",
             DegradeReason::BulkheadFull => "bulkhead_full",
             DegradeReason::Quota => "quota",
+            DegradeReason::HotItem => "hot_item",
             DegradeReason::Shed => "shed",
         }
     }
@@ -55,6 +60,7 @@ impl From<FailureKind> for DegradeReason {
             FailureKind::BreakerOpen => DegradeReason::BreakerOpen,
             FailureKind::BulkheadFull => DegradeReason::BulkheadFull,
             FailureKind::Quota => DegradeReason::Quota,
+            FailureKind::HotItem => DegradeReason::HotItem,
             FailureKind::Shed => DegradeReason::Shed,
         }
     }

@@ -7,13 +7,15 @@ use rebate_domain::{
     Cents, Coupon, Extras, ItemId, PartKind, Platform, Product, ProductStatus, RateBps, RebateRate,
     Timestamp, estimate_rebate,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::DegradeReason;
 use crate::error::QueryError;
 
-/// How a part's data was obtained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+/// How a part's data was obtained: `live` (the source, or a cache entry still fresh), `stale` (a
+/// cached copy past its fresh window, because the source failed), `template` (no data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Served {
     /// From the source, or from a cache entry that is still fresh.
@@ -427,6 +429,7 @@ mod tests {
             Just(DegradeReason::BreakerOpen),
             Just(DegradeReason::BulkheadFull),
             Just(DegradeReason::Quota),
+            Just(DegradeReason::HotItem),
             Just(DegradeReason::Shed),
         ]
     }

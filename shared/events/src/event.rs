@@ -87,6 +87,7 @@ impl<'de> Deserialize<'de> for EventId {
 
 /// What changed upstream. The kind decides which cached parts become stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case", expecting = "an event kind")]
 pub enum EventKind {
     /// The commission rate changed.

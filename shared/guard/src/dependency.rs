@@ -2,16 +2,17 @@
 //! outbound quota, per-attempt timeout and (for idempotent upstream reads) budgeted retries.
 //!
 //! Refusals are instant and typed ([`FailureKind::BreakerOpen`], [`FailureKind::BulkheadFull`],
-//! [`FailureKind::Quota`]), so the part degrades to stale data or template text with the reason
-//! in the answer instead of waiting. The guard's own refusals are never recorded as the
-//! dependency's failures.
+//! [`FailureKind::Quota`], and before a load joins a call [`FailureKind::HotItem`] from the
+//! optional per-item limit, [`HotItemLimit`]), so the part degrades to stale data or template
+//! text with the reason in the answer instead of waiting. The guard's own refusals are never
+//! recorded as the dependency's failures.
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rebate_cache::{FailureKind, LoadContext, LoadFailure};
+use rebate_cache::{FailureKind, ItemKey, LoadContext, LoadFailure};
 use rebate_resilience::{
     Backoff, BreakerConfig, BreakerSnapshot, BreakerState, Bulkhead, BulkheadSnapshot,
     CircuitBreaker, RateConfig, RetryBudget, RetryConfig, Ticker,
@@ -21,6 +22,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::hot::{HotItemConfig, HotItemLimit, HotItemSnapshot};
 use crate::quota::{FleetQuotaConfig, Quota, QuotaSnapshot};
 
 /// How one dependency is protected.
@@ -51,6 +53,8 @@ pub enum CallOutcome {
     BreakerOpen,
     BulkheadFull,
     Quota,
+    /// The item's own share of loads was spent ([`HotItemLimit`]): no call was made.
+    HotItem,
 }
 
 impl CallOutcome {
@@ -62,6 +66,7 @@ impl CallOutcome {
             CallOutcome::BreakerOpen => "breaker_open",
             CallOutcome::BulkheadFull => "bulkhead_full",
             CallOutcome::Quota => "quota",
+            CallOutcome::HotItem => "hot_item",
         }
     }
 }
@@ -110,6 +115,7 @@ pub struct DependencyGuard {
     breaker: CircuitBreaker,
     bulkhead: Bulkhead,
     quota: Option<Quota>,
+    hot_items: Option<HotItemLimit>,
     retry: Option<(RetryConfig, RetryBudget, Backoff)>,
     timeout: Option<Duration>,
     ticker: Arc<dyn Ticker>,
@@ -136,6 +142,7 @@ struct Counters {
     rejected_breaker: AtomicU64,
     rejected_bulkhead: AtomicU64,
     rejected_quota: AtomicU64,
+    rejected_hot_item: AtomicU64,
 }
 
 impl fmt::Debug for DependencyGuard {
@@ -158,6 +165,7 @@ impl DependencyGuard {
             quota: settings
                 .quota
                 .map(|rate| Quota::new(rate, settings.fleet_quota, name)),
+            hot_items: None,
             retry: settings
                 .retry
                 .map(|config| (config, RetryBudget::new(&config), Backoff::from(&config))),
@@ -180,6 +188,17 @@ impl DependencyGuard {
     /// Reports every attempt and refusal to `observer` (metrics).
     pub fn with_observer(mut self, observer: Arc<dyn CallObserver>) -> Self {
         self.observer = Some(observer);
+        self
+    }
+
+    /// Limits each item's loads through this guard ([`HotItemLimit`]; loaders ask
+    /// [`DependencyGuard::admit_item`] before a load joins a call).
+    pub fn with_hot_items(mut self, config: HotItemConfig) -> Self {
+        self.hot_items = Some(HotItemLimit::new(
+            self.name,
+            config,
+            Arc::clone(&self.ticker),
+        ));
         self
     }
 
@@ -207,6 +226,31 @@ impl DependencyGuard {
                 .quota
                 .as_ref()
                 .is_none_or(|quota| quota.ready(self.ticker.now_nanos()))
+    }
+
+    /// Takes a token of `key`'s own bucket for one load, before the load joins a call (and so
+    /// before the call takes a quota token): a refused load makes no call, takes nothing from
+    /// the quota and is not the dependency's failure. Without a per-item limit every load passes.
+    pub fn admit_item(&self, key: ItemKey) -> Result<(), LoadFailure> {
+        let Some(limit) = &self.hot_items else {
+            return Ok(());
+        };
+        limit.admit(key).inspect_err(|_| {
+            bump(&self.counters.rejected_hot_item);
+            self.observe(CallOutcome::HotItem, Duration::ZERO);
+            record_stage(
+                "dependency",
+                self.name,
+                CallOutcome::HotItem.as_str(),
+                Instant::now(),
+                None,
+            );
+        })
+    }
+
+    /// Whether a load of `key` would pass its per-item limit now (advisory, takes nothing).
+    pub fn item_ready(&self, key: ItemKey) -> bool {
+        self.hot_items.as_ref().is_none_or(|limit| limit.ready(key))
     }
 
     /// Whether the breaker would let a call through now (advisory, takes nothing).
@@ -286,6 +330,7 @@ impl DependencyGuard {
                 FailureKind::BreakerOpen => CallOutcome::BreakerOpen,
                 FailureKind::BulkheadFull => CallOutcome::BulkheadFull,
                 FailureKind::Quota => CallOutcome::Quota,
+                FailureKind::HotItem => CallOutcome::HotItem,
                 FailureKind::Error | FailureKind::Shed => CallOutcome::Error,
             },
         };
@@ -430,6 +475,7 @@ impl DependencyGuard {
             },
             bulkhead: self.bulkhead.snapshot(),
             quota: self.quota.as_ref().map(Quota::snapshot),
+            hot_items: self.hot_items.as_ref().map(HotItemLimit::snapshot),
             retry: self.retry.as_ref().map(|(config, budget, _)| {
                 let (first_attempts, retries, refused) = budget.counts();
                 RetrySnapshot {
@@ -448,6 +494,7 @@ impl DependencyGuard {
             rejected_breaker: read(&counters.rejected_breaker),
             rejected_bulkhead: read(&counters.rejected_bulkhead),
             rejected_quota: read(&counters.rejected_quota),
+            rejected_hot_item: read(&counters.rejected_hot_item),
         }
     }
 }
@@ -470,6 +517,8 @@ pub struct DependencySnapshot {
     pub breaker_thresholds: BreakerThresholds,
     pub bulkhead: BulkheadSnapshot,
     pub quota: Option<QuotaSnapshot>,
+    /// The per-item limit on loads, when the dependency has one.
+    pub hot_items: Option<HotItemSnapshot>,
     pub retry: Option<RetrySnapshot>,
     pub timeout_ms: Option<u64>,
     /// Calls made (first attempts and retries).
@@ -480,6 +529,8 @@ pub struct DependencySnapshot {
     pub rejected_breaker: u64,
     pub rejected_bulkhead: u64,
     pub rejected_quota: u64,
+    /// Loads refused by the per-item limit (no call made).
+    pub rejected_hot_item: u64,
 }
 
 /// A breaker's configuration, in the units of the config file.

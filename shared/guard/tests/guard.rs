@@ -17,7 +17,7 @@ use rebate_domain::PartKind;
 use rebate_guard::dependency::RetrySnapshot;
 use rebate_guard::{
     AttemptFailure, CallObserver, CallOutcome, DependencyConfig, DependencyGuard, GuardedTier,
-    QuotaScope, QuotaSnapshot,
+    HotItemConfig, QuotaScope, QuotaSnapshot,
 };
 use rebate_resilience::{BreakerConfig, BreakerState, ManualTicker, RateConfig, RetryConfig};
 use rebate_telemetry::{Timeline, TraceId};
@@ -968,6 +968,91 @@ async fn the_observer_sees_every_attempt_and_refusal_with_its_outcome() {
     assert_eq!(seen.len(), 1 + 1 + 3 + 1);
 }
 
+/// The per-item limit refuses an item's loads past its bucket before any call: the refusals
+/// take no quota token (the next item's call gets it), are observed as `hot_item` with no time,
+/// and are not failures for the breaker.
+#[tokio::test]
+async fn a_hot_item_is_refused_before_the_quota_and_is_no_failure() {
+    let ticker = ManualTicker::new();
+    let observer = Arc::new(Recorder::default());
+    let guard = DependencyGuard::new(
+        "coupons",
+        DependencyConfig {
+            quota: Some(RateConfig {
+                per_second: 10.0,
+                burst: 2,
+            }),
+            ..settings()
+        },
+        Arc::new(ticker.clone()),
+    )
+    .with_observer(Arc::clone(&observer) as Arc<dyn CallObserver>)
+    .with_hot_items(HotItemConfig {
+        rate: RateConfig {
+            per_second: 1.0,
+            burst: 1,
+        },
+        max_items: 100,
+    });
+    let viral = ItemKey::parse("pdd", "100001").unwrap();
+    let other = ItemKey::parse("pdd", "100002").unwrap();
+    let call = || guard.call(|| async { Ok::<_, AttemptFailure>(7) });
+
+    guard.admit_item(viral).unwrap();
+    assert_eq!(call().await, Ok(7));
+    for _ in 0..5 {
+        assert_eq!(
+            guard.admit_item(viral).unwrap_err().kind,
+            FailureKind::HotItem
+        );
+    }
+    assert!(!guard.item_ready(viral));
+    assert!(guard.item_ready(other));
+    guard.admit_item(other).unwrap();
+    assert_eq!(
+        call().await,
+        Ok(7),
+        "the quota's second token is still there"
+    );
+
+    let snapshot = guard.snapshot();
+    assert_eq!(snapshot.rejected_hot_item, 5);
+    assert_eq!(snapshot.quota.as_ref().unwrap().granted, 2);
+    assert_eq!((snapshot.failures, snapshot.attempts), (0, 2));
+    assert_eq!(snapshot.breaker.state, BreakerState::Closed);
+    let hot = snapshot.hot_items.unwrap();
+    assert_eq!((hot.per_second, hot.burst, hot.max_items), (1.0, 1, 100));
+    assert_eq!((hot.items_tracked, hot.refused), (2, 5));
+    let mut expected = vec![CallOutcome::Success];
+    expected.extend([CallOutcome::HotItem; 5]);
+    expected.push(CallOutcome::Success);
+    assert_eq!(observer.outcomes(), expected);
+    assert!(
+        observer
+            .seen()
+            .iter()
+            .all(|(_, outcome, elapsed)| *outcome != CallOutcome::HotItem || elapsed.is_zero())
+    );
+
+    ticker.advance(Duration::from_secs(1));
+    guard.admit_item(viral).unwrap();
+}
+
+/// Without a per-item limit every load is admitted and nothing is reported.
+#[tokio::test]
+async fn without_a_per_item_limit_every_load_is_admitted() {
+    let fixture = fixture("extras", settings());
+    let key = ItemKey::parse("jd", "100001").unwrap();
+    for _ in 0..100 {
+        fixture.guard.admit_item(key).unwrap();
+    }
+    assert!(fixture.guard.item_ready(key));
+    let snapshot = fixture.guard.snapshot();
+    assert_eq!(snapshot.rejected_hot_item, 0);
+    assert!(snapshot.hot_items.is_none());
+    assert!(fixture.observer.seen().is_empty());
+}
+
 #[test]
 fn call_outcomes_are_labelled_in_snake_case() {
     let labels = [
@@ -977,6 +1062,7 @@ fn call_outcomes_are_labelled_in_snake_case() {
         (CallOutcome::BreakerOpen, "breaker_open"),
         (CallOutcome::BulkheadFull, "bulkhead_full"),
         (CallOutcome::Quota, "quota"),
+        (CallOutcome::HotItem, "hot_item"),
     ];
     for (outcome, label) in labels {
         assert_eq!(outcome.as_str(), label);

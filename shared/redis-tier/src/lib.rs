@@ -21,11 +21,14 @@
 //! - `slots`: the key → slot → node map used to group a batch by node.
 //! - `fleet`: fleet-wide token buckets ([`TokenGrant`]) and the registry of live instances.
 //! - [`stats`]: [`RedisTierStats`], lock-free counters (round trips, hits, refused writes, …).
+//! - `warm`: the fleet's warm jobs, chunks on a stream read through one consumer group.
 //!
 //! # Keys
 //! `{prefix}:v1:{platform}:{item_id}:{part}` (e.g. `rebate:v1:taobao:100001:coupons`) and the
 //! same with `:lease` appended for the rebuild lease. No hash tags: keys spread over all slots.
 //! `{prefix}:quota:{api}` holds a fleet-wide token bucket, `{prefix}:instances` the registry.
+//! `{<prefix>:warm}:jobs` is the stream of warm chunks and `{<prefix>:warm}:job:<id>` a warm job's
+//! counters (one hash tag, so a chunk's acknowledgement and its job's counts change in one script).
 
 mod codec;
 mod fleet;
@@ -34,8 +37,10 @@ pub mod settings;
 mod slots;
 pub mod stats;
 mod tier;
+mod warm;
 
 pub use fleet::{KeyCounts, TokenGrant};
 pub use settings::{RedisTarget, RedisTierConfig};
 pub use stats::RedisTierStats;
 pub use tier::RedisTier;
+pub use warm::{WARM_GROUP, WarmChunk, WarmJobCounts, WarmTally};

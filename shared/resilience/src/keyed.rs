@@ -90,6 +90,12 @@ impl<V> KeyedSlots<V> {
         slot
     }
 
+    /// `key`'s slot if it is tracked, without making one or stamping its use: an advisory look
+    /// (a key nobody looked up is at its initial state, whatever that is for the caller).
+    pub fn peek(&self, key: &str) -> Option<Arc<Slot<V>>> {
+        self.slots.get(key)
+    }
+
     /// Keys tracked now.
     pub fn len(&self) -> usize {
         self.slots.len()
@@ -172,6 +178,19 @@ mod tests {
         assert_eq!(slots.len(), 2);
         slots.get_or_insert_with("b", 61 * SECOND, || ());
         assert_eq!(slots.len(), 1);
+    }
+
+    #[test]
+    fn a_peek_neither_makes_nor_keeps_a_key() {
+        let slots = KeyedSlots::new(100, Duration::from_secs(60));
+        assert!(slots.peek("viral").is_none());
+        assert!(slots.is_empty(), "peeking made no slot");
+        slots.get_or_insert_with("viral", SECOND, || 5u32);
+        assert_eq!(slots.peek("viral").map(|slot| **slot), Some(5));
+        // Peeks do not count as use: the key is forgotten 60 s after its last lookup.
+        slots.peek("viral");
+        slots.get_or_insert_with("other", 62 * SECOND, || 0u32);
+        assert!(slots.peek("viral").is_none());
     }
 
     #[test]

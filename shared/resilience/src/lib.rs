@@ -2,14 +2,17 @@
 //!
 //! Every guard here is a handful of atomics and takes no lock and allocates nothing per call —
 //! except [`KeyedLimiter`], whose per-client buckets live in [`KeyedSlots`], a bounded map (a
-//! shard's read lock per call, an insert per new client):
+//! shard's read lock per call, an insert per new client), and [`AdmissionQueue`] for the
+//! requests that actually wait (its no-wait path is atomics too):
 //! - [`CircuitBreaker`]: a rolling window of failure buckets, open → half-open with slow-start
 //!   probes, cool-downs that grow on repeated trips;
 //! - [`Bulkhead`]: a bound on concurrent calls that fails at once when full;
 //! - [`RetryBudget`] and [`Backoff`]: retries capped per request and as a share of all calls;
 //! - [`TokenBucket`] (GCRA) for outbound quotas, [`KeyedLimiter`] for per-client edge limits;
 //! - [`LoadShedder`]: three levels of shedding from measured load, with hysteresis and dwell;
-//!   [`RequestClass`]: which requests give way first at each level.
+//!   [`RequestClass`]: which requests give way first at each level;
+//! - [`AdmissionQueue`]: a bounded wait, in class order, for the requests that can afford one
+//!   when the service is at its limit (atomics while nobody waits; one mutex for those who do).
 //!
 //! Time comes from a [`Ticker`], so tests move it by hand instead of sleeping.
 
@@ -21,6 +24,7 @@ mod quota;
 mod retry;
 mod shedder;
 mod ticker;
+mod waiting;
 
 pub use breaker::{
     BreakerConfig, BreakerOpen, BreakerPermit, BreakerSnapshot, BreakerState, CircuitBreaker,
@@ -34,3 +38,7 @@ pub use shedder::{
     Admission, AdmissionTicket, LevelController, LoadShedder, ShedConfig, ShedLevel, ShedSnapshot,
 };
 pub use ticker::{ManualTicker, MonotonicTicker, Ticker};
+pub use waiting::{
+    AdmissionQueue, AdmissionQueueSnapshot, ClassQueueSnapshot, ClassWait, MAX_CONFIGURED_WAIT,
+    MAX_CONFIGURED_WAITERS, QueueFull, Turn, WAIT_BUCKETS_SECONDS, WaitConfig, WaitOutcome, Waiter,
+};

@@ -171,6 +171,14 @@ impl KeyedLimiter {
         verdict
     }
 
+    /// Whether [`KeyedLimiter::try_acquire`] would grant `key` a token now, without taking it
+    /// or tracking the key (advisory: a key not tracked has a full bucket).
+    pub fn has_token(&self, key: &str) -> bool {
+        self.buckets
+            .peek(key)
+            .is_none_or(|bucket| bucket.has_token_at(self.ticker.now_nanos()))
+    }
+
     /// Keys currently tracked and calls refused since start.
     pub fn stats(&self) -> (u64, u64) {
         (
@@ -283,6 +291,32 @@ mod tests {
         ticker.advance(Duration::from_millis(500));
         assert!(limiter.try_acquire("app-1").is_ok());
         assert_eq!(limiter.stats().1, 1);
+    }
+
+    #[test]
+    fn looking_at_a_key_takes_nothing_and_tracks_nothing() {
+        let ticker = ManualTicker::new();
+        let limiter = KeyedLimiter::new(
+            RateConfig {
+                per_second: 1.0,
+                burst: 1,
+            },
+            1_000,
+            Duration::from_secs(60),
+            Arc::new(ticker.clone()),
+        );
+        assert!(limiter.has_token("jd:100001"));
+        assert_eq!(limiter.stats(), (0, 0), "an unseen key is not tracked");
+        assert!(limiter.try_acquire("jd:100001").is_ok());
+        assert!(!limiter.has_token("jd:100001"));
+        assert!(limiter.has_token("jd:100002"));
+        ticker.advance(Duration::from_secs(1));
+        assert!(limiter.has_token("jd:100001"));
+        assert!(
+            limiter.try_acquire("jd:100001").is_ok(),
+            "looking took nothing"
+        );
+        assert_eq!(limiter.stats(), (1, 0));
     }
 
     #[test]

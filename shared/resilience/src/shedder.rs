@@ -85,13 +85,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ticker::{Ticker, saturating_nanos};
 
 /// How much of its normal work the service gives up to stay responsive. Ordered: a higher level
 /// includes the measures of the lower ones.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ShedLevel {
     Normal = 0,
@@ -525,16 +526,8 @@ impl LoadShedder {
     /// the level atomically).
     pub fn admit(&self) -> Admission<'_> {
         let now_nanos = self.ticker.now_nanos();
-        let last_nanos = self.last_evaluation_nanos.load(Ordering::Relaxed);
-        if now_nanos.saturating_sub(last_nanos) >= self.interval_nanos
-            && self
-                .last_evaluation_nanos
-                .compare_exchange(last_nanos, now_nanos, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            // Before this request is counted: it belongs to the interval that starts now.
-            self.evaluate(last_nanos, now_nanos);
-        }
+        // Before this request is counted: it belongs to the interval that starts now.
+        self.evaluate_if_due(now_nanos);
         self.counters.in_flight.fetch_add(1, Ordering::Relaxed);
         let level = PackedLevel::unpack(self.level_word.load(Ordering::Acquire)).effective();
         Admission {
@@ -544,9 +537,40 @@ impl LoadShedder {
         }
     }
 
+    /// Closes the interval when it is over (the CAS winner evaluates it).
+    fn evaluate_if_due(&self, now_nanos: u64) {
+        let last_nanos = self.last_evaluation_nanos.load(Ordering::Relaxed);
+        if now_nanos.saturating_sub(last_nanos) >= self.interval_nanos
+            && self
+                .last_evaluation_nanos
+                .compare_exchange(last_nanos, now_nanos, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.evaluate(last_nanos, now_nanos);
+        }
+    }
+
+    /// The level a request admitted now would be served at, evaluating the load first when the
+    /// interval is over, as [`LoadShedder::admit`] does, but without admitting anything: what a
+    /// request that waits checks on each try, so that a service whose only traffic waits still
+    /// re-evaluates its level and can let it in.
+    pub fn evaluated_level(&self) -> ShedLevel {
+        self.evaluate_if_due(self.ticker.now_nanos());
+        self.level()
+    }
+
     /// The level new requests are served at (forced or measured).
     pub fn level(&self) -> ShedLevel {
         PackedLevel::unpack(self.level_word.load(Ordering::Acquire)).effective()
+    }
+
+    /// Whether fewer requests are in flight than the concurrency limit allows: the room a
+    /// request that may wait ([`crate::AdmissionQueue`]) needs before it is admitted. Two relaxed
+    /// loads; the answer may be stale by the time the caller admits, which overshoots the limit
+    /// by at most the callers racing.
+    pub fn has_room(&self) -> bool {
+        let in_flight = self.counters.in_flight.load(Ordering::Relaxed);
+        (in_flight as f64) < load_f64(&self.limit_bits)
     }
 
     /// Operator override for drills (None = measured). Applies at once; the measured level keeps
@@ -2321,6 +2345,49 @@ mod tests {
         for (config, message) in cases {
             assert_eq!(config.validate(), Err(message.to_owned()));
         }
+    }
+
+    #[test]
+    fn room_is_in_flight_below_the_concurrency_limit() {
+        let (shedder, _) = manual_shedder(ShedConfig {
+            max_in_flight: 2,
+            min_in_flight: 1,
+            adaptive: false,
+            ..ShedConfig::default()
+        });
+        assert!(shedder.has_room());
+        let first = shedder.admit();
+        assert!(shedder.has_room());
+        let second = shedder.admit();
+        assert!(!shedder.has_room(), "two in flight at a limit of two");
+        drop(first);
+        assert!(shedder.has_room(), "a completion frees the room");
+        drop(second);
+    }
+
+    #[test]
+    fn the_evaluated_level_falls_without_admitting_anything() {
+        let (shedder, ticker) = manual_shedder(ShedConfig {
+            capacity_rps: 100,
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        });
+        for _ in 0..50 {
+            drop(shedder.admit());
+        }
+        ticker.advance(INTERVAL);
+        assert_eq!(
+            shedder.evaluated_level(),
+            CacheOnly,
+            "200 rps at a cap of 100"
+        );
+        assert_eq!(shedder.snapshot().in_flight, 0, "nothing admitted");
+        let mut walked = vec![CacheOnly];
+        for _ in 0..3 {
+            ticker.advance(DWELL);
+            walked.push(shedder.evaluated_level());
+        }
+        assert_eq!(walked, [CacheOnly, ShortTimeouts, DropExtras, Normal]);
     }
 
     #[test]

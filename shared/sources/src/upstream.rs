@@ -13,7 +13,9 @@
 //! answer, a transport error or an undecodable body is a failure: 5xx answers and transport
 //! errors are transient (retried within budget), a 429 is the provider's quota (never retried),
 //! the rest are permanent. Every call, single or batch, goes through the API's [`DependencyGuard`]
-//! guard: a batch call takes one quota token, one breaker permit and one bulkhead slot.
+//! guard: a batch call takes one quota token, one breaker permit and one bulkhead slot. With a
+//! per-item limit on the guard, each load first takes a token of its own item's bucket, before
+//! it joins a call: a hot item refused there makes no call and costs the quota nothing.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -189,7 +191,12 @@ impl<A: UpstreamApi> UpstreamClient<A> {
 
 #[async_trait]
 impl<A: UpstreamApi> Loader<A::Value> for UpstreamClient<A> {
+    /// The item's own share of loads is taken first (when the guard limits hot items), per
+    /// load and before it joins a batch: a batch of many items spends each item's own bucket
+    /// once, a refused item never takes a place in a batch nor delays its call, and the call's
+    /// one quota token is shared by items that were all admitted.
     async fn load(&self, key: ItemKey) -> Result<Loaded<A::Value>, LoadFailure> {
+        self.calls.guard.admit_item(key)?;
         match &self.batches {
             Some(batches) => batches.load(key).await,
             None => self.calls.fetch_one(key).await,
@@ -203,6 +210,10 @@ impl<A: UpstreamApi> Loader<A::Value> for UpstreamClient<A> {
             Some(_) => self.calls.guard.breaker_allows(),
             None => self.calls.guard.ready(),
         }
+    }
+
+    fn ready_for(&self, key: ItemKey) -> bool {
+        self.calls.guard.item_ready(key) && self.ready()
     }
 }
 

@@ -264,6 +264,96 @@ async fn concurrent_loads_go_out_as_one_batch_call_with_one_quota_token() {
     simulator.stopped().await;
 }
 
+/// Each item of a batch spends its own bucket of the per-item limit, before it joins the batch:
+/// items whose bucket is empty are refused at once (no place in the call, no quota token, no
+/// breaker outcome) while new items in the same moment go out in one call, and a second later
+/// the refused items load again.
+#[tokio::test]
+async fn a_batch_spends_each_items_own_bucket_and_hot_items_are_refused_before_joining() {
+    let (simulator, token) = simulator().await;
+    let client = http_client(Duration::from_secs(1)).unwrap();
+    let ticker = rebate_resilience::ManualTicker::new();
+    let guard = Arc::new(
+        DependencyGuard::new(
+            "coupons",
+            DependencyConfig {
+                quota: Some(rebate_resilience::RateConfig {
+                    per_second: 10.0,
+                    burst: 5,
+                }),
+                ..guard_config(None)
+            },
+            Arc::new(ticker.clone()),
+        )
+        .with_hot_items(rebate_guard::HotItemConfig {
+            rate: rebate_resilience::RateConfig {
+                per_second: 1.0,
+                burst: 1,
+            },
+            max_items: 1_000,
+        }),
+    );
+    let batch = BatchConfig {
+        max_items: 40,
+        window: Duration::from_millis(20),
+    };
+    let coupons = Arc::new(
+        CouponClient::new(client, &simulator.base_url(), Arc::clone(&guard), batch).unwrap(),
+    );
+    let first = keys(20);
+    assert_eq!(load_concurrently(&coupons, &first).await.len(), 20);
+
+    // The same twenty again with five new items, all at once.
+    let new: Vec<ItemKey> = (200_001..200_006)
+        .map(|id| ItemKey::parse("taobao", &id.to_string()).unwrap())
+        .collect();
+    assert!(first.iter().all(|key| !coupons.ready_for(*key)));
+    assert!(new.iter().all(|key| coupons.ready_for(*key)));
+    let loads: Vec<_> = first
+        .iter()
+        .chain(&new)
+        .map(|key| {
+            let coupons = Arc::clone(&coupons);
+            let key = *key;
+            tokio::spawn(async move { coupons.load(key).await })
+        })
+        .collect();
+    let mut refused = 0;
+    for load in loads {
+        match load.await.unwrap() {
+            Ok(_) => {}
+            Err(failure) => {
+                assert_eq!(failure.kind, FailureKind::HotItem, "{failure}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 20);
+    let counters = simulator.state().counters(Endpoint::Coupons);
+    assert_eq!(
+        (counters.calls, counters.items),
+        (2, 25),
+        "one call each time, the hot items in none of the second"
+    );
+    let snapshot = guard.snapshot();
+    assert_eq!(snapshot.rejected_hot_item, 20);
+    assert_eq!(snapshot.quota.as_ref().unwrap().granted, 2);
+    assert_eq!(
+        (snapshot.failures, snapshot.breaker.state),
+        (0, rebate_resilience::BreakerState::Closed),
+        "refusals are not the API's failures"
+    );
+    let hot = snapshot.hot_items.unwrap();
+    assert_eq!((hot.items_tracked, hot.refused), (25, 20));
+
+    // A second later every item has a token again.
+    ticker.advance(Duration::from_secs(1));
+    assert_eq!(load_concurrently(&coupons, &first).await.len(), 20);
+    assert_eq!(simulator.state().counters(Endpoint::Coupons).items, 45);
+    token.cancel();
+    simulator.stopped().await;
+}
+
 #[tokio::test]
 async fn a_batch_is_never_larger_than_the_api_takes_and_fails_as_a_whole() {
     let (simulator, token) = simulator().await;

@@ -363,13 +363,14 @@
           isNumber(dependency.timeout_ms) ? ms(dependency.timeout_ms) : '—',
           num(dependency.attempts) + ' · ' + num(dependency.successes) + ' ok · ' + num(dependency.failures) + ' failed · ' +
             num(dependency.timeouts) + ' timed out',
-          num(dependency.rejected_breaker) + ' / ' + num(dependency.rejected_bulkhead) + ' / ' + num(dependency.rejected_quota),
+          num(dependency.rejected_breaker) + ' / ' + num(dependency.rejected_bulkhead) + ' / ' + num(dependency.rejected_quota) +
+            (isNumber(dependency.rejected_hot_item) ? ' / ' + num(dependency.rejected_hot_item) : ''),
         ],
       };
     });
     byId('dependencies').replaceChildren(
       table(
-        ['Dependency', 'Breaker', 'Window', 'Trips', 'Bulkhead', 'Quota', 'Retry budget', 'Timeout', 'Calls', 'Refused by breaker / bulkhead / quota'],
+        ['Dependency', 'Breaker', 'Window', 'Trips', 'Bulkhead', 'Quota', 'Retry budget', 'Timeout', 'Calls', 'Refused by breaker / bulkhead / quota / hot item'],
         rows,
         'grid',
       ),

@@ -128,6 +128,7 @@ pub struct Settings {
     pub redis: RedisSettings,
     pub bloom: BloomSettings,
     pub warmup: WarmupSettings,
+    pub warm_jobs: WarmJobSettings,
     pub hot_keys: HotKeySettings,
     pub events: EventSettings,
     pub upstreams: UpstreamSettings,
@@ -440,6 +441,63 @@ impl ObserverSettings {
     }
 }
 
+/// `[warm_jobs]`: operators' warm jobs (`crate::warm_jobs`): chunks on a Redis stream that
+/// every instance works through, or an in-process queue without Redis.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WarmJobSettings {
+    /// Whether this instance works through warm chunks (submission and progress work anyway).
+    pub consume: bool,
+    /// The most keys one job may name.
+    pub max_keys: usize,
+    /// The body limit of `POST /admin/v1/warm-jobs` alone (every other route keeps
+    /// `http.body_limit_bytes`).
+    pub body_limit_bytes: usize,
+    /// Keys per chunk: the unit one instance takes, acknowledges and another may claim.
+    pub chunk_keys: usize,
+    /// Chunks waiting at most, all jobs together; a job that would exceed it is refused.
+    pub max_queued_chunks: u64,
+    /// Keys this instance loads per second at most, and how many at once.
+    pub rate_per_sec: u32,
+    pub concurrency: usize,
+    /// How often an idle consumer asks for a chunk.
+    pub poll_interval_ms: u64,
+    /// A chunk untouched this long is claimed by another instance (its consumer died).
+    pub claim_idle_ms: u64,
+    /// How long a job's progress stays queryable after its last change.
+    pub job_ttl_secs: u64,
+}
+
+impl WarmJobSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        ensure_in("warm_jobs.max_keys", self.max_keys, 1..=1_000_000)?;
+        ensure_in(
+            "warm_jobs.body_limit_bytes",
+            self.body_limit_bytes,
+            1024..=64 * 1024 * 1024,
+        )?;
+        ensure_in("warm_jobs.chunk_keys", self.chunk_keys, 1..=5_000)?;
+        ensure_in(
+            "warm_jobs.max_queued_chunks",
+            self.max_queued_chunks,
+            1..=1_000_000,
+        )?;
+        ensure_in("warm_jobs.rate_per_sec", self.rate_per_sec, 1..=100_000)?;
+        ensure_in("warm_jobs.concurrency", self.concurrency, 1..=200)?;
+        ensure_in(
+            "warm_jobs.poll_interval_ms",
+            self.poll_interval_ms,
+            10..=60_000,
+        )?;
+        ensure_in(
+            "warm_jobs.claim_idle_ms",
+            self.claim_idle_ms,
+            100..=3_600_000,
+        )?;
+        ensure_in("warm_jobs.job_ttl_secs", self.job_ttl_secs, 60..=604_800)
+    }
+}
+
 /// `[hot_keys]`: the hot items learned from traffic (`crate::hot_keys`).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -704,6 +762,31 @@ impl Settings {
                 ),
             ));
         }
+        let wait = &self.resilience.admission_wait;
+        for (field, waiters, wait_ms) in [
+            (
+                "resilience.admission_wait.prefetch_max_wait_ms",
+                wait.prefetch_max_waiters,
+                wait.prefetch_max_wait_ms,
+            ),
+            (
+                "resilience.admission_wait.list_max_wait_ms",
+                wait.list_max_waiters,
+                wait.list_max_wait_ms,
+            ),
+        ] {
+            // A wait is capped by the request's deadline: one that could use it all would
+            // admit a request with nothing left to answer it in.
+            if waiters > 0 && wait_ms >= http.request_deadline_ms {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{wait_ms} is not below http.request_deadline_ms ({}): a wait is capped by the request's deadline",
+                        http.request_deadline_ms
+                    ),
+                ));
+            }
+        }
         ensure_in(
             "http.body_limit_bytes",
             http.body_limit_bytes,
@@ -773,6 +856,7 @@ impl Settings {
         )?;
         self.upstreams.validate()?;
         self.hot_keys.validate()?;
+        self.warm_jobs.validate()?;
         for (field, value) in [
             ("timeouts.core_ms", self.timeouts.core_ms),
             ("timeouts.normal_ms", self.timeouts.normal_ms),

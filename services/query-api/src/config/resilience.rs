@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use rebate_resilience::{BreakerConfig, RateConfig, RetryConfig, ShedConfig};
+use rebate_guard::HotItemConfig;
+use rebate_resilience::{
+    BreakerConfig, ClassWait, RateConfig, RequestClass, RetryConfig, ShedConfig, WaitConfig,
+};
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, ensure_in, invalid};
@@ -21,8 +24,54 @@ pub struct ResilienceSettings {
     pub extras: DependencySettings,
     pub retry: RetrySettings,
     pub shedding: SheddingSettings,
+    pub admission_wait: AdmissionWaitSettings,
     pub client_limit: ClientLimitSettings,
     pub fleet: FleetSettings,
+}
+
+/// `[resilience.admission_wait]`: which deferrable classes wait for admission when the service
+/// is over its limit, how many at once and for how long (`rebate_resilience::AdmissionQueue`).
+/// Page requests never wait: their section has no keys.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionWaitSettings {
+    /// Prefetches waiting at once (0: refused at once when over the limit).
+    pub prefetch_max_waiters: u32,
+    /// The longest a prefetch waits before its 503.
+    pub prefetch_max_wait_ms: u64,
+    /// List requests waiting at once (0: admitted at once, at their level, as without a wait).
+    pub list_max_waiters: u32,
+    pub list_max_wait_ms: u64,
+}
+
+impl AdmissionWaitSettings {
+    /// The queue's configuration.
+    pub fn wait_config(&self) -> WaitConfig {
+        let class = |max_waiters: u32, max_wait_ms: u64| ClassWait {
+            max_waiters,
+            max_wait: Duration::from_millis(max_wait_ms),
+        };
+        WaitConfig::default()
+            .with(
+                RequestClass::Prefetch,
+                class(self.prefetch_max_waiters, self.prefetch_max_wait_ms),
+            )
+            .with(
+                RequestClass::List,
+                class(self.list_max_waiters, self.list_max_wait_ms),
+            )
+    }
+
+    /// Whether any class waits.
+    pub fn any(&self) -> bool {
+        self.prefetch_max_waiters > 0 || self.list_max_waiters > 0
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        self.wait_config()
+            .validate()
+            .map_err(|reason| invalid("resilience.admission_wait", reason))
+    }
 }
 
 /// `[resilience.fleet]`: what holds for the fleet rather than for each instance.
@@ -94,6 +143,11 @@ pub struct DependencySettings {
     /// Retry transient failures (idempotent upstream reads only).
     #[serde(default)]
     pub retry: bool,
+    /// Each item's own limit on loads toward this API (external APIs only): loads per second
+    /// per item (0: off), its burst, and how many items are tracked at once.
+    pub hot_item_per_sec: Option<f64>,
+    pub hot_item_burst: Option<u32>,
+    pub hot_item_max_items: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -221,6 +275,69 @@ impl ResilienceSettings {
         })
     }
 
+    /// The per-item limit on loads, `None` when off (`hot_item_per_sec` unset or 0).
+    pub(crate) fn hot_items(dependency: &DependencySettings) -> Option<HotItemConfig> {
+        let per_second = dependency.hot_item_per_sec.filter(|rate| *rate != 0.0)?;
+        Some(HotItemConfig {
+            rate: RateConfig {
+                per_second,
+                burst: dependency.hot_item_burst.unwrap_or(1),
+            },
+            max_items: dependency
+                .hot_item_max_items
+                .unwrap_or(Self::HOT_ITEM_MAX_ITEMS),
+        })
+    }
+
+    /// Items tracked by a per-item limit unless set: at the default quota (45 calls a second of
+    /// up to 40 items) about 1,800 items load in a second and are kept for their bucket's
+    /// refill (3 s), so this leaves room several times over for a few MiB.
+    const HOT_ITEM_MAX_ITEMS: u64 = 16_384;
+
+    fn validate_hot_items(
+        field: &'static str,
+        dependency: &DependencySettings,
+    ) -> Result<(), ConfigError> {
+        let set = dependency.hot_item_per_sec.is_some()
+            || dependency.hot_item_burst.is_some()
+            || dependency.hot_item_max_items.is_some();
+        if !set {
+            return Ok(());
+        }
+        if !matches!(field, "resilience.coupons" | "resilience.extras") {
+            return Err(invalid(
+                field,
+                "hot_item_* limits loads of the external APIs (coupons, extras) only; the store's \
+                 loads are bounded by store.max_concurrent_loads",
+            ));
+        }
+        let Some(per_second) = dependency.hot_item_per_sec else {
+            return Err(invalid(
+                field,
+                "hot_item_burst / hot_item_max_items are set without hot_item_per_sec",
+            ));
+        };
+        if per_second == 0.0 {
+            return Ok(());
+        }
+        if let Some(config) = Self::hot_items(dependency) {
+            config
+                .rate
+                .validate()
+                .map_err(|reason| invalid(field, format!("hot_item: {reason}")))?;
+            if !(1..=10_000_000).contains(&config.max_items) {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "hot_item_max_items {} is outside 1..=10000000",
+                        config.max_items
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn shed_config(&self) -> ShedConfig {
         let shedding = &self.shedding;
         ShedConfig {
@@ -267,6 +384,7 @@ impl ResilienceSettings {
                 rate.validate()
                     .map_err(|reason| invalid(field, format!("quota: {reason}")))?;
             }
+            Self::validate_hot_items(field, dependency)?;
         }
         for (field, retry) in [
             ("resilience.mysql.retry", self.mysql.retry),
@@ -323,6 +441,7 @@ impl ResilienceSettings {
                 ),
             ));
         }
+        self.admission_wait.validate()?;
         let client = &self.client_limit;
         self.client_rate()
             .validate()
@@ -372,6 +491,26 @@ mod tests {
     }
 
     #[test]
+    fn hot_item_limits_default_to_one_load_a_second_and_turn_off_at_zero() {
+        use crate::config::ResilienceSettings;
+        let mut settings = Settings::defaults().unwrap();
+        let coupons = ResilienceSettings::hot_items(&settings.resilience.coupons).unwrap();
+        assert_eq!(
+            (
+                coupons.rate.per_second,
+                coupons.rate.burst,
+                coupons.max_items
+            ),
+            (1.0, 3, 16_384)
+        );
+        assert!(ResilienceSettings::hot_items(&settings.resilience.extras).is_some());
+        assert!(ResilienceSettings::hot_items(&settings.resilience.mysql).is_none());
+        settings.resilience.coupons.hot_item_per_sec = Some(0.0);
+        assert!(ResilienceSettings::hot_items(&settings.resilience.coupons).is_none());
+        settings.validate().unwrap();
+    }
+
+    #[test]
     fn bad_thresholds_are_refused_naming_the_key() {
         let message = refused(|s| s.resilience.coupons.failure_ratio = Some(1.5));
         assert!(message.contains("resilience.coupons"), "{message}");
@@ -385,6 +524,18 @@ mod tests {
 
         let message = refused(|s| s.resilience.extras.quota_per_sec = Some(0.0));
         assert!(message.contains("resilience.extras: quota"), "{message}");
+
+        let message = refused(|s| s.resilience.coupons.hot_item_per_sec = Some(-1.0));
+        assert!(
+            message.contains("resilience.coupons: hot_item"),
+            "{message}"
+        );
+
+        let message = refused(|s| s.resilience.extras.hot_item_burst = Some(0));
+        assert!(message.contains("resilience.extras: hot_item"), "{message}");
+
+        let message = refused(|s| s.resilience.mysql.hot_item_per_sec = Some(1.0));
+        assert!(message.contains("external APIs"), "{message}");
 
         let message = refused(|s| s.resilience.redis.retry = true);
         assert!(
@@ -403,6 +554,21 @@ mod tests {
 
         let message = refused(|s| s.resilience.shedding.retry_after_min_secs = 10);
         assert!(message.contains("retry_after_min_secs"), "{message}");
+
+        let message = refused(|s| s.resilience.admission_wait.prefetch_max_wait_ms = 0);
+        assert!(
+            message.contains("resilience.admission_wait: prefetch: max_wait"),
+            "{message}"
+        );
+
+        let message = refused(|s| s.resilience.admission_wait.list_max_waiters = 100_001);
+        assert!(message.contains("max_waiters"), "{message}");
+
+        let message = refused(|s| s.resilience.admission_wait.prefetch_max_wait_ms = 1_200);
+        assert!(
+            message.contains("capped by the request's deadline"),
+            "{message}"
+        );
 
         let message = refused(|s| s.resilience.client_limit.burst = 0);
         assert!(message.contains("resilience.client_limit"), "{message}");

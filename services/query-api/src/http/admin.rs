@@ -41,11 +41,15 @@ pub fn router(state: AppState, token: AdminToken, openapi: axum::body::Bytes) ->
         .route("/events", post(publish_event))
         .route("/items/{platform}/{item_id}", get(inspect_item))
         .route("/warm", post(warm))
+        .route("/warm-jobs/{job_id}", get(warm_job_progress))
         .route("/hot-keys", get(hot_keys))
         .merge(super::slow_requests::routes())
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .layer(axum::middleware::from_fn_with_state(token, require_token));
+        .layer(axum::middleware::from_fn_with_state(
+            token.clone(),
+            require_token,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readiness))
@@ -67,8 +71,34 @@ pub fn router(state: AppState, token: AdminToken, openapi: axum::body::Bytes) ->
             }),
             super::edge::gate,
         ))
+        // Merged after the gate above, so that it runs under a gate of its own.
+        .merge(warm_job_submission(&state, token))
         .layer(axum::middleware::from_fn(super::middleware::trace_requests))
         .with_state(state)
+}
+
+/// `POST /admin/v1/warm-jobs`, behind the token, under a gate whose body limit is
+/// `warm_jobs.body_limit_bytes`: a job of 200,000 keys is ~9 MiB of JSON, where every other
+/// route keeps `http.body_limit_bytes` (64 KiB). The same limit is axum's for the extractor.
+fn warm_job_submission(state: &AppState, token: AdminToken) -> Router<AppState> {
+    let limit = state.limits.warm_job_body_limit_bytes;
+    let limits = super::edge::EdgeLimits {
+        body_limit_bytes: limit,
+        ..state.limits.edge.as_ref().clone()
+    };
+    Router::new()
+        .route("/admin/v1/warm-jobs", post(submit_warm_job))
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(token, require_token))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::new(super::edge::Gate {
+                limits: Arc::new(limits),
+                protection: None,
+                timeout: state.limits.admin_request_timeout,
+            }),
+            super::edge::gate,
+        ))
 }
 
 /// How long the readiness probe waits for the store's and Redis's pings. A hung MySQL must not
@@ -272,6 +302,7 @@ pub(super) async fn status(State(state): State<AppState>) -> Json<Value> {
         "memory": crate::memory::MemoryStats::read(),
         "consistency": state.consistency.report(),
         "event_counts": state.events.stats(),
+        "warm_jobs": state.warm_jobs.stats(),
         "ready": readiness.ready,
         "phase": readiness.phase,
         "store": readiness.store,
@@ -340,6 +371,8 @@ pub(super) async fn force_shedding(
     };
     let level = request.level.map(ShedLevel::from);
     shedder.force(level);
+    // A lower level may let waiting requests in.
+    state.protection.notify_waiters();
     tracing::warn!(forced = ?level, "shed level override changed by an operator");
     Ok(Json(json!({"shedding": shedder.snapshot(), "trace_id": trace_id})).into_response())
 }
@@ -563,6 +596,104 @@ pub(super) async fn warm(
         Json(json!({"requested": keys.len(), "warmed": warmed, "trace_id": trace_id}))
             .into_response(),
     )
+}
+
+/// Queues a warm job for the fleet (every instance works through its chunks) or, without
+/// Redis, for this instance. This route's body limit (413) is `warm_jobs.body_limit_bytes`
+/// (16 MiB), not `http.body_limit_bytes`.
+#[utoipa::path(post, path = "/admin/v1/warm-jobs", tag = "admin", operation_id = "submit_warm_job",
+    request_body(content = super::schemas::WarmJobRequest, content_type = "application/json",
+        example = json!({"items": [{"platform": "taobao", "item_id": "100001"},
+            {"platform": "jd", "item_id": "100002"}]})),
+    responses(
+        (status = 202, description = "Queued; follow it at `GET /admin/v1/warm-jobs/{job_id}`.",
+            body = super::schemas::WarmJobReceipt),
+        (status = 400, description = "`invalid_body`, `invalid_batch_size` (0 or more than \
+            `warm_jobs.max_keys` keys), `invalid_platform` or `invalid_item_id` (naming the \
+            first bad key's index): the whole job is refused.",
+            body = super::schemas::ErrorEnvelope),
+        (status = 415, description = "`invalid_body`: not sent as `application/json`.",
+            body = super::schemas::ErrorEnvelope),
+        (status = 503, description = "`unavailable`: the queue is full \
+            (`warm_jobs.max_queued_chunks`), or Redis failed.", body = super::schemas::ErrorEnvelope,
+            headers(("retry-after" = u32, description = "Seconds before asking again."))),
+    ))]
+pub(super) async fn submit_warm_job(
+    State(state): State<AppState>,
+    Extension(trace_id): Extension<TraceId>,
+    ApiJson(request): ApiJson<BatchRequest>,
+) -> Result<Response, ApiError> {
+    request.check_size(state.warm_jobs.config().max_keys)?;
+    let keys = request
+        .items
+        .iter()
+        .enumerate()
+        .map(|(index, item)| {
+            parse_key(&item.platform, &item.item_id).map_err(|error| match error {
+                ApiError::InvalidPlatform(message) => {
+                    ApiError::InvalidPlatform(format!("items[{index}]: {message}"))
+                }
+                ApiError::InvalidItemId(message) => {
+                    ApiError::InvalidItemId(format!("items[{index}]: {message}"))
+                }
+                other => other,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    drop(request);
+    let receipt = state
+        .warm_jobs
+        .submit(keys)
+        .await
+        .map_err(|error| ApiError::WarmJobsUnavailable(error.to_string()))?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({
+            "job_id": receipt.job_id,
+            "chunks": receipt.chunks,
+            "keys": receipt.keys,
+            "duplicates": receipt.duplicates,
+            "trace_id": trace_id,
+        })),
+    )
+        .into_response())
+}
+
+/// A warm job's progress, summed over every instance that worked on it.
+#[utoipa::path(get, path = "/admin/v1/warm-jobs/{job_id}", tag = "admin",
+    operation_id = "warm_job_progress",
+    params(("job_id" = String, Path, pattern = "^[0-9a-f]{16}$",
+        description = "The id `POST /admin/v1/warm-jobs` answered with.")),
+    responses(
+        (status = 200, description = "The job's counters.", body = super::schemas::WarmJobProgress),
+        (status = 400, description = "`invalid_query`: not 16 lowercase hex digits.",
+            body = super::schemas::ErrorEnvelope),
+        (status = 404, description = "`job_not_found`: never submitted, or expired \
+            (`warm_jobs.job_ttl_secs` after its last change).", body = super::schemas::ErrorEnvelope),
+        (status = 503, description = "`unavailable`: Redis failed.",
+            body = super::schemas::ErrorEnvelope,
+            headers(("retry-after" = u32, description = "Seconds before asking again."))),
+    ))]
+pub(super) async fn warm_job_progress(
+    State(state): State<AppState>,
+    Extension(trace_id): Extension<TraceId>,
+    ApiPath(job_id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    if !crate::warm_jobs::WarmJobs::is_job_id(&job_id) {
+        return Err(ApiError::InvalidQuery(format!(
+            "{:?} is not a warm job id (16 lowercase hex digits)",
+            rebate_domain::text::truncate_chars(&job_id, 40)
+        )));
+    }
+    let progress = state
+        .warm_jobs
+        .progress(&job_id)
+        .await
+        .map_err(|error| ApiError::WarmJobsUnavailable(error.to_string()))?
+        .ok_or(ApiError::JobNotFound)?;
+    let mut body = json!(progress);
+    body["trace_id"] = json!(trace_id);
+    Ok(Json(body).into_response())
 }
 
 /// The most keys `GET /admin/v1/hot-keys` lists.

@@ -35,6 +35,14 @@ pub enum ApiError {
          have been fast, served by another instance, or pushed out by newer ones)"
     )]
     NotRecorded,
+    /// 404: no warm job with this id (never submitted, or expired).
+    #[error(
+        "no warm job with this id (never submitted, or finished more than warm_jobs.job_ttl_secs ago)"
+    )]
+    JobNotFound,
+    /// 503: the warm job queue is full, or Redis failed while queueing or reading a job.
+    #[error("{0}")]
+    WarmJobsUnavailable(String),
     /// 404: unknown or delisted item.
     #[error("{0}")]
     ItemNotFound(&'static str),
@@ -103,15 +111,17 @@ impl ApiError {
             | ApiError::InvalidClientId(_)
             | ApiError::InvalidRequestClass(_)
             | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
-            ApiError::ItemNotFound(_) | ApiError::RouteNotFound | ApiError::NotRecorded => {
-                StatusCode::NOT_FOUND
-            }
+            ApiError::ItemNotFound(_)
+            | ApiError::RouteNotFound
+            | ApiError::NotRecorded
+            | ApiError::JobNotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable
             | ApiError::BrokerUnavailable
+            | ApiError::WarmJobsUnavailable(_)
             | ApiError::Timeout
             | ApiError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::RequestTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
@@ -133,7 +143,9 @@ impl ApiError {
             ApiError::MethodNotAllowed => ErrorCode::MethodNotAllowed,
             ApiError::Unauthorized { .. } => ErrorCode::Unauthorized,
             ApiError::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
-            ApiError::Unavailable | ApiError::BrokerUnavailable => ErrorCode::Unavailable,
+            ApiError::Unavailable
+            | ApiError::BrokerUnavailable
+            | ApiError::WarmJobsUnavailable(_) => ErrorCode::Unavailable,
             ApiError::RequestTimeout { .. } => ErrorCode::RequestTimeout,
             ApiError::UriTooLong { .. } => ErrorCode::UriTooLong,
             ApiError::HeadersTooLarge(_) => ErrorCode::HeadersTooLarge,
@@ -143,6 +155,7 @@ impl ApiError {
             ApiError::InvalidRequestClass(_) => ErrorCode::InvalidRequestClass,
             ApiError::InvalidQuery(_) => ErrorCode::InvalidQuery,
             ApiError::NotRecorded => ErrorCode::NotRecorded,
+            ApiError::JobNotFound => ErrorCode::JobNotFound,
             ApiError::Timeout => ErrorCode::Timeout,
             ApiError::Internal => ErrorCode::Internal,
         }
@@ -158,7 +171,10 @@ impl ApiError {
     /// Seconds a client should wait before retrying, for the statuses where retrying helps.
     pub fn retry_after_secs(&self) -> Option<u32> {
         match self {
-            ApiError::Unavailable | ApiError::BrokerUnavailable | ApiError::Timeout => Some(1),
+            ApiError::Unavailable
+            | ApiError::BrokerUnavailable
+            | ApiError::WarmJobsUnavailable(_)
+            | ApiError::Timeout => Some(1),
             ApiError::Overloaded { retry_after_secs }
             | ApiError::RateLimited { retry_after_secs } => Some(*retry_after_secs),
             _ => None,

@@ -68,6 +68,8 @@ const ADMIN_TOKEN: &str = "admin_token";
         admin::publish_event,
         admin::inspect_item,
         admin::warm,
+        admin::submit_warm_job,
+        admin::warm_job_progress,
         admin::hot_keys,
         slow_requests::recent,
         slow_requests::by_trace_id,
@@ -245,38 +247,23 @@ impl Modify for EdgeResponses {
             }]);
             let protected = path.starts_with("/admin/v1/");
             for operation in operations(item) {
-                let edge: &[(&str, &str)] = if is_public {
-                    &[
-                        ("408", "RequestTimeout"),
-                        ("413", "PayloadTooLarge"),
-                        ("414", "UriTooLong"),
-                        ("429", "RateLimited"),
-                        ("431", "HeadersTooLarge"),
-                        ("500", "Internal"),
-                        ("503", "Unavailable"),
-                    ]
+                // The edge's statuses every listener answers, then each kind of route's own.
+                const EVERY_ROUTE: [(&str, &str); 5] = [
+                    ("408", "RequestTimeout"),
+                    ("413", "PayloadTooLarge"),
+                    ("414", "UriTooLong"),
+                    ("431", "HeadersTooLarge"),
+                    ("500", "Internal"),
+                ];
+                let own: &[(&str, &str)] = if is_public {
+                    &[("429", "RateLimited"), ("503", "Unavailable")]
                 } else if protected {
-                    &[
-                        ("401", "Unauthorized"),
-                        ("408", "RequestTimeout"),
-                        ("413", "PayloadTooLarge"),
-                        ("414", "UriTooLong"),
-                        ("431", "HeadersTooLarge"),
-                        ("500", "Internal"),
-                        ("503", "AdminUnavailable"),
-                    ]
+                    &[("401", "Unauthorized"), ("503", "AdminUnavailable")]
                 } else {
                     // `/readyz` keeps its own 503 (the readiness body).
-                    &[
-                        ("408", "RequestTimeout"),
-                        ("413", "PayloadTooLarge"),
-                        ("414", "UriTooLong"),
-                        ("431", "HeadersTooLarge"),
-                        ("500", "Internal"),
-                        ("503", "AdminUnavailable"),
-                    ]
+                    &[("503", "AdminUnavailable")]
                 };
-                for (status, name) in edge {
+                for (status, name) in EVERY_ROUTE.iter().chain(own) {
                     operation
                         .responses
                         .responses
@@ -464,8 +451,9 @@ fn shared_responses() -> Vec<(&'static str, Response)> {
         (
             "Unavailable",
             error_response(
-                "`overloaded` (shedding at level 3, or a prefetch from level 2, with nothing \
-                 cached: `Retry-After` jittered 1–5 s), `unavailable` (the catalogue is down \
+                "`overloaded` (shedding at level 3 with nothing cached, or a prefetch over the \
+                 limit whose admission queue was full or whose wait ran out: `Retry-After` \
+                 jittered 1–5 s), `unavailable` (the catalogue is down \
                  and nothing stale is cached), `timeout` (the request hit \
                  `http.request_timeout_ms`) or `too_many_connections` (then closed).",
                 vec![
@@ -538,7 +526,7 @@ mod tests {
         let document: Value = serde_json::from_str(&render()).unwrap();
         assert_eq!(document["openapi"], "3.1.0");
         let paths = document["paths"].as_object().unwrap();
-        assert_eq!(paths.len(), 14, "{:?}", paths.keys());
+        assert_eq!(paths.len(), 16, "{:?}", paths.keys());
         for (path, item) in paths {
             for (method, operation) in item.as_object().unwrap() {
                 if method == "servers" {

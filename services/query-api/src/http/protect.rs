@@ -1,5 +1,13 @@
 //! The edge's protection: the per-client limit (429) and the load shedder's admission, which
 //! stamps every request with the level it is served at.
+//!
+//! A request of a class that may wait (`[resilience.admission_wait]`) is not refused while the
+//! service is over its limit — its class refused at the shed level, or in-flight at the
+//! concurrency limit — but waits in its class's bounded [`AdmissionQueue`] for at most its
+//! class's wait, and is admitted in class order as capacity frees: every admitted request's end
+//! notifies the queue. A full queue or a spent wait is the same 503 `overloaded`, with a
+//! jittered `Retry-After`, as a shed request. Page requests never consult the queue, so they
+//! never wait behind deferrable ones.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -8,7 +16,7 @@ use axum::extract::{ConnectInfo, Request};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use rebate_resilience::{
-    Admission, AdmissionTicket, KeyedLimiter, LoadShedder, RequestClass, ShedLevel,
+    Admission, AdmissionQueue, AdmissionTicket, KeyedLimiter, LoadShedder, RequestClass, ShedLevel,
 };
 
 use super::error::ApiError;
@@ -177,7 +185,8 @@ fn forwarded_client(headers: &HeaderMap, trusted_hops: u32) -> Option<IpAddr> {
 /// extension for the handlers, `x-shed-level` on the response when shedding). The level is its
 /// class's at the measured level ([`RequestClass::served_at`]): lower classes are served as if
 /// the load were higher, and a prefetch is refused (503 `overloaded`) from level 2. The class
-/// goes on the response for the trace layer and the metrics.
+/// goes on the response for the trace layer and the metrics. A class that may wait waits
+/// ([`admit_or_wait`]) instead of being refused while the service is over its limit.
 pub(super) async fn admit<Run, Answer>(
     protection: &Protection,
     mut request: Request,
@@ -191,7 +200,12 @@ where
         Ok(class) => class,
         Err(error) => return error.into_response(),
     };
-    let mut response = match Admitted::begin(protection, class) {
+    let admitted = if may_wait(protection, class) {
+        admit_or_wait(protection, class).await
+    } else {
+        Admitted::begin(protection, class)
+    };
+    let mut response = match admitted {
         Ok(admitted) => {
             request.extensions_mut().insert(admitted.level);
             let response = run(request).await;
@@ -203,6 +217,117 @@ where
     response
 }
 
+/// Whether a request of `class` would wait for its admission now rather than be admitted (or
+/// refused) at once: its class waits, and someone of its class or a higher one already waits or
+/// the service is over its limit for it. The hot path hands such a request to the general path,
+/// which waits; for a class that does not wait this is one branch.
+pub(super) fn would_wait(protection: &Protection, class: RequestClass) -> bool {
+    let (Some(queue), Some(shedder)) = (&protection.admission_queue, &protection.shedder) else {
+        return false;
+    };
+    // The level as it stands: no evaluation here, the hot path's checks have no effect.
+    queue.may_wait(class) && (queue.ahead(class) || !within_limit(shedder.level(), shedder, class))
+}
+
+fn may_wait(protection: &Protection, class: RequestClass) -> bool {
+    protection
+        .admission_queue
+        .as_ref()
+        .is_some_and(|queue| queue.may_wait(class))
+}
+
+/// A request of `class` is within the limit: its class is served at the level (re-evaluated
+/// when due, so a service whose only traffic waits still sees its level fall) and fewer
+/// requests are in flight than the concurrency limit allows. Checked before admitting, so that
+/// a waiter's failed tries do not count as requests served.
+fn admissible_now(shedder: &LoadShedder, class: RequestClass) -> bool {
+    within_limit(shedder.evaluated_level(), shedder, class)
+}
+
+fn within_limit(level: ShedLevel, shedder: &LoadShedder, class: RequestClass) -> bool {
+    class.served_at(level).is_some() && shedder.has_room()
+}
+
+/// The admission of a request whose class may wait: admitted at once when nobody of its class
+/// or above waits and it is within the limit; otherwise it joins its class's queue and, each
+/// time it is its turn (the head of the queue, capacity possibly freed), tries again — until it
+/// is admitted, or its class's wait runs out (503). A full queue is a 503 at once. Dropping the
+/// future (the client went away) leaves the queue and counts as cancelled. The wait, when there
+/// was one, is a stage of the request's timeline (`admission`, with its outcome).
+async fn admit_or_wait(
+    protection: &Protection,
+    class: RequestClass,
+) -> Result<Admitted<'_>, Refused> {
+    let (Some(queue), Some(shedder)) = (&protection.admission_queue, &protection.shedder) else {
+        return Admitted::begin(protection, class);
+    };
+    if !queue.ahead(class)
+        && let Some(admitted) = try_admit(protection, shedder, class)
+    {
+        return Ok(admitted);
+    }
+    let started = tokio::time::Instant::now();
+    let mut waiter = match queue.join(class) {
+        Ok(waiter) => waiter,
+        Err(full) => {
+            tracing::debug!(%full, "admission queue full");
+            rebate_telemetry::record_stage("admission", class.as_str(), "full", started, None);
+            return Err(refusal(protection, shedder));
+        }
+    };
+    let admitted = {
+        let turns = async {
+            loop {
+                waiter.turn().await;
+                if let Some(admitted) = try_admit(protection, shedder, class) {
+                    return admitted;
+                }
+            }
+        };
+        tokio::time::timeout(queue.max_wait(class), turns).await
+    };
+    match admitted {
+        Ok(admitted) => {
+            waiter.admitted();
+            rebate_telemetry::record_stage("admission", class.as_str(), "waited", started, None);
+            Ok(admitted)
+        }
+        Err(_elapsed) => {
+            waiter.timed_out();
+            rebate_telemetry::record_stage("admission", class.as_str(), "timed_out", started, None);
+            Err(refusal(protection, shedder))
+        }
+    }
+}
+
+/// Admits a request of a class that may wait when it is within the limit ([`admissible_now`]).
+fn try_admit<'a>(
+    protection: &'a Protection,
+    shedder: &'a LoadShedder,
+    class: RequestClass,
+) -> Option<Admitted<'a>> {
+    if !admissible_now(shedder, class) {
+        return None;
+    }
+    let admission = shedder.admit();
+    // The level may have risen since the check (this admission evaluated it): refused after
+    // all, the admission is undone and the waiter keeps its place for its next turn.
+    let level = class.served_at(admission.level())?;
+    Some(Admitted {
+        level,
+        admission: Some(admission),
+        waiters: Waiters(protection.admission_queue.as_ref()),
+    })
+}
+
+/// The 503 for a request whose queue was full or whose wait ran out.
+fn refusal(protection: &Protection, shedder: &LoadShedder) -> Refused {
+    Refused {
+        measured: shedder.level(),
+        retry_after_secs: protection.shed_retry_after(),
+    }
+}
+
 /// A request the shedder let in, until its response: [`admit`] in two halves, for callers that
 /// answer without a future (the edge's hot path) as well.
 pub(super) struct Admitted<'a> {
@@ -210,6 +335,20 @@ pub(super) struct Admitted<'a> {
     pub(super) level: ShedLevel,
     /// Counts the request in flight until dropped (`None` when shedding is off).
     admission: Option<Admission<'a>>,
+    /// Told when the request ends (after `admission`, which it follows in drop order).
+    waiters: Waiters<'a>,
+}
+
+/// Notifies the admission queue, if any, when dropped: the request that held it is no longer
+/// in flight, so a waiter may take its place.
+struct Waiters<'a>(Option<&'a AdmissionQueue>);
+
+impl Drop for Waiters<'_> {
+    fn drop(&mut self) {
+        if let Some(queue) = self.0 {
+            queue.notify();
+        }
+    }
 }
 
 impl<'a> Admitted<'a> {
@@ -221,7 +360,11 @@ impl<'a> Admitted<'a> {
             .as_ref()
             .map_or(ShedLevel::Normal, Admission::level);
         match class.served_at(measured) {
-            Some(level) => Ok(Self { level, admission }),
+            Some(level) => Ok(Self {
+                level,
+                admission,
+                waiters: Waiters(protection.admission_queue.as_ref()),
+            }),
             None => {
                 drop(admission);
                 protection.count_refused(class);
@@ -236,23 +379,37 @@ impl<'a> Admitted<'a> {
     /// The response with the level it was served at, when shedding; the request is no longer
     /// in flight.
     pub(super) fn finish(self, response: Response) -> Response {
-        let response = stamp_level(self.level, response);
-        drop(self.admission);
+        let Self {
+            level,
+            admission,
+            waiters,
+        } = self;
+        let response = stamp_level(level, response);
+        drop(admission);
+        drop(waiters);
         response
     }
 
     /// The same admission, owning its shedder's handle, for work that continues in a future of
     /// its own.
     pub(super) fn into_owned(self, protection: Arc<Protection>) -> OwnedAdmitted {
+        let Self {
+            level,
+            admission,
+            mut waiters,
+        } = self;
+        // Still in flight: the owned admission notifies when it ends.
+        waiters.0 = None;
         OwnedAdmitted {
-            level: self.level,
-            ticket: self.admission.map(Admission::into_ticket),
+            level,
+            ticket: admission.map(Admission::into_ticket),
             protection,
         }
     }
 }
 
 /// A request the shedder refused: the 503 (with `Retry-After` and the measured level).
+#[derive(Debug)]
 pub(super) struct Refused {
     measured: ShedLevel,
     retry_after_secs: u32,
@@ -291,6 +448,7 @@ impl Drop for OwnedAdmitted {
     fn drop(&mut self) {
         if let (Some(ticket), Some(shedder)) = (self.ticket.take(), &self.protection.shedder) {
             shedder.complete(ticket);
+            self.protection.notify_waiters();
         }
     }
 }
@@ -380,5 +538,171 @@ mod tests {
         assert_eq!(client_key(&map, PEER, 3).unwrap(), "ip:10.0.0.9");
         let garbage = headers(&[("x-forwarded-for", "not-an-ip")]);
         assert_eq!(client_key(&garbage, PEER, 1).unwrap(), "ip:10.0.0.9");
+    }
+}
+
+#[cfg(test)]
+mod wait_tests {
+    use std::pin::pin;
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use futures::FutureExt;
+    use rebate_resilience::{ClassQueueSnapshot, ManualTicker};
+
+    use super::*;
+    use crate::protection::DependencyTimeouts;
+
+    /// A protection whose concurrency limit is one request, with prefetches waiting (at most
+    /// two, for at most 250 ms) and lists not.
+    fn one_slot() -> Arc<Protection> {
+        let mut settings = crate::Settings::defaults().expect("embedded defaults");
+        let shedding = &mut settings.resilience.shedding;
+        (
+            shedding.max_in_flight,
+            shedding.min_in_flight,
+            shedding.adaptive,
+        ) = (1, 1, false);
+        let wait = &mut settings.resilience.admission_wait;
+        (wait.prefetch_max_waiters, wait.prefetch_max_wait_ms) = (2, 250);
+        wait.list_max_waiters = 0;
+        settings.validate().unwrap();
+        let second = Duration::from_secs(1);
+        Arc::new(Protection::new(
+            &settings.resilience,
+            DependencyTimeouts {
+                mysql: second,
+                coupons: second,
+                extras: second,
+            },
+            Arc::new(ManualTicker::new()),
+            None,
+            None,
+        ))
+    }
+
+    /// Polls `future` once: its output if ready.
+    async fn poll_immediately<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
+        match futures::poll!(future) {
+            Poll::Ready(output) => Some(output),
+            Poll::Pending => None,
+        }
+    }
+
+    fn prefetch_queue(protection: &Protection) -> ClassQueueSnapshot {
+        let queue = protection.admission_queue.as_ref().unwrap();
+        queue.snapshot().classes[0].clone()
+    }
+
+    /// `admit_or_wait`'s result as a level, so the future owns nothing borrowed.
+    async fn admitted_level(protection: Arc<Protection>, class: RequestClass) -> Option<ShedLevel> {
+        admit_or_wait(&protection, class)
+            .await
+            .map(|admitted| admitted.level)
+            .ok()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_prefetch_waits_for_the_slot_and_takes_it_when_the_holder_ends() {
+        let protection = one_slot();
+        let page = Admitted::begin(&protection, RequestClass::Page).unwrap();
+        assert!(would_wait(&protection, RequestClass::Prefetch));
+        assert!(!would_wait(&protection, RequestClass::Page));
+        let mut waiting = pin!(admitted_level(
+            Arc::clone(&protection),
+            RequestClass::Prefetch
+        ));
+        assert_eq!(poll_immediately(&mut waiting).await, None, "it waits");
+        assert_eq!(prefetch_queue(&protection).waiting, 1);
+
+        // A page request neither waits nor queues behind it, over the limit as it is.
+        let second_page = Admitted::begin(&protection, RequestClass::Page).unwrap();
+        drop(second_page.finish(Response::default()));
+        // That page's end woke the prefetch, but the first page still holds the slot.
+        assert_eq!(poll_immediately(&mut waiting).await, None);
+
+        drop(page.finish(Response::default()));
+        assert_eq!(waiting.await, Some(ShedLevel::Normal));
+        let queue = prefetch_queue(&protection);
+        assert_eq!((queue.waiting, queue.admitted, queue.timed_out), (0, 1, 0));
+        assert_eq!(protection.shedder.as_ref().unwrap().snapshot().in_flight, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_refuses_at_once_and_a_spent_wait_refuses_after_it() {
+        let protection = one_slot();
+        let page = Admitted::begin(&protection, RequestClass::Page).unwrap();
+        let first = tokio::spawn(admitted_level(
+            Arc::clone(&protection),
+            RequestClass::Prefetch,
+        ));
+        let second = tokio::spawn(admitted_level(
+            Arc::clone(&protection),
+            RequestClass::Prefetch,
+        ));
+        tokio::task::yield_now().await;
+        assert_eq!(prefetch_queue(&protection).waiting, 2);
+        let third = admit_or_wait(&protection, RequestClass::Prefetch)
+            .now_or_never()
+            .expect("a full queue answers without waiting");
+        assert!(third.is_err());
+
+        tokio::time::sleep(Duration::from_millis(251)).await;
+        assert_eq!(first.await.unwrap(), None, "its wait ran out");
+        assert_eq!(second.await.unwrap(), None);
+        let queue = prefetch_queue(&protection);
+        assert_eq!(
+            (queue.waiting, queue.refused_full, queue.timed_out),
+            (0, 1, 2)
+        );
+        assert_eq!(queue.waits, 2);
+        drop(page);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_whose_client_goes_away_frees_its_place_and_its_turn() {
+        let protection = one_slot();
+        let page = Admitted::begin(&protection, RequestClass::Page).unwrap();
+        let mut gone = Box::pin(admitted_level(
+            Arc::clone(&protection),
+            RequestClass::Prefetch,
+        ));
+        assert!(matches!(futures::poll!(&mut gone), Poll::Pending));
+        let mut next = pin!(admitted_level(
+            Arc::clone(&protection),
+            RequestClass::Prefetch
+        ));
+        assert_eq!(poll_immediately(&mut next).await, None);
+        // The head's capacity frees and its client disconnects before it runs: the turn passes.
+        drop(page.finish(Response::default()));
+        drop(gone);
+        assert_eq!(next.await, Some(ShedLevel::Normal));
+        let queue = prefetch_queue(&protection);
+        assert_eq!((queue.waiting, queue.cancelled, queue.admitted), (0, 1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_prefetch_refused_by_the_level_waits_for_the_level_to_fall() {
+        let protection = one_slot();
+        let shedder = protection.shedder.as_ref().unwrap();
+        shedder.force(Some(ShedLevel::ShortTimeouts));
+        let mut waiting = pin!(admitted_level(
+            Arc::clone(&protection),
+            RequestClass::Prefetch
+        ));
+        assert_eq!(poll_immediately(&mut waiting).await, None);
+        // The level drops as an operator's override ends; the admin route notifies as here.
+        shedder.force(None);
+        protection.notify_waiters();
+        assert_eq!(waiting.await, Some(ShedLevel::Normal));
+        // A class that does not wait is answered at once, as before.
+        shedder.force(Some(ShedLevel::ShortTimeouts));
+        assert!(!would_wait(&protection, RequestClass::List));
+        let list = admit(&protection, Request::default(), |_| async {
+            Response::default()
+        })
+        .now_or_never()
+        .expect("no wait for a list");
+        assert_eq!(list.status(), 200);
     }
 }

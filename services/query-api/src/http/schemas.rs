@@ -8,6 +8,13 @@
 use serde::Deserialize;
 use utoipa::ToSchema;
 
+// The enums the service itself (de)serialises derive their schemas where they are defined (each
+// crate's `openapi` feature): a copy here would drift when a variant is added.
+pub use rebate_domain::{ErrorCode, PartKind};
+pub use rebate_engine::{DegradeReason, Served};
+pub use rebate_events::EventKind;
+pub use rebate_resilience::{RequestClass, ShedLevel};
+
 /// A shopping platform.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -15,39 +22,6 @@ pub enum Platform {
     Taobao,
     Jd,
     Pdd,
-}
-
-/// How a part's data was obtained: `live` (source or fresh cache), `stale` (a cached copy
-/// past its fresh window, because the source failed), `template` (no data).
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Served {
-    Live,
-    Stale,
-    Template,
-}
-
-/// A part of a quote.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum PartKind {
-    Product,
-    Rate,
-    Coupons,
-    Extras,
-}
-
-/// Why a part is not live.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum DegradeReason {
-    Timeout,
-    Error,
-    Missing,
-    BreakerOpen,
-    BulkheadFull,
-    Quota,
-    Shed,
 }
 
 /// A fixed text to show for a degraded part (clients may match it).
@@ -157,34 +131,6 @@ pub struct QuoteBody {
     pub trace_id: String,
 }
 
-/// An error's code.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    InvalidPlatform,
-    InvalidItemId,
-    InvalidBody,
-    InvalidBatchSize,
-    ItemNotFound,
-    RouteNotFound,
-    MethodNotAllowed,
-    Unauthorized,
-    PayloadTooLarge,
-    Unavailable,
-    Timeout,
-    Overloaded,
-    RateLimited,
-    InvalidQuery,
-    NotRecorded,
-    InvalidClientId,
-    InvalidRequestClass,
-    RequestTimeout,
-    UriTooLong,
-    HeadersTooLarge,
-    TooManyConnections,
-    Internal,
-}
-
 /// What went wrong.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -283,14 +229,60 @@ pub struct WarmAnswer {
     pub trace_id: String,
 }
 
-/// A load-shedding level.
+/// `POST /admin/v1/warm-jobs`'s body: 1–`warm_jobs.max_keys` (200,000) keys, all valid.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WarmJobRequest {
+    #[schema(min_items = 1, max_items = 200000)]
+    pub items: Vec<WarmKey>,
+}
+
+/// A queued warm job.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WarmJobReceipt {
+    /// 16 lowercase hex digits; `GET /admin/v1/warm-jobs/{job_id}` follows it.
+    #[schema(pattern = "^[0-9a-f]{16}$")]
+    pub job_id: String,
+    /// Chunks of `warm_jobs.chunk_keys` keys queued.
+    pub chunks: u64,
+    /// Distinct keys queued.
+    pub keys: u64,
+    /// Keys named more than once (each is loaded once).
+    pub duplicates: u64,
+    #[schema(pattern = "^[0-9a-f]{32}$")]
+    pub trace_id: String,
+}
+
+/// Where a warm job stands.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum LevelName {
-    Normal,
-    DropExtras,
-    ShortTimeouts,
-    CacheOnly,
+pub enum WarmJobState {
+    Running,
+    Done,
+    /// Its submission failed part way: the chunks not queued never run.
+    Incomplete,
+}
+
+/// A warm job's progress, summed over the instances that worked on it.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WarmJobProgress {
+    #[schema(pattern = "^[0-9a-f]{16}$")]
+    pub job_id: String,
+    pub state: WarmJobState,
+    pub total_keys: u64,
+    pub total_chunks: u64,
+    pub queued_chunks: u64,
+    pub done_chunks: u64,
+    /// Keys whose quote loaded.
+    pub loaded: u64,
+    /// Unknown or delisted items.
+    pub not_found: u64,
+    /// Keys whose product could not be loaded (source down, nothing stale cached).
+    pub failed: u64,
+    #[schema(pattern = "^[0-9a-f]{32}$")]
+    pub trace_id: String,
 }
 
 /// `PUT /admin/v1/shedding`'s body: a level pins it, null returns to the measured level.
@@ -298,7 +290,7 @@ pub enum LevelName {
 #[serde(deny_unknown_fields)]
 pub struct ShedOverride {
     #[schema(required = true)]
-    pub level: Option<LevelName>,
+    pub level: Option<ShedLevel>,
 }
 
 /// The shedder after the change.
@@ -310,17 +302,6 @@ pub struct ShedAnswer {
     pub shedding: serde_json::Value,
     #[schema(pattern = "^[0-9a-f]{32}$")]
     pub trace_id: String,
-}
-
-/// What changed upstream.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum EventKind {
-    RateChanged,
-    ProductChanged,
-    CouponsChanged,
-    ItemCreated,
-    ItemDelisted,
 }
 
 /// `POST /admin/v1/events`'s body; `event_id` is generated when absent.
@@ -426,7 +407,7 @@ pub struct Readiness {
 #[serde(deny_unknown_fields)]
 pub struct Status {
     /// The measured (or forced) shed level.
-    pub shed_level: LevelName,
+    pub shed_level: ShedLevel,
     /// Breakers, bulkheads, quotas, retry budgets, the shedder and the client limit.
     #[schema(value_type = Object)]
     pub protection: serde_json::Value,
@@ -458,6 +439,9 @@ pub struct Status {
     /// The event bus's counters: published, applied, redelivered, dead-lettered.
     #[schema(value_type = Object)]
     pub event_counts: serde_json::Value,
+    /// This instance's warm-job consumer: its backend and what it loaded.
+    #[schema(value_type = Object)]
+    pub warm_jobs: serde_json::Value,
     pub ready: bool,
     pub phase: Phase,
     pub store: StoreHealth,
@@ -551,15 +535,6 @@ pub enum SlowReason {
     Slow,
     Failed,
     Degraded,
-}
-
-/// A request's class.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RequestClass {
-    Prefetch,
-    List,
-    Page,
 }
 
 /// One stage of a recorded request.

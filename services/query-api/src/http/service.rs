@@ -263,8 +263,9 @@ impl EdgeStages {
 
     /// The item, class and guards of a request the hot path can take, checked without any
     /// effect: a `GET` on the item route without percent-encoding or a body, its head within
-    /// the caps, a valid key and class, and client buckets (if any) that answer without
-    /// waiting. The general path answers the rest, refusals included.
+    /// the caps, a valid key and class, a class that would not wait for its admission, and
+    /// client buckets (if any) that answer without waiting. The general path answers the rest,
+    /// refusals and admission waits included.
     fn hot_candidate(&self, request: &Request) -> Option<HotCandidate<'_>> {
         let protection = self.gate.protection.as_ref()?;
         if request.method() != Method::GET || !request.body().is_end_stream() {
@@ -277,6 +278,10 @@ impl EdgeStages {
         }
         let key = super::items::parse_key(platform, item_id).ok()?;
         let class = protect::request_class(path, request.headers()).ok()?;
+        if protect::would_wait(protection, class) {
+            // Its wait is a future; the general path has one.
+            return None;
+        }
         let limiter = match &protection.clients {
             Some(clients) => Some((clients.limiter.instance()?, clients.trusted_proxy_hops)),
             None => None,

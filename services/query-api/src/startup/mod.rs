@@ -48,6 +48,7 @@ use crate::protection::{DependencyTimeouts, Protection};
 use crate::server::{ConnectionLimits, ConnectionStats};
 use crate::slow::SlowLog;
 use crate::state::{AppShared, AppState, HttpLimits};
+use crate::warm_jobs::{WarmJobConfig, WarmJobs};
 
 /// A built service bound to its listener, not yet serving.
 #[derive(Debug)]
@@ -150,6 +151,18 @@ impl Application {
             &tasks,
             &shutdown,
         )?;
+        let warm_jobs = Arc::new(WarmJobs::new(
+            WarmJobConfig::from_settings(&settings),
+            tier.clone(),
+            &settings.instance_id(),
+        ));
+        if settings.warm_jobs.consume {
+            tasks.spawn(Arc::clone(&warm_jobs).consume(
+                engine.clone(),
+                Arc::clone(&protection),
+                shutdown.clone(),
+            ));
+        }
         if let Some(fleet) = fleet {
             let every = settings.resilience.fleet.heartbeat();
             tasks.spawn(crate::fleet::keep_beating(
@@ -211,6 +224,7 @@ impl Application {
             upstreams: upstream_clients,
             hot_keys,
             recent_pings: Arc::default(),
+            warm_jobs,
         });
         Ok(Self {
             listener,
@@ -445,6 +459,7 @@ fn http_limits(settings: &Settings) -> HttpLimits {
         request_timeout: settings.request_timeout(),
         body_limit_bytes: http.body_limit_bytes,
         max_batch_items: http.max_batch_items,
+        warm_job_body_limit_bytes: settings.warm_jobs.body_limit_bytes,
         edge: Arc::new(EdgeLimits {
             max_header_bytes: http.max_header_bytes,
             max_headers: http.max_headers,

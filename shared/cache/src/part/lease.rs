@@ -65,10 +65,10 @@ where
 
         let token: u64 = rand::random();
         let mut leased = false;
-        // A source that would refuse (quota spent, breaker open) gets no lease: the load below
-        // fails at once, and a lease would only cost two round trips and make other instances
-        // wait on a rebuild that cannot happen here.
-        if tier_up && self.loader.ready() {
+        // A source that would refuse (quota spent, breaker open, this item's share of loads
+        // spent) gets no lease: the load below fails at once, and a lease would only cost two
+        // round trips and make other instances wait on a rebuild that cannot happen here.
+        if tier_up && self.loader.ready_for(key) {
             let started = tokio::time::Instant::now();
             match l2.tier.try_lease(tier_key, token, l2.lease_ttl).await {
                 Ok(true) => {

@@ -39,6 +39,9 @@ pub enum FailureKind {
     BulkheadFull,
     /// The outbound rate quota for the source is spent: it was not called.
     Quota,
+    /// This item's own share of the source's loads is spent (a hot item, reloaded again and
+    /// again): it was not called, and the source's quota was left to other items.
+    HotItem,
     /// Load shedding: the service is over capacity and answers from cache only.
     Shed,
 }
@@ -82,6 +85,12 @@ pub trait Loader<T>: Send + Sync + fmt::Debug + 'static {
     /// source that would refuse costs no lease round trips and holds up no other instance.
     fn ready(&self) -> bool {
         true
+    }
+
+    /// [`Loader::ready`] for a load of `key`: a source that limits loads per item also says
+    /// whether this item's share is spent. The part cache asks this one.
+    fn ready_for(&self, _key: ItemKey) -> bool {
+        self.ready()
     }
 }
 

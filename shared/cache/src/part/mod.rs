@@ -213,7 +213,7 @@ where
     /// that copy stays fresh longer than L1's (else the source, under the key's lease).
     fn start_refresh(&self, key: ItemKey, fresh_until: Timestamp) -> bool {
         let inner = &self.inner;
-        if !inner.loader.ready() {
+        if !inner.loader.ready_for(key) {
             return false;
         }
         let started = inner.start_if_idle(key, |load_id| {

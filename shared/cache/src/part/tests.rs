@@ -23,6 +23,14 @@ struct FakeSource {
     missing: AtomicBool,
     delay_ms: AtomicU64,
     version: AtomicU64,
+    /// An item whose own share of loads is spent: not ready for it, and its loads refused.
+    hot: std::sync::Mutex<Option<ItemKey>>,
+}
+
+impl FakeSource {
+    fn is_hot(&self, key: ItemKey) -> bool {
+        *self.hot.lock().unwrap() == Some(key)
+    }
 }
 
 #[async_trait]
@@ -41,6 +49,9 @@ impl Loader<String> for FakeSource {
         if self.refusing.load(Ordering::SeqCst) {
             return Err(LoadFailure::new(FailureKind::Quota, "quota spent"));
         }
+        if self.is_hot(key) {
+            return Err(LoadFailure::new(FailureKind::HotItem, "item's loads spent"));
+        }
         if self.missing.load(Ordering::SeqCst) {
             return Ok(Loaded {
                 value: None,
@@ -55,6 +66,10 @@ impl Loader<String> for FakeSource {
 
     fn ready(&self) -> bool {
         !self.refusing.load(Ordering::SeqCst)
+    }
+
+    fn ready_for(&self, key: ItemKey) -> bool {
+        self.ready() && !self.is_hot(key)
     }
 }
 
@@ -228,6 +243,33 @@ async fn a_stale_l2_copy_stands_in_when_the_source_fails() {
         }
         other => panic!("expected stale, got {other:?}"),
     }
+}
+
+/// An item whose own share of the source's loads is spent gets no rebuild lease either, while
+/// the source stays ready for every other item: the hot item's miss costs one L2 read and is
+/// refused as `hot_item`; another item leases and loads as usual.
+#[tokio::test]
+async fn no_lease_is_taken_for_an_item_whose_loads_are_spent() {
+    let source = Arc::new(FakeSource::default());
+    let hot = key();
+    *source.hot.lock().unwrap() = Some(hot);
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = instance(&source, &tier, &clock);
+    match cache.get(hot, BUDGET).await {
+        CacheOutcome::Failed(failure) => assert_eq!(failure.kind, FailureKind::HotItem),
+        other => panic!("expected the refusal, got {other:?}"),
+    }
+    let stats = cache.stats();
+    assert_eq!((stats.leases_won, stats.leases_lost), (0, 0), "{stats:?}");
+    assert_eq!(tier.round_trips(), 1, "the L2 read alone");
+
+    let other = ItemKey::new(Platform::Taobao, ItemId::from_u64(100_002));
+    assert!(matches!(
+        cache.get(other, BUDGET).await,
+        CacheOutcome::Loaded(_)
+    ));
+    assert_eq!(cache.stats().leases_won, 1, "the other item leased");
 }
 
 /// A source that would refuse (its quota spent) gets no rebuild lease: the miss costs one L2
