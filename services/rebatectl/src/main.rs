@@ -232,7 +232,7 @@ struct Admin {
 const PLATFORMS: [&str; 3] = ["taobao", "jd", "pdd"];
 
 /// A file's keys as the warm-jobs route takes them, or every bad line (numbered from 1; at most
-/// [`MAX_REPORTED`] shown, then how many more).
+/// ten shown, then how many more).
 fn read_keys(text: &str) -> Result<Vec<Value>, String> {
     const MAX_REPORTED: usize = 10;
     let mut keys = Vec::new();
