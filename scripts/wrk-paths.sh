@@ -86,7 +86,7 @@ stop_ceiling() {
 # The service's answer and cache counters, one "name value" per line.
 counters() {
   curl -sf -H "authorization: Bearer $(cat "$work/admin-token")" http://127.0.0.1:18091/metrics |
-    awk '/^rebate_answers_total|^rebate_cache_lookups_total/ {print $1, $2}'
+    awk '/^rebate_answers_total|^rebate_cache_lookups_total|^rebate_quota_refused_total|^rebate_hot_item_refused_total|^rebate_dependency_call_duration_seconds_count/ {print $1, $2}'
 }
 # What changed between two counter dumps, non-zero only, on one line.
 counter_delta() {
