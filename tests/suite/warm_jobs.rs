@@ -104,6 +104,28 @@ async fn the_embedded_profile_runs_a_warm_job_in_process() {
         .unwrap();
     assert_eq!(status["warm_jobs"]["backend"], "in_process", "{status}");
     assert_eq!(status["warm_jobs"]["chunks_done"], 20, "{status}");
+    let metrics = app
+        .client
+        .get(format!("{}/metrics", app.admin_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        r#"rebate_warm_job_chunks_total{result="done"} 20"#,
+        r#"rebate_warm_job_chunks_total{result="claimed"} 0"#,
+        r#"rebate_warm_job_keys_total{result="loaded"} 1998"#,
+        r#"rebate_warm_job_keys_total{result="not_found"} 2"#,
+        r#"rebate_warm_job_keys_total{result="failed"} 0"#,
+        "rebate_warm_jobs_paused 0",
+    ] {
+        assert!(
+            metrics.lines().any(|line| line == series),
+            "{series} not in the exposition"
+        );
+    }
 
     let mut bad = items("jd", 100_001..=100_005);
     bad[3]["platform"] = json!("ebay");

@@ -37,6 +37,7 @@ use crate::http::routes::{BATCH_ROUTE, ITEM_ROUTE};
 use crate::protection::Protection;
 use crate::server::ConnectionStats;
 use crate::upstreams::UpstreamClients;
+use crate::warm_jobs::WarmJobs;
 
 /// What `/metrics` answers with: the OpenMetrics text format that `prometheus-client` encodes
 /// (Prometheus scrapes it natively).
@@ -374,7 +375,7 @@ impl PartStats {
 type PartCounter = (&'static str, &'static str, fn(&CacheStatsSnapshot) -> u64);
 
 /// Reads, at scrape time, the counters the caches, the Bloom filter, the guards, the shedder,
-/// the client limiter and the event bus keep anyway. Holds clones of what it reads (all cheap
+/// the client limiter, the event bus and the warm-job consumer keep anyway. Holds clones of what it reads (all cheap
 /// handles), not the `AppState`, which holds the metrics.
 #[derive(Debug)]
 pub struct StateCollector {
@@ -384,6 +385,7 @@ pub struct StateCollector {
     consistency: Arc<ConsistencyObserver>,
     upstreams: UpstreamClients,
     connections: Arc<ConnectionStats>,
+    warm_jobs: Arc<WarmJobs>,
 }
 
 impl StateCollector {
@@ -394,8 +396,10 @@ impl StateCollector {
         consistency: Arc<ConsistencyObserver>,
         upstreams: UpstreamClients,
         connections: Arc<ConnectionStats>,
+        warm_jobs: Arc<WarmJobs>,
     ) -> Self {
         Self {
+            warm_jobs,
             connections,
             consistency,
             engine,
@@ -882,6 +886,42 @@ impl StateCollector {
     }
 }
 
+impl StateCollector {
+    /// This instance's share of the fleet's warm jobs (a job's own progress is its route's).
+    fn encode_warm_jobs(&self, encoder: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let stats = self.warm_jobs.stats();
+        counters(
+            encoder,
+            "rebate_warm_job_chunks",
+            "Warm-job chunks this instance finished, by result: done (acknowledged and counted), claimed (taken over from a consumer that stopped touching its chunk), abandoned (left unacknowledged: shutdown, or claimed meanwhile), counted_elsewhere (finished after another instance had acknowledged it).",
+            [
+                ("done", stats.chunks_done),
+                ("claimed", stats.chunks_claimed),
+                ("abandoned", stats.chunks_abandoned),
+                ("counted_elsewhere", stats.chunks_counted_elsewhere),
+            ]
+            .map(|(result, count)| ([("result", result)], count)),
+        )?;
+        counters(
+            encoder,
+            "rebate_warm_job_keys",
+            "Keys of warm-job chunks this instance counted, by result: loaded, not_found, failed.",
+            [
+                ("loaded", stats.keys_loaded),
+                ("not_found", stats.keys_not_found),
+                ("failed", stats.keys_failed),
+            ]
+            .map(|(result, count)| ([("result", result)], count)),
+        )?;
+        single_gauge(
+            encoder,
+            "rebate_warm_jobs_paused",
+            "1 while this instance's warm-job consumer waits for the shed level to return to 0.",
+            u64::from(stats.paused),
+        )
+    }
+}
+
 impl Collector for StateCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
         self.encode_caches(&mut encoder)?;
@@ -890,6 +930,7 @@ impl Collector for StateCollector {
         self.encode_edge(&mut encoder)?;
         self.encode_connections(&mut encoder)?;
         self.encode_events(&mut encoder)?;
+        self.encode_warm_jobs(&mut encoder)?;
         encode_memory(&mut encoder)
     }
 }

@@ -199,6 +199,7 @@ impl Application {
             Arc::clone(&consistency),
             upstream_clients.clone(),
             Arc::clone(&connections),
+            Arc::clone(&warm_jobs),
         ));
 
         let metrics = Arc::new(metrics);
