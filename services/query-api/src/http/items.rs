@@ -54,23 +54,8 @@ struct QuoteBody<'a> {
     ),
     responses(
         (status = 200, description = "The quote: live, or degraded part by part.",
-            body = super::schemas::QuoteBody, headers(
-            ("etag" = String, description = "Strong tag over the answer without its trace id, \
-                `-br` or `-gzip` appended when compressed."),
-            ("cache-control" = String, description = "`private, max-age=N` (kept rendering: \
-                whole seconds it stays what the service would answer, ≤ 300) or `private, \
-                no-cache` (degraded or assembled: revalidate)."),
-            ("vary" = String, description = "`accept-encoding` for an answer large enough to \
-                compress; `origin` with a CORS origin list."),
-            ("content-encoding" = String, description = "`br` or `gzip`: answers of at least \
-                `http.compression.min_bytes` when `Accept-Encoding` takes one."),
-        )),
-        (status = 304, description = "Not modified: `If-None-Match` names this answer's tag.",
-            headers(
-            ("etag" = String, description = "The tag named in `If-None-Match`."),
-            ("cache-control" = String, description = "As the `200` would have said."),
-            ("vary" = String, description = "As the `200` would have said."),
-        )),
+            body = super::schemas::QuoteBody),
+        (status = 304, description = "Not modified: `If-None-Match` names this answer's tag."),
         (status = 400, description = "`invalid_platform`, `invalid_item_id`, `invalid_query` \
             (a segment that is not percent-encoded UTF-8), `invalid_client_id` or \
             `invalid_request_class`.", body = super::schemas::ErrorEnvelope),
@@ -410,24 +395,8 @@ impl From<&ApiError> for BatchError {
             {"platform": "jd", "item_id": "abc"}, {"platform": "pdd", "item_id": "101123"}]})),
     responses(
         (status = 200, description = "Each distinct key once, in order of first appearance, \
-            with the status it would have had on its own.", body = super::schemas::BatchBody,
-            headers(
-            ("etag" = String, description = "Strong tag over the answer without its trace id, \
-                `-br` or `-gzip` appended when compressed."),
-            ("cache-control" = String, description = "`private, max-age=N` (kept rendering: \
-                whole seconds it stays what the service would answer, ≤ 300) or `private, \
-                no-cache` (degraded or assembled: revalidate)."),
-            ("vary" = String, description = "`accept-encoding` for an answer large enough to \
-                compress; `origin` with a CORS origin list."),
-            ("content-encoding" = String, description = "`br` or `gzip`: answers of at least \
-                `http.compression.min_bytes` when `Accept-Encoding` takes one."),
-        )),
-        (status = 304, description = "Not modified: `If-None-Match` names this answer's tag.",
-            headers(
-            ("etag" = String, description = "The tag named in `If-None-Match`."),
-            ("cache-control" = String, description = "As the `200` would have said."),
-            ("vary" = String, description = "As the `200` would have said."),
-        )),
+            with the status it would have had on its own.", body = super::schemas::BatchBody),
+        (status = 304, description = "Not modified: `If-None-Match` names this answer's tag."),
         (status = 400, description = "`invalid_body` (not this JSON, unknown fields), \
             `invalid_batch_size` (0 or over `http.max_batch_items` keys), `invalid_client_id` \
             or `invalid_request_class`.", body = super::schemas::ErrorEnvelope),

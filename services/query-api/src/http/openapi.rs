@@ -270,13 +270,15 @@ impl Modify for EdgeResponses {
                         .entry((*status).to_owned())
                         .or_insert_with(|| RefOr::T(shared[name].clone()));
                 }
-                for response in operation.responses.responses.values_mut() {
+                for (status, response) in operation.responses.responses.iter_mut() {
                     if let RefOr::T(response) = response {
                         response
                             .headers
                             .insert("x-trace-id".to_owned(), trace_header().into());
                         if is_public {
                             add_public_headers(&mut response.headers);
+                            // Every public route answers quotes (one, or a batch of them).
+                            add_validator_headers(status, &mut response.headers);
                         }
                     }
                 }
@@ -310,6 +312,43 @@ fn add_public_headers(
         "access-control-allow-credentials".to_owned(),
         header("`true` for an allowed origin when `http.cors.allow_credentials` is on.").into(),
     );
+}
+
+/// A quote answer's validators and freshness (`http/validators.rs`, `http/encoding.rs`): on its
+/// `200`, and as the `200` would have said them on its `304`.
+fn add_validator_headers(
+    status: &str,
+    headers: &mut std::collections::BTreeMap<String, RefOr<utoipa::openapi::header::Header>>,
+) {
+    let (etag, cache_control, vary) = match status {
+        "200" => (
+            "Strong tag over the answer without its trace id, `-br` or `-gzip` appended when \
+             compressed.",
+            "`private, max-age=N` (kept rendering: whole seconds it stays what the service \
+             would answer, ≤ 300) or `private, no-cache` (degraded or assembled: revalidate).",
+            "`accept-encoding` for an answer large enough to compress; `origin` with a CORS \
+             origin list.",
+        ),
+        "304" => (
+            "The tag named in `If-None-Match`.",
+            "As the `200` would have said.",
+            "As the `200` would have said.",
+        ),
+        _ => return,
+    };
+    headers.insert("etag".to_owned(), header(etag).into());
+    headers.insert("cache-control".to_owned(), header(cache_control).into());
+    headers.insert("vary".to_owned(), header(vary).into());
+    if status == "200" {
+        headers.insert(
+            "content-encoding".to_owned(),
+            header(
+                "`br` or `gzip`: answers of at least `http.compression.min_bytes` when \
+                 `Accept-Encoding` takes one.",
+            )
+            .into(),
+        );
+    }
 }
 
 fn server(url: &str, description: &str) -> Server {
