@@ -117,8 +117,9 @@ return {entry[1], fields['job'] or '', fields['chunk'] or '0', fields['keys'] or
 
 /// Claims for consumer `ARGV[2]` one chunk pending in group `ARGV[1]` for at least `ARGV[3]` ms
 /// (its consumer died or stalled), scanning the pending list from the start at most 64 steps.
-/// First forgets the other consumers that hold nothing and were last seen more than `ARGV[4]` ms
-/// ago (every start names a new consumer, so the group's list would otherwise only grow).
+/// First forgets the other consumers that hold nothing and were last seen at least `ARGV[4]` ms
+/// ago (every start names a new consumer, so the group's list would otherwise only grow; "at
+/// least", so that 0 forgets one seen in this very millisecond too).
 /// Returns `{id, job, chunk, keys, deliveries}` or false.
 const CLAIM_CHUNK: &str = r#"
 local listed, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
@@ -126,7 +127,7 @@ if listed then
   for _, consumer in ipairs(consumers) do
     local fields = {}
     for index = 1, #consumer, 2 do fields[consumer[index]] = consumer[index + 1] end
-    if fields['pending'] == 0 and fields['idle'] > tonumber(ARGV[4]) and fields['name'] ~= ARGV[2] then
+    if fields['pending'] == 0 and fields['idle'] >= tonumber(ARGV[4]) and fields['name'] ~= ARGV[2] then
       redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], fields['name'])
     end
   end
