@@ -112,15 +112,7 @@ async fn one_item_invalidated_a_hundred_times_a_second_costs_at_most_its_limit_o
     assert!(refused >= viral_refused, "{refused} < {viral_refused}");
     assert_eq!(coupons["hot_items"]["refused"], refused);
 
-    let metrics = app
-        .client
-        .get(format!("{}/metrics", app.admin_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics_text().await;
     let scraped: u64 = metrics
         .lines()
         .find_map(|sample| {

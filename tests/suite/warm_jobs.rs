@@ -104,15 +104,7 @@ async fn the_embedded_profile_runs_a_warm_job_in_process() {
         .unwrap();
     assert_eq!(status["warm_jobs"]["backend"], "in_process", "{status}");
     assert_eq!(status["warm_jobs"]["chunks_done"], 20, "{status}");
-    let metrics = app
-        .client
-        .get(format!("{}/metrics", app.admin_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics_text().await;
     for series in [
         r#"rebate_warm_job_chunks_total{result="done"} 20"#,
         r#"rebate_warm_job_chunks_total{result="claimed"} 0"#,

@@ -368,6 +368,18 @@ impl TestApp {
             .expect("request reaches the admin listener")
     }
 
+    /// The admin listener's `/metrics` exposition (served without a token).
+    pub async fn metrics_text(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.admin_url))
+            .send()
+            .await
+            .expect("request reaches the admin listener")
+            .text()
+            .await
+            .expect("the exposition is text")
+    }
+
     /// `PUT` of a JSON body on the admin listener with the bearer token.
     pub async fn admin_put(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
         self.client
