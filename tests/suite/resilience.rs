@@ -729,6 +729,10 @@ async fn a_prefetch_waits_over_the_limit_and_is_admitted_when_capacity_frees() {
     let page = app.get_item("jd", "100001").await;
     assert_eq!(page.status(), 200);
     assert_eq!(page.headers()["x-shed-level"], "2");
+    assert!(
+        !page.headers().contains_key("server-timing"),
+        "a page never queues"
+    );
     let queue = prefetch_queue(&app).await;
     assert_eq!(
         (&queue["waiting"], &queue["admitted"], &queue["timed_out"]),
@@ -749,16 +753,26 @@ async fn a_prefetch_waits_over_the_limit_and_is_admitted_when_capacity_frees() {
     assert_eq!(full.status(), 503);
     assert!(full.headers().contains_key("retry-after"));
     assert_eq!(full.headers()["x-shed-level"], "2");
+    assert_eq!(
+        full.headers()["server-timing"],
+        "admission;desc=full;dur=0.000"
+    );
     assert_eq!(json_of(full).await["error"]["code"], "overloaded");
     assert_eq!(prefetch_queue(&app).await["refused_full"], 1);
 
-    // The level falls: both waiters are let in, oldest first, and answered at the new level.
+    // The level falls: both waiters are let in, oldest first, and answered at the new level,
+    // their waits on the service's clock in their `Server-Timing`.
+    app.ticker.advance(Duration::from_millis(30));
     app.admin_put("/admin/v1/shedding", &json!({"level": null}))
         .await;
     for waiter in [first, second] {
         let response = waiter.await.unwrap();
         assert_eq!(response.status(), 200);
         assert!(!response.headers().contains_key("x-shed-level"));
+        assert_eq!(
+            response.headers()["server-timing"],
+            "admission;desc=admitted;dur=30.000"
+        );
     }
     let queue = prefetch_queue(&app).await;
     assert_eq!(
@@ -770,10 +784,14 @@ async fn a_prefetch_waits_over_the_limit_and_is_admitted_when_capacity_frees() {
         (&json!(0), &json!(2), &json!(1)),
         "{queue}"
     );
-    assert_eq!(queue["max_waiters"], 2);
+    assert_eq!(
+        (&queue["max_waiters"], &queue["peak_waiting"]),
+        (&json!(2), &json!(2))
+    );
     let metrics = app.admin_get("/metrics").await.text().await.unwrap();
     for series in [
         r#"rebate_admission_queue_depth{class="prefetch"} 0"#,
+        r#"rebate_admission_queue_peak_depth{class="prefetch"} 2"#,
         r#"rebate_admission_wait_outcomes_total{class="prefetch",outcome="admitted"} 2"#,
         r#"rebate_admission_wait_outcomes_total{class="prefetch",outcome="full"} 1"#,
         r#"rebate_admission_wait_seconds_count{class="prefetch"} 2"#,
@@ -807,6 +825,11 @@ async fn a_spent_wait_is_a_503_with_retry_after() {
     let refused = get_prefetch(&app, "100001").await.unwrap();
     assert_eq!(refused.status(), 503);
     assert!(refused.headers().contains_key("retry-after"));
+    // The wait is on the service's clock, which this test does not move.
+    assert_eq!(
+        refused.headers()["server-timing"],
+        "admission;desc=timed_out;dur=0.000"
+    );
     let trace_id = refused.headers()["x-trace-id"].to_str().unwrap().to_owned();
     assert_eq!(json_of(refused).await["error"]["code"], "overloaded");
     let queue = prefetch_queue(&app).await;

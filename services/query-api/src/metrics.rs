@@ -979,6 +979,17 @@ fn encode_admission_queue(
             .iter()
             .map(|class| ([("class", class.class.as_str())], u64::from(class.waiting))),
     )?;
+    gauges(
+        encoder,
+        "rebate_admission_queue_peak_depth",
+        "The most requests of a class that have waited for admission at once since start (never above the class's max_waiters; a scrape of the depth misses peaks between scrapes).",
+        snapshot.classes.iter().map(|class| {
+            (
+                [("class", class.class.as_str())],
+                u64::from(class.peak_waiting),
+            )
+        }),
+    )?;
     counters(
         encoder,
         "rebate_admission_wait_outcomes",

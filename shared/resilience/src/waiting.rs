@@ -191,6 +191,8 @@ struct Slot {
 #[derive(Default)]
 struct ClassStats {
     depth: AtomicU32,
+    /// The deepest `depth` has been since start (written under the lock).
+    peak: AtomicU32,
     outcomes: [AtomicU64; 4],
     /// Waits that ended (any outcome but `full`), per [`WAIT_BUCKETS_SECONDS`] bucket, the last
     /// one for everything above.
@@ -272,6 +274,9 @@ impl AdmissionQueue {
         queues.next_id += 1;
         queues.waiting[class as usize].push_back(Slot { id, waker: None });
         stats.depth.store(queue_len as u32 + 1, Ordering::Release);
+        stats
+            .peak
+            .fetch_max(queue_len as u32 + 1, Ordering::Relaxed);
         self.total.fetch_add(1, Ordering::Release);
         if queues.head().map(|head| head.id) == Some(id) {
             // Its caller checked for capacity before joining; a notification in between found
@@ -323,6 +328,7 @@ impl AdmissionQueue {
         ClassQueueSnapshot {
             class,
             waiting: stats.depth.load(Ordering::Relaxed),
+            peak_waiting: stats.peak.load(Ordering::Relaxed),
             max_waiters: wait.max_waiters,
             max_wait_ms: wait.max_wait.as_millis() as u64,
             admitted: outcome(WaitOutcome::Admitted),
@@ -500,6 +506,8 @@ pub struct ClassQueueSnapshot {
     pub class: RequestClass,
     /// Waiting now.
     pub waiting: u32,
+    /// The most that have waited at once since start: never above `max_waiters`.
+    pub peak_waiting: u32,
     pub max_waiters: u32,
     pub max_wait_ms: u64,
     /// Admitted after waiting, since start.
@@ -592,6 +600,10 @@ mod tests {
         let prefetch = &snapshot.classes[0];
         assert_eq!((prefetch.class, prefetch.refused_full), (Prefetch, 1));
         assert_eq!((prefetch.waiting, prefetch.cancelled), (0, 2));
+        assert_eq!(
+            (prefetch.peak_waiting, snapshot.classes[1].peak_waiting),
+            (2, 1)
+        );
         assert_eq!(snapshot.classes.len(), 2, "only the classes that wait");
     }
 

@@ -24,7 +24,7 @@ const ALLOW_HEADERS: HeaderValue = HeaderValue::from_static(
 );
 /// The response headers a page may read (beyond the CORS-safelisted ones).
 const EXPOSE_HEADERS: HeaderValue =
-    HeaderValue::from_static("x-trace-id, retry-after, x-shed-level, etag");
+    HeaderValue::from_static("x-trace-id, retry-after, x-shed-level, server-timing, etag");
 const TRUE: HeaderValue = HeaderValue::from_static("true");
 const ANY: HeaderValue = HeaderValue::from_static("*");
 

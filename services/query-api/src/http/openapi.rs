@@ -33,6 +33,7 @@ pub const OPTIONAL_HEADERS: &[&str] = &[
     "content-encoding",
     "vary",
     "x-shed-level",
+    "server-timing",
     "access-control-allow-origin",
     "access-control-expose-headers",
     "access-control-allow-credentials",
@@ -295,18 +296,30 @@ impl Modify for EdgeResponses {
 }
 
 /// What any answer of the public listener may carry besides its own headers: the shed level,
-/// and CORS's for an allowed origin.
+/// the admission wait's `Server-Timing`, and CORS's for an allowed origin.
 fn add_public_headers(
     headers: &mut std::collections::BTreeMap<String, RefOr<utoipa::openapi::header::Header>>,
 ) {
     headers.insert("x-shed-level".to_owned(), shed_level_header().into());
+    headers.insert(
+        "server-timing".to_owned(),
+        header(
+            "On a request that queued for admission (a prefetch over the limit): \
+             `admission;desc=admitted|timed_out|full;dur=MILLISECONDS`, how its wait ended and \
+             how long it was.",
+        )
+        .into(),
+    );
     headers.insert(
         "access-control-allow-origin".to_owned(),
         header("The request's `Origin` when `http.cors.allowed_origins` lists it (or `*`).").into(),
     );
     headers.insert(
         "access-control-expose-headers".to_owned(),
-        header("`x-trace-id, retry-after, x-shed-level, etag`, for an allowed origin.").into(),
+        header(
+            "`x-trace-id, retry-after, x-shed-level, server-timing, etag`, for an allowed origin.",
+        )
+        .into(),
     );
     headers.insert(
         "access-control-allow-credentials".to_owned(),

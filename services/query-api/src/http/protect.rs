@@ -11,12 +11,14 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{ConnectInfo, Request};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use rebate_resilience::{
     Admission, AdmissionQueue, AdmissionTicket, KeyedLimiter, LoadShedder, RequestClass, ShedLevel,
+    WaitOutcome,
 };
 
 use super::error::ApiError;
@@ -28,6 +30,8 @@ pub const CLIENT_ID_HEADER: HeaderName = HeaderName::from_static("x-client-id");
 const FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// Set on responses served while shedding (level ≥ 1), so clients and load tests can see it.
 pub const SHED_LEVEL_HEADER: HeaderName = HeaderName::from_static("x-shed-level");
+/// W3C Server Timing: on a request that queued for admission, `admission;desc=OUTCOME;dur=MS`.
+pub const SERVER_TIMING_HEADER: HeaderName = HeaderName::from_static("server-timing");
 /// Lowers a request's class (`page`, `list`, `prefetch`): what gives way first when shedding.
 pub const REQUEST_CLASS_HEADER: HeaderName = HeaderName::from_static("x-request-class");
 
@@ -76,11 +80,11 @@ pub(super) fn limit_client_now(
 }
 
 /// The 429 for a client that may try again after `retry_after`.
-fn rate_limited(retry_after: std::time::Duration) -> Response {
+fn rate_limited(retry_after: Duration) -> Response {
     rate_limited_error(retry_after).into_response()
 }
 
-fn rate_limited_error(retry_after: std::time::Duration) -> ApiError {
+fn rate_limited_error(retry_after: Duration) -> ApiError {
     // Whole seconds, rounded up: a client that waits Retry-After finds a token.
     let nanos = retry_after.as_nanos();
     let retry_after_secs = u32::try_from(nanos.div_ceil(1_000_000_000))
@@ -208,8 +212,9 @@ where
     let mut response = match admitted {
         Ok(admitted) => {
             request.extensions_mut().insert(admitted.level);
+            let queued = admitted.queued;
             let response = run(request).await;
-            admitted.finish(response)
+            stamp_queued(queued, admitted.finish(response))
         }
         Err(refused) => refused.into_response(),
     };
@@ -248,6 +253,36 @@ fn within_limit(level: ShedLevel, shedder: &LoadShedder, class: RequestClass) ->
     class.served_at(level).is_some() && shedder.has_room()
 }
 
+/// How a request that queued for admission left the queue, and after how long: the
+/// `Server-Timing` of its response, so a client (and the load harness) sees its wait.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Queued {
+    outcome: WaitOutcome,
+    waited: Duration,
+}
+
+impl Queued {
+    /// `admission;desc=admitted;dur=12.345` (milliseconds, three decimals).
+    fn header(self) -> HeaderValue {
+        let value = format!(
+            "admission;desc={};dur={:.3}",
+            self.outcome.as_str(),
+            self.waited.as_secs_f64() * 1e3
+        );
+        HeaderValue::try_from(value).expect("an outcome name and a number are a header value")
+    }
+}
+
+/// `Server-Timing` on the response of a request that queued for admission.
+fn stamp_queued(queued: Option<Queued>, mut response: Response) -> Response {
+    if let Some(queued) = queued {
+        response
+            .headers_mut()
+            .append(SERVER_TIMING_HEADER, queued.header());
+    }
+    response
+}
+
 /// The admission of a request whose class may wait: admitted at once when nobody of its class
 /// or above waits and it is within the limit; otherwise it joins its class's queue and, each
 /// time it is its turn (the head of the queue, capacity possibly freed), tries again — until it
@@ -272,7 +307,12 @@ async fn admit_or_wait(
         Err(full) => {
             tracing::debug!(%full, "admission queue full");
             rebate_telemetry::record_stage("admission", class.as_str(), "full", started, None);
-            return Err(refusal(protection, shedder));
+            return Err(refusal(
+                protection,
+                shedder,
+                WaitOutcome::Full,
+                Duration::ZERO,
+            ));
         }
     };
     let admitted = {
@@ -287,15 +327,19 @@ async fn admit_or_wait(
         tokio::time::timeout(queue.max_wait(class), turns).await
     };
     match admitted {
-        Ok(admitted) => {
-            waiter.admitted();
+        Ok(mut admitted) => {
+            let waited = waiter.admitted();
             rebate_telemetry::record_stage("admission", class.as_str(), "waited", started, None);
+            admitted.queued = Some(Queued {
+                outcome: WaitOutcome::Admitted,
+                waited,
+            });
             Ok(admitted)
         }
         Err(_elapsed) => {
-            waiter.timed_out();
+            let waited = waiter.timed_out();
             rebate_telemetry::record_stage("admission", class.as_str(), "timed_out", started, None);
-            Err(refusal(protection, shedder))
+            Err(refusal(protection, shedder, WaitOutcome::TimedOut, waited))
         }
     }
 }
@@ -317,14 +361,21 @@ fn try_admit<'a>(
         level,
         admission: Some(admission),
         waiters: Waiters(protection.admission_queue.as_ref()),
+        queued: None,
     })
 }
 
 /// The 503 for a request whose queue was full or whose wait ran out.
-fn refusal(protection: &Protection, shedder: &LoadShedder) -> Refused {
+fn refusal(
+    protection: &Protection,
+    shedder: &LoadShedder,
+    outcome: WaitOutcome,
+    waited: Duration,
+) -> Refused {
     Refused {
         measured: shedder.level(),
         retry_after_secs: protection.shed_retry_after(),
+        queued: Some(Queued { outcome, waited }),
     }
 }
 
@@ -337,6 +388,8 @@ pub(super) struct Admitted<'a> {
     admission: Option<Admission<'a>>,
     /// Told when the request ends (after `admission`, which it follows in drop order).
     waiters: Waiters<'a>,
+    /// How its wait went, when it queued (only [`admit_or_wait`] sets it).
+    queued: Option<Queued>,
 }
 
 /// Notifies the admission queue, if any, when dropped: the request that held it is no longer
@@ -364,6 +417,7 @@ impl<'a> Admitted<'a> {
                 level,
                 admission,
                 waiters: Waiters(protection.admission_queue.as_ref()),
+                queued: None,
             }),
             None => {
                 drop(admission);
@@ -371,6 +425,7 @@ impl<'a> Admitted<'a> {
                 Err(Refused {
                     measured,
                     retry_after_secs: protection.shed_retry_after(),
+                    queued: None,
                 })
             }
         }
@@ -383,6 +438,7 @@ impl<'a> Admitted<'a> {
             level,
             admission,
             waiters,
+            queued: _,
         } = self;
         let response = stamp_level(level, response);
         drop(admission);
@@ -397,6 +453,7 @@ impl<'a> Admitted<'a> {
             level,
             admission,
             mut waiters,
+            queued: _,
         } = self;
         // Still in flight: the owned admission notifies when it ends.
         waiters.0 = None;
@@ -413,6 +470,8 @@ impl<'a> Admitted<'a> {
 pub(super) struct Refused {
     measured: ShedLevel,
     retry_after_secs: u32,
+    /// How its wait went, when it queued.
+    queued: Option<Queued>,
 }
 
 impl IntoResponse for Refused {
@@ -425,7 +484,7 @@ impl IntoResponse for Refused {
             SHED_LEVEL_HEADER,
             HeaderValue::from(u16::from(self.measured.as_u8())),
         );
-        response
+        stamp_queued(self.queued, response)
     }
 }
 
