@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::keys::ItemKey;
 use crate::procfs::CpuSource;
 use crate::wire;
-pub use crate::wire::TransportError;
+pub use crate::wire::{QueueOutcome, Queued, TransportError};
 
 /// How a simulated client reacts to 429 / 503 and failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +105,8 @@ pub struct ResponseSummary {
     pub business_ok: bool,
     /// For a 503: the error code the body gave.
     pub refusal: Option<Refusal>,
+    /// The request queued for admission: how that ended and how long it waited.
+    pub queued: Option<Queued>,
 }
 
 /// Why the service answered 503, from the `code` of its error body: the shedder refused the
@@ -334,6 +336,10 @@ pub struct AttemptRecord {
     pub latency: Duration,
     /// For a 503: why.
     pub refusal: Option<Refusal>,
+    /// The answer carried `Retry-After`.
+    pub retry_after: bool,
+    /// It queued for admission (the service's `Server-Timing`).
+    pub queued: Option<Queued>,
 }
 
 impl AttemptRecord {
@@ -361,6 +367,20 @@ impl Attempt {
     pub fn refusal(&self) -> Option<Refusal> {
         match self {
             Self::Response(response) => response.refusal,
+            Self::Transport(_) => None,
+        }
+    }
+
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Response(response) => response.retry_after,
+            Self::Transport(_) => None,
+        }
+    }
+
+    pub fn queued(&self) -> Option<Queued> {
+        match self {
+            Self::Response(response) => response.queued,
             Self::Transport(_) => None,
         }
     }
@@ -493,6 +513,7 @@ impl LoadClient {
             shed_level: response.shed_level,
             business_ok: status == 200 && business_ok(&response.body, request.items()),
             refusal: (status == 503).then(|| Refusal::of_body(&response.body)),
+            queued: response.queued,
         })
     }
 
@@ -521,6 +542,8 @@ impl LoadClient {
                 status: attempt.status(),
                 latency: answered.saturating_duration_since(attempt_due),
                 refusal: attempt.refusal(),
+                retry_after: attempt.retry_after().is_some(),
+                queued: attempt.queued(),
             });
             if let Attempt::Response(response) = &attempt {
                 shed_level = shed_level.max(response.shed_level);
@@ -636,6 +659,7 @@ mod tests {
             shed_level: None,
             business_ok: false,
             refusal: None,
+            queued: None,
         })
     }
 
@@ -949,6 +973,8 @@ mod tests {
             status,
             latency: Duration::from_millis(1),
             refusal: None,
+            retry_after: false,
+            queued: None,
         };
         for status in [200, 404, 500, 502, 504] {
             assert!(record(Ok(status)).admitted(), "{status}");

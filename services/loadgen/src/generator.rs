@@ -389,6 +389,8 @@ pub async fn closed_loop_probe(
                         status: attempt.status(),
                         latency,
                         refusal: attempt.refusal(),
+                        retry_after: attempt.retry_after().is_some(),
+                        queued: attempt.queued(),
                     };
                     let outcome = LogicalOutcome {
                         last: attempt,

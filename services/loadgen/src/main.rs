@@ -152,6 +152,7 @@ enum Choice {
     Burst,
     Steady,
     Mixed,
+    Deferrable,
     CouponFault,
     RedisOutage,
     RetryStorm,
@@ -199,7 +200,8 @@ struct RunArgs {
     #[arg(long, default_value_t = 50)]
     batch_max: usize,
     /// Share of single-item requests marked `x-request-class: prefetch` in burst, steady and
-    /// mixed (0–1; a share of the singles, so any value fits any --batch-ratio).
+    /// mixed (0–1; a share of the singles, so any value fits any --batch-ratio), and the
+    /// deferrable share of the deferrable scenario's mixed runs (0: its own 0.2).
     #[arg(long, default_value_t = 0.0)]
     prefetch_ratio: f64,
     /// Share of requests from App clients (`x-client-id: app-ios-N`); the rest are H5.
@@ -405,6 +407,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Choice::Burst => vec![ScenarioName::Burst],
         Choice::Steady => vec![ScenarioName::Steady],
         Choice::Mixed => vec![ScenarioName::Mixed],
+        Choice::Deferrable => vec![ScenarioName::Deferrable],
         Choice::CouponFault => vec![ScenarioName::CouponFault],
         Choice::RedisOutage => vec![ScenarioName::RedisOutage],
         Choice::RetryStorm => vec![ScenarioName::RetryStorm],

@@ -15,7 +15,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::client::{AttemptRecord, Refusal, RequestClass, TransportError};
+use crate::client::{AttemptRecord, QueueOutcome, Refusal, RequestClass, TransportError};
 
 /// Largest latency the histograms hold (longer ones are recorded as this): 2 minutes.
 const MAX_LATENCY_MICROS: u64 = 120_000_000;
@@ -86,6 +86,22 @@ pub struct Stats {
     other_errors: u64,
     client_overflow: u64,
     max_shed_level: Option<u8>,
+    /// Attempts that queued for admission (the service's `Server-Timing`), by how that ended.
+    queue: QueueCounts,
+    /// The waits of queued attempts that were admitted or timed out (a full queue has none).
+    queue_wait: Histogram<u64>,
+    /// 503 attempts that carried `Retry-After`.
+    received_503_with_retry_after: u64,
+    /// Logical requests answered 2xx by an attempt that had queued for admission.
+    ok_after_wait: u64,
+}
+
+/// Queued attempts by [`QueueOutcome`].
+#[derive(Debug, Clone, Copy, Default)]
+struct QueueCounts {
+    admitted: u64,
+    timed_out: u64,
+    full: u64,
 }
 
 impl Default for Stats {
@@ -108,6 +124,10 @@ impl Default for Stats {
             other_errors: 0,
             client_overflow: 0,
             max_shed_level: None,
+            queue: QueueCounts::default(),
+            queue_wait: latency_histogram(),
+            received_503_with_retry_after: 0,
+            ok_after_wait: 0,
         }
     }
 }
@@ -127,6 +147,9 @@ impl Stats {
             match attempt.status {
                 Ok(503) => {
                     self.received_503 += 1;
+                    if attempt.retry_after {
+                        self.received_503_with_retry_after += 1;
+                    }
                     let code = attempt.refusal.unwrap_or(Refusal::Other).as_str();
                     *self.received_503_by_code.entry(code).or_default() += 1;
                 }
@@ -136,6 +159,16 @@ impl Stats {
             }
             if attempt.admitted() {
                 self.admitted.saturating_record(micros(attempt.latency));
+            }
+            if let Some(queued) = attempt.queued {
+                match queued.outcome {
+                    QueueOutcome::Admitted => self.queue.admitted += 1,
+                    QueueOutcome::TimedOut => self.queue.timed_out += 1,
+                    QueueOutcome::Full => self.queue.full += 1,
+                }
+                if queued.outcome != QueueOutcome::Full {
+                    self.queue_wait.saturating_record(micros(queued.wait));
+                }
             }
         }
         match outcome {
@@ -147,6 +180,10 @@ impl Stats {
                 *self.by_status.entry(status).or_default() += 1;
                 if (200..300).contains(&status) {
                     self.ok_2xx += 1;
+                    let last = attempts.last().and_then(|attempt| attempt.queued);
+                    if last.is_some_and(|queued| queued.outcome == QueueOutcome::Admitted) {
+                        self.ok_after_wait += 1;
+                    }
                 }
                 if business_ok {
                     self.business_ok += 1;
@@ -226,6 +263,16 @@ impl Stats {
             other_errors: self.other_errors,
             client_overflow: self.client_overflow,
             max_shed_level_seen: self.max_shed_level,
+            received_503_with_retry_after: self.received_503_with_retry_after,
+            ok_after_wait: self.ok_after_wait,
+            queued_admitted: self.queue.admitted,
+            queued_timed_out: self.queue.timed_out,
+            queued_full: self.queue.full,
+            queue_wait_p50_ms: quantile_of(&self.queue_wait, 0.5),
+            queue_wait_p90_ms: quantile_of(&self.queue_wait, 0.9),
+            queue_wait_p99_ms: quantile_of(&self.queue_wait, 0.99),
+            queue_wait_max_ms: (!self.queue_wait.is_empty())
+                .then(|| self.queue_wait.max() as f64 / 1000.0),
         }
     }
 }
@@ -276,6 +323,21 @@ pub struct StatsSummary {
     /// Highest `x-shed-level` header seen: the level a request was served at (for a refused
     /// one, the measured level), so per class it shows lists and prefetches served higher.
     pub max_shed_level_seen: Option<u8>,
+    /// 503 attempts that carried `Retry-After`.
+    pub received_503_with_retry_after: u64,
+    /// Logical requests answered 2xx by an attempt that had queued for admission: they
+    /// succeeded after waiting.
+    pub ok_after_wait: u64,
+    /// Attempts that queued for admission (the service's `Server-Timing: admission`), by how
+    /// the wait ended: admitted, timed out (503), or refused at once by a full queue (503).
+    pub queued_admitted: u64,
+    pub queued_timed_out: u64,
+    pub queued_full: u64,
+    /// Waits of the queued attempts that were admitted or timed out, as the service timed them.
+    pub queue_wait_p50_ms: Option<f64>,
+    pub queue_wait_p90_ms: Option<f64>,
+    pub queue_wait_p99_ms: Option<f64>,
+    pub queue_wait_max_ms: Option<f64>,
 }
 
 /// A named part of a run, from `start` (offset into the run) to the next phase's start.
@@ -292,6 +354,8 @@ struct Inner {
     phases: Vec<Stats>,
     /// By [`RequestClass::index`].
     classes: [Stats; RequestClass::ALL.len()],
+    /// Each phase's requests by class, aligned with `phases`.
+    phase_classes: Vec<[Stats; RequestClass::ALL.len()]>,
 }
 
 /// Collects completions from every request task of one run.
@@ -309,6 +373,7 @@ impl Recorder {
         debug_assert!(!window.is_zero());
         debug_assert!(phases.windows(2).all(|pair| pair[0].start <= pair[1].start));
         let phase_stats = vec![Stats::default(); phases.len()];
+        let phase_classes = (0..phases.len()).map(|_| Default::default()).collect();
         Self {
             window,
             phases,
@@ -317,6 +382,7 @@ impl Recorder {
                 windows: Vec::new(),
                 phases: phase_stats,
                 classes: Default::default(),
+                phase_classes,
             }),
         }
     }
@@ -356,6 +422,9 @@ impl Recorder {
         if let Some(phase) = inner.phases.get_mut(phase_index) {
             phase.record(latency, outcome, items, attempts);
         }
+        if let Some(classes) = inner.phase_classes.get_mut(phase_index) {
+            classes[class.index()].record(latency, outcome, items, attempts);
+        }
         inner.classes[class.index()].record(latency, outcome, items, attempts);
     }
 
@@ -376,6 +445,7 @@ impl Recorder {
                 .zip(inner.phases.iter().cloned())
                 .collect(),
             classes: inner.classes.clone(),
+            phase_classes: inner.phase_classes.clone(),
         }
     }
 }
@@ -389,12 +459,19 @@ pub struct Recorded {
     pub phases: Vec<(Phase, Stats)>,
     /// By [`RequestClass::index`]; see [`Recorded::class`].
     pub classes: [Stats; RequestClass::ALL.len()],
+    /// Each phase's requests by class (aligned with `phases`); see [`Recorded::phase_class`].
+    pub phase_classes: Vec<[Stats; RequestClass::ALL.len()]>,
 }
 
 impl Recorded {
     /// The requests of one class.
     pub fn class(&self, class: RequestClass) -> &Stats {
         &self.classes[class.index()]
+    }
+
+    /// The requests of one class in phase number `phase`.
+    pub fn phase_class(&self, phase: usize, class: RequestClass) -> Option<&Stats> {
+        Some(&self.phase_classes.get(phase)?[class.index()])
     }
 }
 
@@ -407,6 +484,8 @@ mod tests {
             status,
             latency: Duration::from_millis(latency_ms),
             refusal: None,
+            retry_after: false,
+            queued: None,
         }
     }
 
@@ -648,6 +727,59 @@ mod tests {
         assert_eq!(recorded.total.summary().max_shed_level_seen, Some(3));
         assert_eq!(recorded.windows[0].summary().max_shed_level_seen, Some(1));
         assert_eq!(recorded.windows[0].logical(), 4);
+    }
+
+    #[test]
+    fn queued_attempts_are_counted_by_outcome_and_their_waits_kept_apart() {
+        let queued = |status, outcome, wait_ms, retry_after| AttemptRecord {
+            retry_after,
+            queued: Some(crate::client::Queued {
+                outcome,
+                wait: Duration::from_millis(wait_ms),
+            }),
+            ..attempt(Ok(status), wait_ms + 2)
+        };
+        let served = |status| Final::Response {
+            status,
+            business_ok: status == 200,
+            shed_level: None,
+        };
+        let ms = Duration::from_millis;
+        let mut stats = Stats::default();
+        // Waited 40 ms and was admitted.
+        let waited = [queued(200, QueueOutcome::Admitted, 40, false)];
+        stats.record(ms(42), served(200), 1, &waited);
+        // A full queue, then a spent 250 ms wait, then admitted after 10 ms on the third try.
+        let retried = [
+            queued(503, QueueOutcome::Full, 0, true),
+            queued(503, QueueOutcome::TimedOut, 250, true),
+            queued(200, QueueOutcome::Admitted, 10, false),
+        ];
+        stats.record(ms(900), served(200), 1, &retried);
+        // Admitted at once (no Server-Timing), and a 503 without Retry-After.
+        stats.record(ms(1), served(200), 1, &[attempt(Ok(200), 1)]);
+        stats.record(ms(1), served(503), 1, &[attempt(Ok(503), 1)]);
+        let summary = stats.summary();
+        assert_eq!(
+            (
+                summary.queued_admitted,
+                summary.queued_timed_out,
+                summary.queued_full
+            ),
+            (2, 1, 1)
+        );
+        assert_eq!((summary.ok_2xx, summary.ok_after_wait), (3, 2));
+        assert_eq!(
+            (summary.received_503, summary.received_503_with_retry_after),
+            (3, 2)
+        );
+        // Three waits (10, 40, 250 ms): the full queue's refusal is not one.
+        // (Histograms keep 3 significant digits.)
+        let near = |figure: Option<f64>, expected: f64| {
+            figure.is_some_and(|figure| (figure - expected).abs() <= expected * 1e-3)
+        };
+        assert!(near(summary.queue_wait_p50_ms, 40.0), "{summary:?}");
+        assert!(near(summary.queue_wait_max_ms, 250.0), "{summary:?}");
     }
 
     #[test]

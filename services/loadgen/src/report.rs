@@ -13,7 +13,7 @@ use crate::client::RequestClass;
 use crate::generator::DispatchHealth;
 use crate::generator_bound::{self, Evidence, LoopKind, RunCpu};
 use crate::recorder::{Recorded, StatsSummary};
-use crate::service::{Readings, ShedSample};
+use crate::service::{QueueReading, Readings, ShedSample};
 
 /// The whole run.
 #[derive(Debug, Clone, Serialize)]
@@ -221,6 +221,11 @@ pub struct Series {
     /// Per request class (`page`, `list`, `prefetch`: [`RequestClass::as_str`]), every class
     /// present when more than one is; empty otherwise (the series' own figures are the class's).
     pub kinds: BTreeMap<String, StatsSummary>,
+    /// The request classes present in the series ([`RequestClass::as_str`]).
+    pub classes: Vec<String>,
+    /// The service's admission queues over the run, by class (service targets whose classes
+    /// may wait): outcomes between the readings before and after, the bound and the peak.
+    pub admission_queues: BTreeMap<String, QueueReading>,
     pub windows: Vec<WindowReport>,
 }
 
@@ -233,6 +238,9 @@ pub struct PhaseReport {
     pub achieved_rps: f64,
     #[serde(flatten)]
     pub stats: StatsSummary,
+    /// Per request class, as [`Series::kinds`]: every class of the series present in this
+    /// phase when the series has more than one; empty otherwise.
+    pub kinds: BTreeMap<String, StatsSummary>,
 }
 
 /// One window (1 s by scheduled time) of a series: the charts' data.
@@ -296,6 +304,19 @@ impl Series {
         let per_request = |delta: u64| {
             (stats.logical_requests > 0).then(|| delta as f64 / stats.logical_requests as f64)
         };
+        let admission_queues = input
+            .readings
+            .map(|(before, after)| {
+                RequestClass::ALL
+                    .into_iter()
+                    .filter_map(|class| {
+                        let after = after.admission_queues[class.index()]?;
+                        let before = before.admission_queues[class.index()].unwrap_or_default();
+                        Some((class.as_str().to_owned(), before.until(&after)))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let (upstream, items, misses, store, started, shedding) = match input.readings {
             Some((before, after)) => (
                 per_request(after.upstream_calls.saturating_sub(before.upstream_calls)),
@@ -404,16 +425,34 @@ impl Series {
                     let duration_s = (end_s - start_s).max(1e-9);
                     let summary = stats.summary();
                     let responded: u64 = summary.by_status.values().sum();
+                    let kinds = if present.len() > 1 {
+                        present
+                            .iter()
+                            .filter_map(|class| {
+                                let stats = recorded.phase_class(index, *class)?;
+                                (stats.logical() > 0)
+                                    .then(|| (class.as_str().to_owned(), stats.summary()))
+                            })
+                            .collect()
+                    } else {
+                        BTreeMap::new()
+                    };
                     PhaseReport {
                         name: phase.name.clone(),
                         start_s,
                         duration_s,
                         achieved_rps: responded as f64 / duration_s,
                         stats: summary,
+                        kinds,
                     }
                 })
                 .collect(),
             kinds,
+            classes: present
+                .iter()
+                .map(|class| class.as_str().to_owned())
+                .collect(),
+            admission_queues,
             windows,
             stats,
         }
@@ -457,11 +496,44 @@ impl Series {
     /// The figures of one request class of a series that has more than one.
     pub fn class_figures(&self, class: RequestClass) -> Option<Figures> {
         let stats = self.kinds.get(class.as_str())?;
-        Some(Figures {
-            label: format!("{} / {} requests", self.label, class.as_str()),
+        let seconds = self.elapsed_s.max(self.duration_s);
+        Some(self.stats_figures(
+            format!("{} / {} requests", self.label, class.as_str()),
+            stats,
+            seconds,
+        ))
+    }
+
+    /// The figures of one request class in one phase; in a series of one class, that class's
+    /// are the phase's own.
+    pub fn phase_class_figures(&self, phase: &str, class: RequestClass) -> Option<Figures> {
+        let phase = self
+            .phases
+            .iter()
+            .find(|candidate| candidate.name == phase)?;
+        let stats = match phase.kinds.get(class.as_str()) {
+            Some(stats) => stats,
+            None if self.classes == [class.as_str()] => &phase.stats,
+            None => return None,
+        };
+        Some(self.stats_figures(
+            format!(
+                "{} / {} / {} requests",
+                self.label,
+                phase.name,
+                class.as_str()
+            ),
+            stats,
+            phase.duration_s,
+        ))
+    }
+
+    /// `stats` (a slice of this series `seconds` long) as a row of figures.
+    fn stats_figures(&self, label: String, stats: &StatsSummary, seconds: f64) -> Figures {
+        Figures {
+            label,
             offered_rps: None,
-            achieved_rps: stats.logical_requests as f64
-                / self.elapsed_s.max(self.duration_s).max(1e-9),
+            achieved_rps: stats.logical_requests as f64 / seconds.max(1e-9),
             p50_ms: stats.p50_ms,
             p99_ms: stats.p99_ms,
             p999_ms: stats.p999_ms,
@@ -476,7 +548,7 @@ impl Series {
             client_overflow: stats.client_overflow,
             total_sent: 0,
             generator: self.generator_figures(),
-        })
+        }
     }
 
     /// The figures of one phase of this series (same counters, phase-local latencies).
@@ -832,16 +904,14 @@ pub fn markdown(report: &RunReport) -> String {
             let _ = writeln!(out, "{} by request class:\n", series.label);
             let _ = writeln!(
                 out,
-                "| class | logical | items | HTTP ok | business ok | 503 received | P50 ms | P99 ms | admitted P99 ms | max x-shed-level |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+                "| class | phase | logical | items | HTTP ok | business ok | 503 received | P50 ms | P99 ms | admitted P99 ms | max x-shed-level |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
             );
-            for class in RequestClass::ALL {
-                let Some(stats) = series.kinds.get(class.as_str()) else {
-                    continue;
-                };
+            for (phase, class, stats) in class_rows(series) {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     class.as_str(),
+                    phase,
                     stats.logical_requests,
                     stats.items,
                     percent(stats.http_success_rate),
@@ -856,12 +926,97 @@ pub fn markdown(report: &RunReport) -> String {
                 );
             }
             out.push('\n');
+            admission_table(&mut out, series);
         }
         for chart in &scenario.charts {
             let _ = writeln!(out, "![{chart}]({chart})");
         }
     }
     out
+}
+
+/// The per-class rows of a series with more than one class: each class over the whole run,
+/// then (when the series has phases) each class in each phase.
+fn class_rows(series: &Series) -> Vec<(&str, RequestClass, &StatsSummary)> {
+    let mut slices = vec![("whole run", &series.kinds)];
+    if series.phases.len() > 1 {
+        slices.extend(
+            series
+                .phases
+                .iter()
+                .map(|phase| (phase.name.as_str(), &phase.kinds)),
+        );
+    }
+    slices
+        .into_iter()
+        .flat_map(|(phase, kinds)| {
+            RequestClass::ALL.into_iter().filter_map(move |class| {
+                kinds.get(class.as_str()).map(|stats| (phase, class, stats))
+            })
+        })
+        .collect()
+}
+
+/// The admission wait of a series with more than one class, when anything queued or a class
+/// may wait: per class (and phase), how many succeeded after waiting, how the queued attempts'
+/// waits ended and how long they were (the service's `Server-Timing`), the 503s and how many
+/// carried `Retry-After`; and the service's queue over the run (its peak against its bound,
+/// its outcome counters).
+fn admission_table(out: &mut String, series: &Series) {
+    let queued = series
+        .kinds
+        .values()
+        .any(|stats| stats.queued_admitted + stats.queued_timed_out + stats.queued_full > 0);
+    if !queued && series.admission_queues.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "{} admission wait by class:\n", series.label);
+    let _ = writeln!(
+        out,
+        "| class | phase | logical | HTTP ok | ok after waiting | queued: admitted / timed out / full | wait P50 / P90 / P99 / max ms | 503 (with Retry-After) |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    for (phase, class, stats) in class_rows(series) {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} / {} | {} ({}) |",
+            class.as_str(),
+            phase,
+            stats.logical_requests,
+            percent(stats.http_success_rate),
+            stats.ok_after_wait,
+            stats.queued_admitted,
+            stats.queued_timed_out,
+            stats.queued_full,
+            number(stats.queue_wait_p50_ms, 1),
+            number(stats.queue_wait_p90_ms, 1),
+            number(stats.queue_wait_p99_ms, 1),
+            number(stats.queue_wait_max_ms, 1),
+            stats.received_503,
+            stats.received_503_with_retry_after,
+        );
+    }
+    out.push('\n');
+    if series.admission_queues.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "{}: the service's admission queues over the run (status page, before and after):\n\n| class | peak waiting / bound | admitted | timed out | full | cancelled |\n| --- | ---: | ---: | ---: | ---: | ---: |",
+        series.label
+    );
+    for (class, queue) in &series.admission_queues {
+        let _ = writeln!(
+            out,
+            "| {class} | {} / {} | {} | {} | {} | {} |",
+            queue.peak_waiting,
+            queue.max_waiters,
+            queue.admitted,
+            queue.timed_out,
+            queue.refused_full,
+            queue.cancelled
+        );
+    }
+    out.push('\n');
 }
 
 #[cfg(test)]
@@ -904,6 +1059,8 @@ mod tests {
                     status: Ok(200),
                     latency: Duration::from_millis(latency_ms),
                     refusal: None,
+                    retry_after: false,
+                    queued: None,
                 }],
             );
         }
@@ -916,6 +1073,7 @@ mod tests {
             shed_level: Some(0),
             capacity_rps: Some(5000),
             shedding_enabled: Some(true),
+            admission_queues: [None; 3],
         };
         let after = Readings {
             upstream_calls: 60,
@@ -1232,6 +1390,8 @@ mod tests {
                     status: Ok(status),
                     latency: Duration::from_millis(latency_ms),
                     refusal: None,
+                    retry_after: false,
+                    queued: None,
                 }],
             );
         }
@@ -1276,7 +1436,7 @@ mod tests {
         let report = run_report(vec![scenario]);
         let text = markdown(&report);
         assert!(text.contains(
-            "service by request class:\n\n| class | logical | items | HTTP ok | business ok | 503 received | P50 ms | P99 ms | admitted P99 ms | max x-shed-level |"
+            "service by request class:\n\n| class | phase | logical | items | HTTP ok | business ok | 503 received | P50 ms | P99 ms | admitted P99 ms | max x-shed-level |"
         ));
         let rows: Vec<&str> = text
             .lines()
@@ -1289,9 +1449,9 @@ mod tests {
         assert_eq!(
             rows,
             [
-                "| page | 40 | 40 | 100.0 % | 100.0 % | 0 | 2.00 | 2.00 | 2.00 | 1 |",
-                "| list | 40 | 400 | 100.0 % | 100.0 % | 0 | 8.00 | 8.00 | 8.00 | 2 |",
-                "| prefetch | 40 | 40 | 50.0 % | 50.0 % | 20 | 1.00 | 1.00 | 1.00 | 3 |",
+                "| page | whole run | 40 | 40 | 100.0 % | 100.0 % | 0 | 2.00 | 2.00 | 2.00 | 1 |",
+                "| list | whole run | 40 | 400 | 100.0 % | 100.0 % | 0 | 8.00 | 8.00 | 8.00 | 2 |",
+                "| prefetch | whole run | 40 | 40 | 50.0 % | 50.0 % | 20 | 1.00 | 1.00 | 1.00 | 3 |",
             ]
         );
         let json: serde_json::Value = serde_json::to_value(&report).unwrap();

@@ -34,6 +34,7 @@ pub enum ScenarioName {
     Burst,
     Steady,
     Mixed,
+    Deferrable,
     CouponFault,
     RedisOutage,
     RetryStorm,
@@ -41,11 +42,12 @@ pub enum ScenarioName {
 }
 
 impl ScenarioName {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::HotPath,
         Self::Burst,
         Self::Steady,
         Self::Mixed,
+        Self::Deferrable,
         Self::CouponFault,
         Self::RedisOutage,
         Self::RetryStorm,
@@ -58,6 +60,7 @@ impl ScenarioName {
             Self::Burst => "burst",
             Self::Steady => "steady",
             Self::Mixed => "mixed",
+            Self::Deferrable => "deferrable",
             Self::CouponFault => "coupon-fault",
             Self::RedisOutage => "redis-outage",
             Self::RetryStorm => "retry-storm",
@@ -87,6 +90,17 @@ impl ScenarioName {
                  whose item rate is the moderate rate (50 % of the lesser of capacity and the \
                  service's shedding capacity_rps). Reference: the pages (singles not marked \
                  prefetch) within the same run."
+            }
+            Self::Deferrable => {
+                "80 % fast requests (item pages) and 20 % deferrable ones (marked \
+                 `x-request-class: prefetch`, which wait for admission over the limit) at the \
+                 burst profile (0 → 150 % of capacity, held, then 80 %) and the steady one \
+                 (80 %), against two runs without deferrable traffic at each: fast only (the \
+                 deferrable requests removed: 80 % of the load) and all fast (replaced by fast \
+                 ones: the whole load). Every run on a fresh service. Figures: the fast class \
+                 at 150 % (the burst's overload phase) with deferrable traffic; reference: the \
+                 fast-only run's. Per class: success, waits (the service's `Server-Timing`), \
+                 503s with `Retry-After`, latency; the admission queue's peak against its bound."
             }
             Self::CouponFault => {
                 "Open loop at the moderate rate (50 % of the lesser of capacity and the service's \
@@ -131,7 +145,8 @@ pub struct Options {
     pub batch_min: usize,
     pub batch_max: usize,
     /// Share of single-item requests marked `x-request-class: prefetch` in burst, steady and
-    /// mixed (the scenarios that show shedding by class).
+    /// mixed (the scenarios that show shedding by class); in deferrable, the deferrable share
+    /// of its mixed runs when above 0.
     pub prefetch_ratio: f64,
     pub app_share: f64,
     pub clients_per_kind: u32,
@@ -263,6 +278,7 @@ impl Harness {
             ScenarioName::Burst => self.burst().await,
             ScenarioName::Steady => self.steady().await,
             ScenarioName::Mixed => self.mixed().await,
+            ScenarioName::Deferrable => self.deferrable().await,
             ScenarioName::CouponFault => self.coupon_fault().await,
             ScenarioName::RedisOutage => self.redis_outage().await,
             ScenarioName::RetryStorm => self.retry_storm().await,
@@ -521,7 +537,19 @@ impl Harness {
         env: &[(String, String)],
         report: &mut ScenarioReport,
     ) -> anyhow::Result<(ServiceProcess, f64, Arc<KeyPicker>)> {
-        let service = self.start_service(name.as_str(), "service", env).await?;
+        self.start_labelled_service(name, "service", env, report)
+            .await
+    }
+
+    /// As [`Harness::start_catalogue_service`], its log named `<scenario>-<label>.log`.
+    async fn start_labelled_service(
+        &mut self,
+        name: ScenarioName,
+        label: &str,
+        env: &[(String, String)],
+        report: &mut ScenarioReport,
+    ) -> anyhow::Result<(ServiceProcess, f64, Arc<KeyPicker>)> {
+        let service = self.start_service(name.as_str(), label, env).await?;
         let capacity = self
             .ensure_capacity(name.as_str(), &mut report.notes)
             .await?;
@@ -984,6 +1012,63 @@ impl Harness {
         );
         report.series = vec![series];
         service.stop().await;
+        Ok(report)
+    }
+
+    /// The mixed run with a deferrable share at the burst and steady profiles, next to runs
+    /// without deferrable traffic (see [`ScenarioName::Deferrable`]).
+    async fn deferrable(&mut self) -> anyhow::Result<ScenarioReport> {
+        let name = ScenarioName::Deferrable;
+        let mut report = ScenarioReport::new(name.as_str(), name.description());
+        let share = if self.options.prefetch_ratio > 0.0 {
+            self.options.prefetch_ratio
+        } else {
+            DEFERRABLE_SHARE
+        };
+        for profile in Profile::ALL {
+            let mut runs = Vec::new();
+            for mix in Mix::ALL {
+                let label = format!("{}: {}", profile.as_str(), mix.label(share));
+                let log = format!("{}-{}", profile.as_str(), mix.log_label());
+                let (service, capacity, keys) = self
+                    .start_labelled_service(name, &log, &[], &mut report)
+                    .await?;
+                if let Some(warmed) = report.notes.last_mut() {
+                    *warmed = format!("{label}: {warmed}");
+                }
+                let sized = self.sized_capacity(&service, capacity).await?;
+                let scale = mix.load_scale(share);
+                let (schedule, measure_from, phases) =
+                    profile.schedule(sized.rps * scale, &self.timing)?;
+                let mut workload = self.workload(keys, Behaviour::WellBehaved);
+                workload.prefetch_ratio = mix.deferrable_share(share);
+                let mut plan = self.plan(schedule, phases, 5);
+                plan.measure_from = measure_from;
+                plan.max_in_flight = plan.max_in_flight.max(DEFERRABLE_MAX_IN_FLIGHT);
+                eprintln!(
+                    "   {label}: peak {:.0} rps ({:.0} % of {})",
+                    plan.schedule.peak_rps(),
+                    plan.schedule.peak_rps() / sized.rps * 100.0,
+                    sized.describe()
+                );
+                let series = self
+                    .measure_service(&service, &label, "service", &workload, &plan, no_actions)
+                    .await;
+                service.stop().await;
+                runs.push(series?);
+            }
+            deferrable_figures(&mut report, profile, &runs);
+            report.series.extend(runs);
+        }
+        report.notes.push(format!(
+            "{:.0} % of the requests marked `x-request-class: prefetch` in the mixed runs; \
+             well-behaved clients (a 503 is retried after its Retry-After, at most twice): a \
+             request's latency includes its retries, the wait columns are the service's own \
+             per attempt; at most {} logical requests in flight (a refused request waiting for \
+             its retry is one)",
+            share * 100.0,
+            self.options.max_in_flight.max(DEFERRABLE_MAX_IN_FLIGHT)
+        ));
         Ok(report)
     }
 
@@ -1528,6 +1613,216 @@ async fn no_actions(_start: Instant) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Share of deferrable requests in the deferrable scenario's mixed runs (unless
+/// `--prefetch-ratio` gives one).
+const DEFERRABLE_SHARE: f64 = 0.2;
+
+/// The deferrable scenario's least bound on logical requests in flight: at 150 % with the
+/// service at level 3, every refused request waits 1–5 s for each of its two retries, and with
+/// the default bound (10,000) the waiting retries of one class took the room of the other's new
+/// requests (client overflow: the harness's limit, not the service's).
+const DEFERRABLE_MAX_IN_FLIGHT: usize = 100_000;
+
+/// The load profiles of the deferrable scenario, as the burst and steady scenarios run them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Profile {
+    Burst,
+    Steady,
+}
+
+impl Profile {
+    const ALL: [Self; 2] = [Self::Burst, Self::Steady];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Burst => "burst",
+            Self::Steady => "steady",
+        }
+    }
+
+    /// The phase whose figures are compared: the burst's 150 %, the steady run's whole.
+    fn measured_phase(self) -> &'static str {
+        match self {
+            Self::Burst => "overload",
+            Self::Steady => "all",
+        }
+    }
+
+    /// The schedule at `capacity` (what 100 % is), where recording starts, and the phases.
+    fn schedule(
+        self,
+        capacity: f64,
+        timing: &Timing,
+    ) -> anyhow::Result<(Schedule, Duration, Vec<Phase>)> {
+        Ok(match self {
+            Self::Burst => (
+                Schedule::new(vec![
+                    Segment::ramp(0.0, capacity * 1.5, timing.ramp),
+                    Segment::constant(capacity * 1.5, timing.hold),
+                    Segment::constant(capacity * 0.8, timing.recover),
+                ])?,
+                Duration::ZERO,
+                vec![
+                    phase("ramp", Duration::ZERO),
+                    phase("overload", timing.ramp),
+                    phase("recovery", timing.ramp + timing.hold),
+                ],
+            ),
+            Self::Steady => (
+                Schedule::new(vec![
+                    Segment::constant(capacity * 0.8, timing.lead_in),
+                    Segment::constant(capacity * 0.8, timing.main),
+                ])?,
+                timing.lead_in,
+                vec![phase("all", Duration::ZERO)],
+            ),
+        })
+    }
+}
+
+/// The traffic of one run of the deferrable scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mix {
+    /// Only the fast requests of the mixed run: the deferrable ones removed.
+    FastOnly,
+    /// The mixed run's load, every request fast: the deferrable ones replaced.
+    AllFast,
+    /// Fast and deferrable requests.
+    Mixed,
+}
+
+impl Mix {
+    const ALL: [Self; 3] = [Self::FastOnly, Self::AllFast, Self::Mixed];
+
+    /// The part of its service's log name (`deferrable-burst-mixed.log`).
+    fn log_label(self) -> &'static str {
+        match self {
+            Self::FastOnly => "fast-only",
+            Self::AllFast => "all-fast",
+            Self::Mixed => "mixed",
+        }
+    }
+
+    fn label(self, share: f64) -> String {
+        let fast = (1.0 - share) * 100.0;
+        match self {
+            Self::FastOnly => format!("fast only ({fast:.0} % of the load)"),
+            Self::AllFast => "all fast".to_owned(),
+            Self::Mixed => format!("{fast:.0} % fast + {:.0} % deferrable", share * 100.0),
+        }
+    }
+
+    /// The run's load as a share of the profile's.
+    fn load_scale(self, share: f64) -> f64 {
+        match self {
+            Self::FastOnly => 1.0 - share,
+            Self::AllFast | Self::Mixed => 1.0,
+        }
+    }
+
+    fn deferrable_share(self, share: f64) -> f64 {
+        match self {
+            Self::FastOnly | Self::AllFast => 0.0,
+            Self::Mixed => share,
+        }
+    }
+}
+
+/// The deferrable scenario's figures for one profile's three runs (in [`Mix::ALL`] order): the
+/// fast class's P99 in the measured phase against both runs without deferrable traffic, and
+/// the deferrable class's success, waits and refusals; the burst's are the report's rows.
+fn deferrable_figures(report: &mut ScenarioReport, profile: Profile, runs: &[Series]) {
+    let [fast_only, all_fast, mixed] = runs else {
+        return;
+    };
+    let measured = profile.measured_phase();
+    let key = |name: &str| format!("{}_{measured}_{name}", profile.as_str());
+    let fast = mixed.phase_class_figures(measured, RequestClass::Page);
+    let fast_only_figures = fast_only.phase_class_figures(measured, RequestClass::Page);
+    let all_fast_figures = all_fast.phase_class_figures(measured, RequestClass::Page);
+    // Logical P99 (retries and their Retry-After waits included: the client's experience) and
+    // admitted P99 (the attempts the service did the work for: its own latency).
+    type Pick = fn(&crate::report::Figures) -> Option<f64>;
+    let figures: [(&str, Pick); 2] = [
+        ("p99", |figures| figures.p99_ms),
+        ("admitted_p99", |figures| figures.admitted_p99_ms),
+    ];
+    for (name, pick) in figures {
+        let get = |figures: &Option<crate::report::Figures>| figures.as_ref().and_then(pick);
+        let headline = &mut report.headline;
+        headline.insert(key(&format!("fast_{name}_ms_mixed")), get(&fast));
+        headline.insert(
+            key(&format!("fast_{name}_ms_fast_only")),
+            get(&fast_only_figures),
+        );
+        headline.insert(
+            key(&format!("fast_{name}_ms_all_fast")),
+            get(&all_fast_figures),
+        );
+        report.ratios.insert(
+            key(&format!("fast_{name}_mixed_vs_fast_only")),
+            ratio(get(&fast), get(&fast_only_figures)),
+        );
+        report.ratios.insert(
+            key(&format!("fast_{name}_mixed_vs_all_fast")),
+            ratio(get(&fast), get(&all_fast_figures)),
+        );
+    }
+    let deferrable = mixed
+        .phases
+        .iter()
+        .find(|phase| phase.name == measured)
+        .and_then(|phase| phase.kinds.get(RequestClass::Prefetch.as_str()));
+    if let Some(stats) = deferrable {
+        let share = |count: u64| {
+            (stats.logical_requests > 0).then(|| count as f64 / stats.logical_requests as f64)
+        };
+        let headline = &mut report.headline;
+        headline.insert(key("deferrable_ok_share"), stats.http_success_rate);
+        headline.insert(
+            key("deferrable_ok_after_wait_share"),
+            share(stats.ok_after_wait),
+        );
+        headline.insert(key("deferrable_wait_p50_ms"), stats.queue_wait_p50_ms);
+        headline.insert(key("deferrable_wait_p99_ms"), stats.queue_wait_p99_ms);
+        headline.insert(key("deferrable_wait_max_ms"), stats.queue_wait_max_ms);
+        headline.insert(key("deferrable_p99_ms"), stats.p99_ms);
+        headline.insert(
+            key("deferrable_503_with_retry_after_share"),
+            (stats.received_503 > 0)
+                .then(|| stats.received_503_with_retry_after as f64 / stats.received_503 as f64),
+        );
+    }
+    if let Some(queue) = mixed.admission_queues.get(RequestClass::Prefetch.as_str()) {
+        let name = |field: &str| format!("{}_prefetch_queue_{field}", profile.as_str());
+        report
+            .headline
+            .insert(name("peak"), Some(queue.peak_waiting as f64));
+        report
+            .headline
+            .insert(name("bound"), Some(queue.max_waiters as f64));
+        if queue.peak_waiting > queue.max_waiters {
+            report.status = ScenarioStatus::Failed;
+            report.notes.push(format!(
+                "{}: the prefetch queue held {} waiters, past its bound of {}",
+                profile.as_str(),
+                queue.peak_waiting,
+                queue.max_waiters
+            ));
+        }
+    } else {
+        report.notes.push(format!(
+            "{}: the service's status showed no prefetch admission queue (shedding off, or \
+             resilience.admission_wait.prefetch_max_waiters = 0)",
+            profile.as_str()
+        ));
+    }
+    if profile == Profile::Burst {
+        report.figures = fast;
+        report.reference = fast_only_figures;
+    }
+}
+
 fn phase(name: &str, start: Duration) -> Phase {
     Phase {
         name: name.to_owned(),
@@ -1753,6 +2048,8 @@ mod tests {
                     status: Ok(503),
                     latency: Duration::from_millis(1),
                     refusal: None,
+                    retry_after: false,
+                    queued: None,
                 };
                 attempts_each - 1
             ];
@@ -1760,6 +2057,8 @@ mod tests {
                 status: Ok(status),
                 latency: Duration::from_millis(2),
                 refusal: None,
+                retry_after: false,
+                queued: None,
             });
             recorder.record(
                 Duration::from_millis(index * 10),
@@ -1833,6 +2132,8 @@ mod tests {
                             status: Ok(200),
                             latency: Duration::from_millis(2),
                             refusal: None,
+                            retry_after: false,
+                            queued: None,
                         }]
                     }),
                 );
@@ -1863,6 +2164,173 @@ mod tests {
             notes[0].contains("; 4 request(s) not sent because --max-in-flight was reached"),
             "{notes:?}"
         );
+    }
+
+    /// A burst-shaped series: in each of its three phases, `pages` page requests answered in
+    /// `page_ms` and `prefetches` prefetches that queued 40 ms and were admitted (or, for every
+    /// third, timed out: a 503 with Retry-After); the service's prefetch queue reached `peak`.
+    fn deferrable_series(
+        label: &str,
+        pages: u64,
+        page_ms: u64,
+        prefetches: u64,
+        peak: u64,
+    ) -> Series {
+        use crate::client::{AttemptRecord, QueueOutcome, Queued};
+        use crate::recorder::{Final, Recorder};
+        use crate::service::{QueueReading, Readings};
+        let phases = vec![
+            phase("ramp", Duration::ZERO),
+            phase("overload", Duration::from_secs(1)),
+            phase("recovery", Duration::from_secs(2)),
+        ];
+        let recorder = Recorder::new(Duration::from_secs(1), phases);
+        for second in 0..3_u64 {
+            let at = Duration::from_secs(second);
+            for _ in 0..pages {
+                let attempt = AttemptRecord {
+                    status: Ok(200),
+                    latency: Duration::from_millis(page_ms),
+                    refusal: None,
+                    retry_after: false,
+                    queued: None,
+                };
+                let served = Final::Response {
+                    status: 200,
+                    business_ok: true,
+                    shed_level: None,
+                };
+                let latency = Duration::from_millis(page_ms);
+                recorder.record(at, latency, served, RequestClass::Page, 1, &[attempt]);
+            }
+            for index in 0..prefetches {
+                let (status, outcome) = if index % 3 == 2 {
+                    (503, QueueOutcome::TimedOut)
+                } else {
+                    (200, QueueOutcome::Admitted)
+                };
+                let attempt = AttemptRecord {
+                    status: Ok(status),
+                    latency: Duration::from_millis(42),
+                    refusal: None,
+                    retry_after: status == 503,
+                    queued: Some(Queued {
+                        outcome,
+                        wait: Duration::from_millis(40),
+                    }),
+                };
+                let answered = Final::Response {
+                    status,
+                    business_ok: status == 200,
+                    shed_level: Some(3),
+                };
+                let latency = Duration::from_millis(42);
+                recorder.record(at, latency, answered, RequestClass::Prefetch, 1, &[attempt]);
+            }
+        }
+        let queue = |peak_waiting| {
+            let mut queues = [None; 3];
+            queues[RequestClass::Prefetch.index()] = Some(QueueReading {
+                max_waiters: 256,
+                peak_waiting,
+                ..QueueReading::default()
+            });
+            Readings {
+                admission_queues: queues,
+                ..Readings::default()
+            }
+        };
+        Series::build(
+            SeriesInput {
+                label: label.into(),
+                duration_s: 3.0,
+                readings: (prefetches > 0).then(|| (queue(0), queue(peak))),
+                ..SeriesInput::default()
+            },
+            &recorder.snapshot(),
+        )
+    }
+
+    #[test]
+    fn the_deferrable_figures_compare_the_fast_class_at_the_peak_and_describe_the_waits() {
+        let runs = [
+            deferrable_series("fast only", 80, 10, 0, 0),
+            deferrable_series("all fast", 100, 20, 0, 0),
+            deferrable_series("mixed", 80, 11, 30, 200),
+        ];
+        let mut report = ScenarioReport::new("deferrable", "");
+        deferrable_figures(&mut report, Profile::Burst, &runs);
+        let figure = |name: &str| report.headline[name].unwrap();
+        let near = |value: f64, expected: f64| (value - expected).abs() <= expected * 1e-2;
+        assert!(near(figure("burst_overload_fast_p99_ms_mixed"), 11.0));
+        assert!(near(figure("burst_overload_fast_p99_ms_fast_only"), 10.0));
+        let vs_fast_only = report.ratios["burst_overload_fast_p99_mixed_vs_fast_only"].unwrap();
+        let vs_all_fast = report.ratios["burst_overload_fast_p99_mixed_vs_all_fast"].unwrap();
+        assert!(
+            near(vs_fast_only, 1.1) && near(vs_all_fast, 0.55),
+            "{report:?}"
+        );
+        // Two prefetches in three waited and were let in; every refusal carried Retry-After.
+        assert!(near(
+            figure("burst_overload_deferrable_ok_after_wait_share"),
+            2.0 / 3.0
+        ));
+        assert!(near(figure("burst_overload_deferrable_wait_p99_ms"), 40.0));
+        assert_eq!(
+            figure("burst_overload_deferrable_503_with_retry_after_share"),
+            1.0
+        );
+        assert_eq!(
+            (
+                figure("burst_prefetch_queue_peak"),
+                figure("burst_prefetch_queue_bound")
+            ),
+            (200.0, 256.0)
+        );
+        assert_eq!(report.status, ScenarioStatus::Ok);
+        let measured = report.figures.as_ref().unwrap();
+        assert!(
+            measured.label.ends_with("overload / page requests"),
+            "{}",
+            measured.label
+        );
+
+        // A queue past its bound fails the scenario (the service must never let that happen).
+        let runs = [
+            runs[0].clone(),
+            runs[1].clone(),
+            deferrable_series("mixed", 80, 11, 30, 300),
+        ];
+        let mut report = ScenarioReport::new("deferrable", "");
+        deferrable_figures(&mut report, Profile::Burst, &runs);
+        assert_eq!(report.status, ScenarioStatus::Failed);
+        assert!(
+            report
+                .notes
+                .iter()
+                .any(|note| note.contains("past its bound of 256"))
+        );
+    }
+
+    #[test]
+    fn the_deferrable_runs_remove_replace_or_mix_the_deferrable_share() {
+        let share = 0.2;
+        let loads: Vec<(f64, f64)> = Mix::ALL
+            .iter()
+            .map(|mix| (mix.load_scale(share), mix.deferrable_share(share)))
+            .collect();
+        assert_eq!(loads, [(0.8, 0.0), (1.0, 0.0), (1.0, 0.2)]);
+        let timing = Timing::new(false, None);
+        let (schedule, _, phases) = Profile::Burst.schedule(1000.0, &timing).unwrap();
+        assert_eq!(schedule.peak_rps(), 1500.0);
+        assert!(
+            phases
+                .iter()
+                .any(|phase| phase.name == Profile::Burst.measured_phase())
+        );
+        let (schedule, from, phases) = Profile::Steady.schedule(1000.0, &timing).unwrap();
+        assert_eq!((schedule.peak_rps(), from), (800.0, timing.lead_in));
+        assert_eq!(phases[0].name, Profile::Steady.measured_phase());
     }
 
     #[test]

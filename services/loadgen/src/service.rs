@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::client::Target;
+use crate::client::{RequestClass, Target};
 use crate::procfs::CpuSource;
 
 /// How long a started service may take to answer `/readyz` 200 (seeding the demo catalogue
@@ -316,6 +316,7 @@ impl ServiceProcess {
             shed_level: shed_level(&status),
             capacity_rps: status["protection"]["shedding_thresholds"]["capacity_rps"].as_u64(),
             shedding_enabled: status["protection"]["shedding_thresholds"]["enabled"].as_bool(),
+            admission_queues: admission_queues(&status),
         })
     }
 
@@ -436,7 +437,7 @@ impl ShedSample {
 }
 
 /// Service and simulator counters at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Readings {
     pub upstream_calls: u64,
     /// Item ids those calls carried: items ÷ calls is the batch factor.
@@ -449,6 +450,59 @@ pub struct Readings {
     pub shed_level: Option<u8>,
     pub capacity_rps: Option<u64>,
     pub shedding_enabled: Option<bool>,
+    /// The admission queue of each class that may wait, by [`RequestClass::index`].
+    pub admission_queues: [Option<QueueReading>; RequestClass::ALL.len()],
+}
+
+/// One class's admission queue (`protection.admission_wait.classes[]` of the status page):
+/// its bound, the most that waited at once since start, and its outcome counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct QueueReading {
+    pub max_waiters: u64,
+    pub peak_waiting: u64,
+    pub admitted: u64,
+    pub timed_out: u64,
+    pub refused_full: u64,
+    pub cancelled: u64,
+}
+
+impl QueueReading {
+    /// What happened between `self` (earlier) and `after`: the outcomes in between, and the
+    /// bound and peak as `after` has them (the peak is since the service started).
+    pub fn until(&self, after: &Self) -> Self {
+        Self {
+            max_waiters: after.max_waiters,
+            peak_waiting: after.peak_waiting,
+            admitted: after.admitted.saturating_sub(self.admitted),
+            timed_out: after.timed_out.saturating_sub(self.timed_out),
+            refused_full: after.refused_full.saturating_sub(self.refused_full),
+            cancelled: after.cancelled.saturating_sub(self.cancelled),
+        }
+    }
+}
+
+/// The status page's admission queues by class (none when shedding is off or no class waits).
+fn admission_queues(status: &Value) -> [Option<QueueReading>; RequestClass::ALL.len()] {
+    let mut queues = [None; RequestClass::ALL.len()];
+    let listed = status["protection"]["admission_wait"]["classes"].as_array();
+    for queue in listed.into_iter().flatten() {
+        let Some(class) = RequestClass::ALL
+            .into_iter()
+            .find(|class| queue["class"] == class.as_str())
+        else {
+            continue;
+        };
+        let count = |field: &str| queue[field].as_u64().unwrap_or(0);
+        queues[class.index()] = Some(QueueReading {
+            max_waiters: count("max_waiters"),
+            peak_waiting: count("peak_waiting"),
+            admitted: count("admitted"),
+            timed_out: count("timed_out"),
+            refused_full: count("refused_full"),
+            cancelled: count("cancelled"),
+        });
+    }
+    queues
 }
 
 fn log_tail(path: &Path) -> String {

@@ -64,7 +64,65 @@ pub struct Response {
     pub status: u16,
     pub retry_after_secs: Option<u64>,
     pub shed_level: Option<u8>,
+    /// The admission wait the service reported (`Server-Timing: admission;…`).
+    pub queued: Option<Queued>,
     pub body: Vec<u8>,
+}
+
+/// A request that queued for admission, from the service's
+/// `Server-Timing: admission;desc=OUTCOME;dur=MILLISECONDS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Queued {
+    pub outcome: QueueOutcome,
+    pub wait: Duration,
+}
+
+/// How a wait for admission ended (the service's `desc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueOutcome {
+    /// Let in after waiting.
+    Admitted,
+    /// The class's wait ran out: a 503.
+    TimedOut,
+    /// The queue was full: a 503 at once.
+    Full,
+}
+
+impl Queued {
+    /// The `admission` metric of a `Server-Timing` value (`None` without one, or when its
+    /// `desc` or `dur` is missing or unknown). Other metrics in the value are skipped.
+    pub fn of_server_timing(value: &str) -> Option<Self> {
+        value.split(',').find_map(|metric| {
+            let mut parts = metric.split(';').map(str::trim);
+            if parts.next()? != "admission" {
+                return None;
+            }
+            let (mut outcome, mut wait) = (None, None);
+            for parameter in parts {
+                let (name, value) = parameter.split_once('=')?;
+                let value = value.trim().trim_matches('"');
+                match name.trim() {
+                    "desc" => {
+                        outcome = Some(match value {
+                            "admitted" => QueueOutcome::Admitted,
+                            "timed_out" => QueueOutcome::TimedOut,
+                            "full" => QueueOutcome::Full,
+                            _ => return None,
+                        });
+                    }
+                    "dur" => {
+                        let millis: f64 = value.parse().ok()?;
+                        wait = Duration::try_from_secs_f64(millis / 1e3).ok();
+                    }
+                    _ => {}
+                }
+            }
+            Some(Self {
+                outcome: outcome?,
+                wait: wait?,
+            })
+        })
+    }
 }
 
 /// Keep-alive connections from one source address (or the system's choice) to any server.
@@ -212,6 +270,7 @@ struct Head {
     status: u16,
     retry_after_secs: Option<u64>,
     shed_level: Option<u8>,
+    queued: Option<Queued>,
     body: BodyLength,
     close: bool,
 }
@@ -281,6 +340,7 @@ impl Connection {
                 status: head.status,
                 retry_after_secs: head.retry_after_secs,
                 shed_level: head.shed_level,
+                queued: head.queued,
                 body,
             },
             reusable,
@@ -399,6 +459,7 @@ fn parse_head(input: &[u8]) -> Result<Option<Head>, Failure> {
         status,
         retry_after_secs: None,
         shed_level: None,
+        queued: None,
         body: BodyLength::UntilClose,
         close: response.version == Some(0),
     };
@@ -421,6 +482,8 @@ fn parse_head(input: &[u8]) -> Result<Option<Head>, Failure> {
             head.retry_after_secs = value.parse().ok();
         } else if header.name.eq_ignore_ascii_case("x-shed-level") {
             head.shed_level = value.parse().ok();
+        } else if header.name.eq_ignore_ascii_case("server-timing") {
+            head.queued = head.queued.or_else(|| Queued::of_server_timing(value));
         }
     }
     // No body for these, whatever the headers say.
@@ -532,7 +595,7 @@ mod tests {
 
     #[tokio::test]
     async fn keep_alive_reuses_one_connection_and_reads_the_head() {
-        let answer: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 2\r\nx-shed-level: 3\r\ncontent-length: 7\r\n\r\n{\"a\":1}";
+        let answer: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 2\r\nx-shed-level: 3\r\nserver-timing: admission;desc=timed_out;dur=250.125\r\ncontent-length: 7\r\n\r\n{\"a\":1}";
         let (server, connections) = scripted(vec![answer, answer, answer]).await;
         let pool = Pool::new(None, SECOND, SECOND);
         for _ in 0..3 {
@@ -540,11 +603,52 @@ mod tests {
             assert_eq!(response.status, 503);
             assert_eq!(response.retry_after_secs, Some(2));
             assert_eq!(response.shed_level, Some(3));
+            assert_eq!(
+                response.queued,
+                Some(Queued {
+                    outcome: QueueOutcome::TimedOut,
+                    wait: Duration::from_micros(250_125),
+                })
+            );
             assert_eq!(response.body, b"{\"a\":1}");
         }
         assert_eq!(pool.idle_connections(), 1);
         drop(pool);
         assert_eq!(connections.await.unwrap(), 1);
+    }
+
+    #[test]
+    fn the_admission_metric_is_read_from_server_timing_and_anything_else_is_not() {
+        let queued = |outcome, micros| {
+            Some(Queued {
+                outcome,
+                wait: Duration::from_micros(micros),
+            })
+        };
+        let cases = [
+            (
+                "admission;desc=admitted;dur=12.5",
+                queued(QueueOutcome::Admitted, 12_500),
+            ),
+            (
+                "db;dur=3, admission; dur=0.000 ;desc=\"full\"",
+                queued(QueueOutcome::Full, 0),
+            ),
+            (
+                "admission;desc=timed_out;dur=1",
+                queued(QueueOutcome::TimedOut, 1_000),
+            ),
+            ("db;dur=3", None),
+            ("admission;desc=admitted", None),
+            ("admission;dur=4", None),
+            ("admission;desc=maybe;dur=4", None),
+            ("admission;desc=admitted;dur=-1", None),
+            ("admission;desc=admitted;dur=x", None),
+            ("", None),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(Queued::of_server_timing(value), expected, "{value:?}");
+        }
     }
 
     #[tokio::test]
