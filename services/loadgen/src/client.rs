@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use rand::Rng;
 use rebate_resilience::{Backoff, Jitter};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::keys::ItemKey;
@@ -86,6 +87,8 @@ impl Behaviour {
             Self::Naive => {
                 let failed = match attempt {
                     Attempt::Response(response) => response.status == 429 || response.status >= 500,
+                    // The harness's own bound: a naive client's retry would not be the target's.
+                    Attempt::Transport(TransportError::Overflow) => false,
                     Attempt::Transport(_) => true,
                 };
                 failed.then_some(NAIVE_DELAY)
@@ -350,7 +353,7 @@ impl AttemptRecord {
         match self.status {
             Ok(status) => !matches!(status, 429 | 503),
             Err(TransportError::Timeout) => true,
-            Err(TransportError::Connect | TransportError::Other) => false,
+            Err(TransportError::Connect | TransportError::Other | TransportError::Overflow) => false,
         }
     }
 }
@@ -426,10 +429,29 @@ pub struct LoadClient {
     pools: Arc<Vec<wire::Pool>>,
     /// The bound on one attempt, connection included.
     attempt_timeout: Duration,
+    /// Permits for attempts on the wire: each holds a connection, busy or pooled afterwards,
+    /// and past the open-files limit the process could open nothing at all (status sampling
+    /// and the service's logs included). None left: the attempt is `Overflow`, not sent.
+    on_wire: Arc<Semaphore>,
 }
 
 /// How long a connection may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Files the harness keeps for itself beside its load's connections: the service's pipes and
+/// logs, status sampling, the in-process ceiling's listener, the runtime.
+const FILES_HEADROOM: u64 = 2_000;
+/// The bound on attempts on the wire where the open-files limit cannot be read.
+const DEFAULT_MAX_ON_WIRE: usize = 30_000;
+
+/// How many attempts may be on the wire at once: the open-files limit less
+/// [`FILES_HEADROOM`]. A new connection is opened only by an attempt that holds a permit and
+/// found none idle in its pool, so the connections open exceed this only by idle ones of other
+/// source addresses' pools, which close after their idle time.
+fn max_on_wire() -> usize {
+    crate::procfs::open_files_limit().map_or(DEFAULT_MAX_ON_WIRE, |limit| {
+        usize::try_from(limit.saturating_sub(FILES_HEADROOM).max(1)).unwrap_or(usize::MAX)
+    })
+}
 const BATCH_PATH: &str = "/api/v1/items:batch";
 
 impl LoadClient {
@@ -455,6 +477,7 @@ impl LoadClient {
         Ok(Self {
             pools: Arc::new(pools),
             attempt_timeout,
+            on_wire: Arc::new(Semaphore::new(max_on_wire())),
         })
     }
 
@@ -465,6 +488,7 @@ impl LoadClient {
         Ok(Self {
             pools: Arc::new(vec![wire::Pool::new(None, CONNECT_TIMEOUT, pool_idle)]),
             attempt_timeout,
+            on_wire: Arc::new(Semaphore::new(max_on_wire())),
         })
     }
 
@@ -499,6 +523,9 @@ impl LoadClient {
             client_id,
             class: request.class_header(),
             body: body.as_bytes(),
+        };
+        let Ok(_on_wire) = self.on_wire.try_acquire() else {
+            return Attempt::Transport(TransportError::Overflow);
         };
         let sent = pool.send(target.address, &target.authority, wire_request);
         let response = match tokio::time::timeout(self.attempt_timeout, sent).await {
@@ -854,6 +881,41 @@ mod tests {
             started.elapsed(),
             counted.into_inner(),
         )
+    }
+
+    #[tokio::test]
+    async fn an_attempt_over_the_wire_bound_is_not_sent_nor_retried() {
+        let (target, calls) = test_server::overloaded_for(0).await;
+        let mut client = LoadClient::new(Duration::from_secs(2)).unwrap();
+        let key = RequestKind::Single(ItemKey {
+            platform: "jd",
+            item_id: 100_002,
+        });
+        client.on_wire = Arc::new(Semaphore::new(1));
+        let held = client.on_wire.clone().try_acquire_owned().unwrap();
+        for behaviour in [Behaviour::WellBehaved, Behaviour::Naive] {
+            let outcome = client
+                .logical(
+                    &target,
+                    &key,
+                    "app-ios-1",
+                    behaviour,
+                    RequestTimes::from_now(Duration::from_secs(8)),
+                    &|| {},
+                )
+                .await;
+            assert_eq!(outcome.attempts, 1, "{behaviour:?}");
+            assert_eq!(
+                outcome.last.status(),
+                Err(TransportError::Overflow),
+                "{behaviour:?}"
+            );
+        }
+        assert_eq!(calls.load(Ordering::Relaxed), 0, "nothing reached the server");
+        drop(held);
+        let sent = client.attempt(&target, &key, "app-ios-1").await;
+        assert_eq!(sent.status(), Ok(200));
+        assert_eq!(client.on_wire.available_permits(), 1, "the permit is back");
     }
 
     #[tokio::test]

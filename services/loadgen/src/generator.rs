@@ -28,7 +28,7 @@ use tokio::time::Instant;
 
 use crate::client::{
     Attempt, AttemptRecord, Behaviour, LoadClient, LogicalOutcome, RequestKind, RequestTimes,
-    Target,
+    Target, TransportError,
 };
 pub use crate::generator_bound::{DispatchHealth, GENERATOR_WORKER_THREAD};
 use crate::generator_bound::{RunCpu, RunCpuMeter};
@@ -320,6 +320,7 @@ fn final_of(outcome: &LogicalOutcome) -> Final {
             business_ok: response.business_ok,
             shed_level: outcome.shed_level,
         },
+        Attempt::Transport(TransportError::Overflow) => Final::ClientOverflow,
         Attempt::Transport(error) => Final::Transport(*error),
     }
 }

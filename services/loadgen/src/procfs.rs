@@ -29,6 +29,19 @@ pub fn machine_cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
+/// This process's soft limit on open files (`Max open files` in `/proc/self/limits`), `None`
+/// where it cannot be read or is unlimited. Every request in flight holds a connection, so the
+/// harness keeps its in-flight bounds below it.
+pub fn open_files_limit() -> Option<u64> {
+    parse_open_files_limit(&std::fs::read_to_string("/proc/self/limits").ok()?)
+}
+
+/// The soft limit of the `Max open files` line of a `/proc/<pid>/limits` text.
+pub fn parse_open_files_limit(limits: &str) -> Option<u64> {
+    let line = limits.lines().find(|line| line.starts_with("Max open files"))?;
+    line["Max open files".len()..].split_whitespace().next()?.parse().ok()
+}
+
 /// `VmRSS` of `pid` in bytes, `None` when the process is gone.
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -207,6 +220,18 @@ impl SpunThread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_soft_open_files_limit_is_read() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max processes             95008                95008                processes \n\
+                      Max open files            20000                524288               files     \n";
+        assert_eq!(parse_open_files_limit(limits), Some(20_000));
+        let unlimited = "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(parse_open_files_limit(unlimited), None);
+        assert_eq!(parse_open_files_limit(""), None);
+        assert!(open_files_limit().is_some_and(|limit| limit > 0));
+    }
 
     #[test]
     fn vm_rss_is_read_in_bytes() {

@@ -193,7 +193,7 @@ impl Stats {
             Final::Transport(TransportError::Timeout) => self.timeouts += 1,
             Final::Transport(TransportError::Connect) => self.connect_errors += 1,
             Final::Transport(TransportError::Other) => self.other_errors += 1,
-            Final::ClientOverflow => {
+            Final::Transport(TransportError::Overflow) | Final::ClientOverflow => {
                 self.client_overflow += 1;
                 return;
             }

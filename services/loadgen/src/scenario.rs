@@ -1620,7 +1620,8 @@ const DEFERRABLE_SHARE: f64 = 0.2;
 /// The deferrable scenario's least bound on logical requests in flight: at 150 % with the
 /// service at level 3, every refused request waits 1–5 s for each of its two retries, and with
 /// the default bound (10,000) the waiting retries of one class took the room of the other's new
-/// requests (client overflow: the harness's limit, not the service's).
+/// requests (client overflow: the harness's limit, not the service's). A request waiting for
+/// its retry holds no connection; those on the wire are bounded by the client.
 const DEFERRABLE_MAX_IN_FLIGHT: usize = 100_000;
 
 /// The load profiles of the deferrable scenario, as the burst and steady scenarios run them.

@@ -42,6 +42,10 @@ pub enum TransportError {
     Connect,
     /// Anything else (body cut off, protocol error).
     Other,
+    /// Not sent: the harness's own bound on attempts on the wire (each holds a connection, and
+    /// the open-files limit caps connections) was reached. The harness's limit, not the
+    /// target's: counted as client overflow.
+    Overflow,
 }
 
 /// One request as the harness sends it: method, path, the client id, its class when the route's
