@@ -353,7 +353,9 @@ impl AttemptRecord {
         match self.status {
             Ok(status) => !matches!(status, 429 | 503),
             Err(TransportError::Timeout) => true,
-            Err(TransportError::Connect | TransportError::Other | TransportError::Overflow) => false,
+            Err(TransportError::Connect | TransportError::Other | TransportError::Overflow) => {
+                false
+            }
         }
     }
 }
@@ -911,7 +913,11 @@ mod tests {
                 "{behaviour:?}"
             );
         }
-        assert_eq!(calls.load(Ordering::Relaxed), 0, "nothing reached the server");
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            0,
+            "nothing reached the server"
+        );
         drop(held);
         let sent = client.attempt(&target, &key, "app-ios-1").await;
         assert_eq!(sent.status(), Ok(200));

@@ -38,8 +38,14 @@ pub fn open_files_limit() -> Option<u64> {
 
 /// The soft limit of the `Max open files` line of a `/proc/<pid>/limits` text.
 pub fn parse_open_files_limit(limits: &str) -> Option<u64> {
-    let line = limits.lines().find(|line| line.starts_with("Max open files"))?;
-    line["Max open files".len()..].split_whitespace().next()?.parse().ok()
+    let line = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// `VmRSS` of `pid` in bytes, `None` when the process is gone.
@@ -227,7 +233,8 @@ mod tests {
                       Max processes             95008                95008                processes \n\
                       Max open files            20000                524288               files     \n";
         assert_eq!(parse_open_files_limit(limits), Some(20_000));
-        let unlimited = "Max open files            unlimited            unlimited            files\n";
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
         assert_eq!(parse_open_files_limit(unlimited), None);
         assert_eq!(parse_open_files_limit(""), None);
         assert!(open_files_limit().is_some_and(|limit| limit > 0));
