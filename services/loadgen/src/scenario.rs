@@ -935,32 +935,14 @@ impl Harness {
 
     async fn burst(&mut self) -> anyhow::Result<ScenarioReport> {
         self.against_ceiling(ScenarioName::Burst, |capacity, timing| {
-            let peak = capacity * 1.5;
-            let schedule = Schedule::new(vec![
-                Segment::ramp(0.0, peak, timing.ramp),
-                Segment::constant(peak, timing.hold),
-                Segment::constant(capacity * 0.8, timing.recover),
-            ])?;
-            let phases = vec![
-                phase("ramp", Duration::ZERO),
-                phase("overload", timing.ramp),
-                phase("recovery", timing.ramp + timing.hold),
-            ];
-            Ok((schedule, Duration::ZERO, phases))
+            Profile::Burst.schedule(capacity, timing)
         })
         .await
     }
 
     async fn steady(&mut self) -> anyhow::Result<ScenarioReport> {
         self.against_ceiling(ScenarioName::Steady, |capacity, timing| {
-            Ok((
-                Schedule::new(vec![
-                    Segment::constant(capacity * 0.8, timing.lead_in),
-                    Segment::constant(capacity * 0.8, timing.main),
-                ])?,
-                timing.lead_in,
-                vec![phase("all", Duration::ZERO)],
-            ))
+            Profile::Steady.schedule(capacity, timing)
         })
         .await
     }
@@ -1624,7 +1606,7 @@ const DEFERRABLE_SHARE: f64 = 0.2;
 /// its retry holds no connection; those on the wire are bounded by the client.
 const DEFERRABLE_MAX_IN_FLIGHT: usize = 100_000;
 
-/// The load profiles of the deferrable scenario, as the burst and steady scenarios run them.
+/// The load profiles of the burst and steady scenarios, which the deferrable scenario runs too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Profile {
     Burst,
