@@ -87,7 +87,7 @@ impl Behaviour {
             Self::Naive => {
                 let failed = match attempt {
                     Attempt::Response(response) => response.status == 429 || response.status >= 500,
-                    // The harness's own bound: a naive client's retry would not be the target's.
+                    // Never sent (the harness's own bound): nothing the target did to retry.
                     Attempt::Transport(TransportError::Overflow) => false,
                     Attempt::Transport(_) => true,
                 };

@@ -212,9 +212,8 @@ where
     let mut response = match admitted {
         Ok(admitted) => {
             request.extensions_mut().insert(admitted.level);
-            let queued = admitted.queued;
             let response = run(request).await;
-            stamp_queued(queued, admitted.finish(response))
+            admitted.finish(response)
         }
         Err(refused) => refused.into_response(),
     };
@@ -431,16 +430,16 @@ impl<'a> Admitted<'a> {
         }
     }
 
-    /// The response with the level it was served at, when shedding; the request is no longer
-    /// in flight.
+    /// The response with the level it was served at, when shedding, and its wait, when it
+    /// queued; the request is no longer in flight.
     pub(super) fn finish(self, response: Response) -> Response {
         let Self {
             level,
             admission,
             waiters,
-            queued: _,
+            queued,
         } = self;
-        let response = stamp_level(level, response);
+        let response = stamp_queued(queued, stamp_level(level, response));
         drop(admission);
         drop(waiters);
         response
@@ -453,8 +452,12 @@ impl<'a> Admitted<'a> {
             level,
             admission,
             mut waiters,
-            queued: _,
+            queued,
         } = self;
+        debug_assert!(
+            queued.is_none(),
+            "the hot path takes no request that would wait"
+        );
         // Still in flight: the owned admission notifies when it ends.
         waiters.0 = None;
         OwnedAdmitted {
