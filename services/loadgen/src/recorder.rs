@@ -201,6 +201,75 @@ impl Stats {
         self.latency.saturating_record(micros(latency));
     }
 
+    /// Adds `other`'s requests, as if each had been recorded here too. Every field is named,
+    /// so a new one cannot be left out.
+    fn merge(&mut self, other: &Stats) {
+        let Stats {
+            latency,
+            admitted,
+            attempts,
+            received_503,
+            received_503_by_code,
+            received_429,
+            server_errors_non_503,
+            logical,
+            ok_2xx,
+            business_ok,
+            items,
+            by_status,
+            timeouts,
+            connect_errors,
+            other_errors,
+            client_overflow,
+            max_shed_level,
+            queue,
+            queue_wait,
+            received_503_with_retry_after,
+            ok_after_wait,
+        } = other;
+        // Every histogram has the bounds of `latency_histogram()` and saturates at its top.
+        for (mine, theirs) in [
+            (&mut self.latency, latency),
+            (&mut self.admitted, admitted),
+            (&mut self.queue_wait, queue_wait),
+        ] {
+            mine.add(theirs).expect("histograms of the same bounds");
+        }
+        for (code, count) in received_503_by_code {
+            *self.received_503_by_code.entry(code).or_default() += count;
+        }
+        for (status, count) in by_status {
+            *self.by_status.entry(*status).or_default() += count;
+        }
+        self.attempts += attempts;
+        self.received_503 += received_503;
+        self.received_429 += received_429;
+        self.server_errors_non_503 += server_errors_non_503;
+        self.logical += logical;
+        self.ok_2xx += ok_2xx;
+        self.business_ok += business_ok;
+        self.items += items;
+        self.timeouts += timeouts;
+        self.connect_errors += connect_errors;
+        self.other_errors += other_errors;
+        self.client_overflow += client_overflow;
+        self.max_shed_level = self.max_shed_level.max(*max_shed_level);
+        self.queue.admitted += queue.admitted;
+        self.queue.timed_out += queue.timed_out;
+        self.queue.full += queue.full;
+        self.received_503_with_retry_after += received_503_with_retry_after;
+        self.ok_after_wait += ok_after_wait;
+    }
+
+    /// The merge of `slices`.
+    fn merged<'a>(slices: impl IntoIterator<Item = &'a Stats>) -> Stats {
+        let mut stats = Stats::default();
+        for slice in slices {
+            stats.merge(slice);
+        }
+        stats
+    }
+
     pub fn logical(&self) -> u64 {
         self.logical
     }
@@ -347,14 +416,14 @@ pub struct Phase {
     pub start: Duration,
 }
 
+/// What a request is recorded in: its window, and its phase's slice for its class. The
+/// phases, the classes and the whole run are merged from the slices when a snapshot is taken,
+/// so that each request costs two records, not five.
 #[derive(Debug)]
 struct Inner {
-    total: Stats,
     windows: Vec<Stats>,
-    phases: Vec<Stats>,
-    /// By [`RequestClass::index`].
-    classes: [Stats; RequestClass::ALL.len()],
-    /// Each phase's requests by class, aligned with `phases`.
+    /// Per phase (one slice for the whole run when there are no phases), by
+    /// [`RequestClass::index`].
     phase_classes: Vec<[Stats; RequestClass::ALL.len()]>,
 }
 
@@ -372,16 +441,14 @@ impl Recorder {
     pub fn new(window: Duration, phases: Vec<Phase>) -> Self {
         debug_assert!(!window.is_zero());
         debug_assert!(phases.windows(2).all(|pair| pair[0].start <= pair[1].start));
-        let phase_stats = vec![Stats::default(); phases.len()];
-        let phase_classes = (0..phases.len()).map(|_| Default::default()).collect();
+        let phase_classes = (0..phases.len().max(1))
+            .map(|_| Default::default())
+            .collect();
         Self {
             window,
             phases,
             inner: Mutex::new(Inner {
-                total: Stats::default(),
                 windows: Vec::new(),
-                phases: phase_stats,
-                classes: Default::default(),
                 phase_classes,
             }),
         }
@@ -408,7 +475,6 @@ impl Recorder {
             .inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        inner.total.record(latency, outcome, items, attempts);
         if inner.windows.len() <= window_index {
             inner.windows.resize_with(window_index + 1, Stats::default);
         }
@@ -419,13 +485,7 @@ impl Recorder {
             RequestClass::List | RequestClass::Prefetch => outcome.without_shed_level(),
         };
         inner.windows[window_index].record(latency, window_outcome, items, attempts);
-        if let Some(phase) = inner.phases.get_mut(phase_index) {
-            phase.record(latency, outcome, items, attempts);
-        }
-        if let Some(classes) = inner.phase_classes.get_mut(phase_index) {
-            classes[class.index()].record(latency, outcome, items, attempts);
-        }
-        inner.classes[class.index()].record(latency, outcome, items, attempts);
+        inner.phase_classes[phase_index][class.index()].record(latency, outcome, items, attempts);
     }
 
     /// Everything recorded so far.
@@ -434,18 +494,20 @@ impl Recorder {
             .inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slices = &inner.phase_classes;
         Recorded {
             window: self.window,
-            total: inner.total.clone(),
+            total: Stats::merged(slices.iter().flatten()),
             windows: inner.windows.clone(),
             phases: self
                 .phases
                 .iter()
                 .cloned()
-                .zip(inner.phases.iter().cloned())
+                .zip(slices.iter().map(Stats::merged))
                 .collect(),
-            classes: inner.classes.clone(),
-            phase_classes: inner.phase_classes.clone(),
+            classes: RequestClass::ALL
+                .map(|class| Stats::merged(slices.iter().map(|classes| &classes[class.index()]))),
+            phase_classes: slices.clone(),
         }
     }
 }
@@ -727,6 +789,87 @@ mod tests {
         assert_eq!(recorded.total.summary().max_shed_level_seen, Some(3));
         assert_eq!(recorded.windows[0].summary().max_shed_level_seen, Some(1));
         assert_eq!(recorded.windows[0].logical(), 4);
+    }
+
+    #[test]
+    fn phases_classes_and_the_whole_run_are_the_merges_of_their_slices() {
+        let phases = vec![
+            Phase {
+                name: "before".into(),
+                start: Duration::ZERO,
+            },
+            Phase {
+                name: "after".into(),
+                start: Duration::from_secs(2),
+            },
+        ];
+        let recorder = Recorder::new(Duration::from_secs(1), phases);
+        // What each slice should hold, recorded directly: [phase][class], the whole run.
+        let mut expected: [[Stats; 3]; 2] = Default::default();
+        let mut whole = Stats::default();
+        let queued = |outcome, wait_ms| crate::client::Queued {
+            outcome,
+            wait: Duration::from_millis(wait_ms),
+        };
+        for index in 0..60_u64 {
+            let class = RequestClass::ALL[(index % 3) as usize];
+            let offset = Duration::from_millis(index * 70);
+            let latency = Duration::from_millis(1 + index * 13 % 400);
+            let (outcome, attempts) = match index % 5 {
+                0 => (Final::ClientOverflow, vec![]),
+                1 => (
+                    Final::Response {
+                        status: 503,
+                        business_ok: false,
+                        shed_level: Some(3),
+                    },
+                    vec![AttemptRecord {
+                        retry_after: true,
+                        refusal: Some(Refusal::Overloaded),
+                        queued: Some(queued(QueueOutcome::TimedOut, 250)),
+                        ..attempt(Ok(503), 251)
+                    }],
+                ),
+                2 => (
+                    Final::Transport(TransportError::Timeout),
+                    vec![attempt(Err(TransportError::Timeout), 900)],
+                ),
+                3 => (
+                    ok(true),
+                    vec![AttemptRecord {
+                        queued: Some(queued(QueueOutcome::Admitted, index)),
+                        ..attempt(Ok(200), index + 2)
+                    }],
+                ),
+                _ => (ok(index % 2 == 0), vec![attempt(Ok(200), index % 40)]),
+            };
+            let phase = usize::from(offset >= Duration::from_secs(2));
+            for stats in [&mut expected[phase][class.index()], &mut whole] {
+                stats.record(latency, outcome, 1, &attempts);
+            }
+            recorder.record(offset, latency, outcome, class, 1, &attempts);
+        }
+        let recorded = recorder.snapshot();
+        assert_eq!(recorded.total.summary(), whole.summary());
+        assert_eq!(recorded.total.logical(), 60);
+        for (phase, (_, stats)) in recorded.phases.iter().enumerate() {
+            let direct = Stats::merged(&expected[phase]);
+            assert_eq!(stats.summary(), direct.summary(), "phase {phase}");
+        }
+        for class in RequestClass::ALL {
+            let direct = Stats::merged(expected.iter().map(|slice| &slice[class.index()]));
+            assert_eq!(
+                recorded.class(class).summary(),
+                direct.summary(),
+                "{class:?}"
+            );
+            for (phase, slices) in expected.iter().enumerate() {
+                assert_eq!(
+                    recorded.phase_class(phase, class).unwrap().summary(),
+                    slices[class.index()].summary()
+                );
+            }
+        }
     }
 
     #[test]
