@@ -537,27 +537,27 @@ impl Harness {
         env: &[(String, String)],
         report: &mut ScenarioReport,
     ) -> anyhow::Result<(ServiceProcess, f64, Arc<KeyPicker>)> {
-        self.start_labelled_service(name, "service", env, report)
-            .await
+        let (service, capacity, keys, warmed) = self
+            .start_labelled_service(name, "service", env, &mut report.notes)
+            .await?;
+        report.notes.push(warmed);
+        Ok((service, capacity, keys))
     }
 
-    /// As [`Harness::start_catalogue_service`], its log named `<scenario>-<label>.log`.
+    /// As [`Harness::start_catalogue_service`], its log named `<scenario>-<label>.log`, and the
+    /// warm-up's note returned rather than added.
     async fn start_labelled_service(
         &mut self,
         name: ScenarioName,
         label: &str,
         env: &[(String, String)],
-        report: &mut ScenarioReport,
-    ) -> anyhow::Result<(ServiceProcess, f64, Arc<KeyPicker>)> {
+        notes: &mut Vec<String>,
+    ) -> anyhow::Result<(ServiceProcess, f64, Arc<KeyPicker>, String)> {
         let service = self.start_service(name.as_str(), label, env).await?;
-        let capacity = self
-            .ensure_capacity(name.as_str(), &mut report.notes)
-            .await?;
+        let capacity = self.ensure_capacity(name.as_str(), notes).await?;
         let keys = self.catalogue()?;
-        report
-            .notes
-            .push(self.warm(&service, keys.hottest(WARMED_KEYS)).await.note);
-        Ok((service, capacity, keys))
+        let warmed = self.warm(&service, keys.hottest(WARMED_KEYS)).await.note;
+        Ok((service, capacity, keys, warmed))
     }
 
     /// Half the sized capacity (see [`Harness::sized_capacity`]): fault scenarios should show the
@@ -1012,12 +1012,10 @@ impl Harness {
             for mix in Mix::ALL {
                 let label = format!("{}: {}", profile.as_str(), mix.label(share));
                 let log = format!("{}-{}", profile.as_str(), mix.log_label());
-                let (service, capacity, keys) = self
-                    .start_labelled_service(name, &log, &[], &mut report)
+                let (service, capacity, keys, warmed) = self
+                    .start_labelled_service(name, &log, &[], &mut report.notes)
                     .await?;
-                if let Some(warmed) = report.notes.last_mut() {
-                    *warmed = format!("{label}: {warmed}");
-                }
+                report.notes.push(format!("{label}: {warmed}"));
                 let sized = self.sized_capacity(&service, capacity).await?;
                 let scale = mix.load_scale(share);
                 let (schedule, measure_from, phases) =
