@@ -52,6 +52,7 @@ where
             },
             load_timeout: Duration::from_secs(1),
             refresh_lead: Duration::ZERO,
+            max_version_gap: 1_000_000,
         },
         Arc::new(Constant(value)),
         Arc::new(SystemClock),

@@ -226,6 +226,7 @@ mod tests {
                 ttl,
                 load_timeout: Duration::from_secs(1),
                 refresh_lead: Duration::ZERO,
+                max_version_gap: 1_000_000,
             },
             L2Config {
                 tier: Arc::clone(tier) as Arc<dyn SharedTier>,

@@ -786,6 +786,7 @@ mod tests {
                 },
                 load_timeout: Duration::from_secs(5),
                 refresh_lead,
+                max_version_gap: 1_000_000,
             },
             Arc::new(loader),
             Arc::new(clock.clone()),

@@ -177,6 +177,7 @@ impl PartBuilder<'_> {
             // the cache's own cut comes a little later, as a backstop.
             load_timeout: load_timeout + LOAD_TIMEOUT_GRACE,
             refresh_lead: Duration::from_millis(settings.refresh_ahead_ms),
+            max_version_gap: self.settings.events.max_version_gap,
         };
         let clock = Arc::clone(self.clock);
         match &self.tier {

@@ -2,8 +2,9 @@
 //! the call to the source that every path of a load ends in.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use moka::sync::Cache;
 use rebate_domain::ItemKey;
@@ -28,6 +29,58 @@ pub(super) struct Inner<T> {
     pub(super) loader: Arc<dyn Loader<T>>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) stats: CacheStats,
+    /// How long this part's source loads take lately, and L2's round trips: what a lease
+    /// loser's wait is sized from.
+    pub(super) recent_loads: RecentTimes,
+    pub(super) recent_l2_trips: RecentTimes,
+    /// How long lease losers here waited until the winner's value arrived (waits that ran out
+    /// are not times of a rebuild): the rebuild as a loser sees it, scheduling and queues
+    /// included.
+    pub(super) recent_winner_waits: RecentTimes,
+}
+
+/// How long something took lately, estimated as TCP estimates its retransmission timeout
+/// (RFC 6298): a smoothed time and its mean deviation, so that [`RecentTimes::bound`] is above
+/// nearly every recent time, and grows with them when the machine or the source slows down.
+/// Successful calls only: a timeout says nothing of how long an answer takes.
+#[derive(Debug, Default)]
+pub(super) struct RecentTimes {
+    /// Microseconds; 0 until the first sample.
+    smoothed_micros: AtomicU64,
+    deviation_micros: AtomicU64,
+}
+
+impl RecentTimes {
+    pub(super) fn record(&self, took: Duration) {
+        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
+        // Racing updates may drop a sample: it is a statistic, not an account.
+        let smoothed = self.smoothed_micros.load(Ordering::Relaxed);
+        let (smoothed, deviation) = if smoothed == 0 {
+            (sample, sample / 2)
+        } else {
+            let deviation = self.deviation_micros.load(Ordering::Relaxed);
+            (
+                smoothed - smoothed / 8 + sample / 8,
+                deviation - deviation / 4 + smoothed.abs_diff(sample) / 4,
+            )
+        };
+        self.smoothed_micros
+            .store(smoothed.max(1), Ordering::Relaxed);
+        self.deviation_micros.store(deviation, Ordering::Relaxed);
+    }
+
+    /// The smoothed time plus four deviations; `None` before the first sample.
+    pub(super) fn bound(&self) -> Option<Duration> {
+        match self.smoothed_micros.load(Ordering::Relaxed) {
+            0 => None,
+            smoothed => {
+                let deviation = self.deviation_micros.load(Ordering::Relaxed);
+                Some(Duration::from_micros(
+                    smoothed.saturating_add(deviation.saturating_mul(4)),
+                ))
+            }
+        }
+    }
 }
 
 impl<T: 'static> Inner<T> {
@@ -35,8 +88,14 @@ impl<T: 'static> Inner<T> {
     pub(super) async fn load_from_source(&self, key: ItemKey) -> Result<Loaded<T>, LoadFailure> {
         bump(&self.stats.source_loads);
         let timeout = self.settings.load_timeout;
+        let started = tokio::time::Instant::now();
         match tokio::time::timeout(timeout, self.loader.load(key)).await {
-            Ok(result) => result,
+            Ok(result) => {
+                if result.is_ok() {
+                    self.recent_loads.record(started.elapsed());
+                }
+                result
+            }
             Err(_elapsed) => Err(LoadFailure::timeout(format!(
                 "{} source gave no answer within {} ms",
                 self.settings.name,

@@ -197,15 +197,58 @@ where
             });
         match result {
             CompResult::Unchanged(current) => {
-                bump(&self.stats.fenced_writes_refused);
                 let current = current.into_value();
-                if current.tombstone {
-                    uncached(candidate)
-                } else {
-                    current
+                if !current.tombstone {
+                    bump(&self.stats.fenced_writes_refused);
+                    return current;
                 }
+                if current.version - candidate.version > self.settings.max_version_gap {
+                    return self.lift_fence(key, &current, candidate);
+                }
+                bump(&self.stats.fenced_writes_refused);
+                uncached(candidate)
             }
             _ => candidate,
+        }
+    }
+
+    /// Replaces a fence that is more than `max_version_gap` ahead of what the source has (an
+    /// event with a mistyped version, say): the source will not reach it within the fence's
+    /// life, and until then every read would load again. Logged once, when lifted.
+    fn lift_fence(
+        &self,
+        key: ItemKey,
+        fence: &Envelope<T>,
+        loaded: Arc<Envelope<T>>,
+    ) -> Arc<Envelope<T>> {
+        let offered = Arc::clone(&loaded);
+        let fence_version = fence.version;
+        let result = self
+            .entries
+            .entry(key)
+            .and_compute_with(|existing| match existing {
+                // Only the fence seen: a newer event's fence, or data, stays.
+                Some(current)
+                    if current.value().tombstone && current.value().version == fence_version =>
+                {
+                    Op::Put(offered)
+                }
+                _ => Op::Nop,
+            });
+        match result {
+            CompResult::ReplacedWith(_) => {
+                bump(&self.stats.fences_lifted);
+                tracing::warn!(
+                    part = self.settings.name,
+                    %key,
+                    fence_version,
+                    source_version = loaded.version,
+                    max_version_gap = self.settings.max_version_gap,
+                    "a change event's version is far ahead of the source's; its fence is lifted"
+                );
+                loaded
+            }
+            _ => uncached(loaded),
         }
     }
 }

@@ -1,9 +1,14 @@
 //! The L2 path of a load, for a cache built with a shared tier. L2 is read first; an entry older
 //! than the fence this instance holds counts as absent. On a miss the load takes the key's
 //! rebuild lease: the winner loads from the source and, off its callers' path, writes the value
-//! back (version-fenced: a newer version in L2 is kept) and releases the lease; a loser polls L2
-//! for the winner's value, then serves the stale copy it saw or loads itself. Any L2 error skips
-//! the tier. The fences that change events write to L2 are written here too.
+//! back (version-fenced: a newer version in L2 is kept) and releases the lease. A loser never makes
+//! a caller wait on a copy it could serve (the lease rule of Meta's memcache): holding a servable
+//! stale copy, it answers with it at once and follows the winner in the background, taking the
+//! winner's value into L1 for the next reader while the key's load stays in flight (so the
+//! readers in between join it and get the stale copy too, at no Redis cost). Without such a copy
+//! it waits for the winner about as long as a rebuild takes here lately (`lease_wait` before it
+//! has timed any), then loads itself.
+//! Any L2 error skips the tier. The fences that change events write to L2 are written here too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +25,30 @@ use super::stats::bump;
 use crate::envelope::Envelope;
 use crate::shared::{FenceOutcome, TierEntry, TierError, TierKey};
 
+/// What a load through L2 hands back to `run_load`.
+pub(super) struct L2Load<T> {
+    pub(super) result: LoadResult<T>,
+    /// The load stays in the single-flight map after its callers have their answer: the task
+    /// following the lease winner takes it out when it is done.
+    pub(super) following: bool,
+}
+
+impl<T> L2Load<T> {
+    fn done(result: LoadResult<T>) -> Self {
+        Self {
+            result,
+            following: false,
+        }
+    }
+
+    fn following(failure: LoadFailure) -> Self {
+        Self {
+            result: Err(failure),
+            following: true,
+        }
+    }
+}
+
 impl<T> Inner<T>
 where
     T: Serialize + DeserializeOwned + Send + Sync + 'static,
@@ -32,7 +61,8 @@ where
         l2: &L2Config,
         key: ItemKey,
         refreshing: Option<Timestamp>,
-    ) -> LoadResult<T> {
+        load_id: u64,
+    ) -> L2Load<T> {
         let tier_key = TierKey {
             item: key,
             part: self.settings.part,
@@ -53,7 +83,7 @@ where
         let tier_up = match read {
             Ok(Some(envelope)) if newer(&envelope) => {
                 bump(&self.stats.l2_hits);
-                return Ok(self.adopt_from_l2(key, envelope));
+                return L2Load::done(Ok(self.adopt_from_l2(key, envelope)));
             }
             Ok(found) => {
                 bump(&self.stats.l2_misses);
@@ -84,12 +114,36 @@ where
                         let tier = Arc::clone(&l2.tier);
                         tokio::spawn(async move { tier.release_lease(tier_key, token).await });
                         bump(&self.stats.l2_hits);
-                        return Ok(self.adopt_from_l2(key, envelope));
+                        return L2Load::done(Ok(self.adopt_from_l2(key, envelope)));
                     }
                 }
                 Ok(false) => {
                     bump(&self.stats.leases_lost);
-                    let waited = self.wait_for_winner(l2, tier_key, fence, &newer).await;
+                    let held_in_l1 = self
+                        .entries
+                        .get(&key)
+                        .is_some_and(|envelope| envelope.is_servable(self.clock.now()));
+                    if stale.is_some() || held_in_l1 {
+                        record_stage(
+                            "lease",
+                            self.settings.name,
+                            "lost; served stale",
+                            started,
+                            None,
+                        );
+                        bump(&self.stats.lease_losses_served_stale);
+                        if let Some(envelope) = stale {
+                            self.adopt_from_l2(key, envelope);
+                        }
+                        self.follow_winner(l2, tier_key, fence, refreshing, load_id);
+                        return L2Load::following(LoadFailure::timeout(
+                            "another instance is rebuilding this key; serving stale meanwhile",
+                        ));
+                    }
+                    let wait = self.loser_wait(l2);
+                    let waited = self
+                        .wait_for_winner(l2, tier_key, fence, &newer, wait)
+                        .await;
                     let outcome = if waited.is_some() {
                         "lost; the winner's value arrived"
                     } else {
@@ -98,14 +152,10 @@ where
                     record_stage("lease", self.settings.name, outcome, started, None);
                     if let Some(envelope) = waited {
                         bump(&self.stats.lease_waits_served);
-                        return Ok(self.adopt_from_l2(key, envelope));
+                        self.recent_winner_waits.record(started.elapsed());
+                        return L2Load::done(Ok(self.adopt_from_l2(key, envelope)));
                     }
-                    if let Some(envelope) = stale {
-                        self.adopt_from_l2(key, envelope);
-                        return Err(LoadFailure::timeout(
-                            "another instance is rebuilding this key; serving stale meanwhile",
-                        ));
-                    }
+                    bump(&self.stats.lease_waits_given_up);
                 }
                 Err(error) => {
                     bump(&self.stats.l2_errors);
@@ -114,7 +164,7 @@ where
             }
         }
 
-        match self.load_from_source(key).await {
+        L2Load::done(match self.load_from_source(key).await {
             Ok(loaded) => {
                 let envelope = self.stamp(&l2.ttl, loaded);
                 if tier_up {
@@ -132,13 +182,69 @@ where
                 }
                 Err(failure)
             }
-        }
+        })
+    }
+
+    /// How long a loser without a servable copy waits for the winner: about as long as a
+    /// rebuild takes lately — the longer of what the winner still has to do (a load and two L2
+    /// round trips, its second read and its write, each at the bound of this instance's recent
+    /// times) and what losers here waited for winners' values lately (scheduling and queues
+    /// included) — plus two polls, and never more than `lease_wait`. Past it the winner is stuck
+    /// (a spent quota, a slow source) and loading here costs the caller less than waiting on.
+    /// Before this instance has timed any load of the part it has nothing to size the wait
+    /// from, and waits up to `lease_wait`: a cold fleet's first loads are the stampede the lease
+    /// is for.
+    fn loser_wait(&self, l2: &L2Config) -> Duration {
+        let Some(load) = self.recent_loads.bound() else {
+            return l2.lease_wait;
+        };
+        let trip = self.recent_l2_trips.bound().unwrap_or_default();
+        let seen = self.recent_winner_waits.bound().unwrap_or_default();
+        let floor = l2.lease_poll * 2;
+        ((load + trip * 2).max(seen) + floor).min(l2.lease_wait.max(floor))
+    }
+
+    /// Follows the lease winner after the callers were given a stale copy: polls L2 for the
+    /// winner's value for at most `lease_wait` and takes it into L1, then ends the load
+    /// `load_id`, which stayed in flight meanwhile so that readers join it instead of asking
+    /// Redis again.
+    fn follow_winner(
+        self: &Arc<Self>,
+        l2: &L2Config,
+        tier_key: TierKey,
+        fence: u64,
+        refreshing: Option<Timestamp>,
+        load_id: u64,
+    ) {
+        let inner = Arc::clone(self);
+        let l2 = l2.clone();
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            let newer = |envelope: &Envelope<T>| {
+                envelope.is_fresh(inner.clock.now())
+                    && refreshing.is_none_or(|fresh_until| envelope.fresh_until > fresh_until)
+            };
+            let waited = inner
+                .wait_for_winner(&l2, tier_key, fence, newer, l2.lease_wait)
+                .await;
+            if let Some(envelope) = waited {
+                bump(&inner.stats.lease_waits_served);
+                inner.recent_winner_waits.record(started.elapsed());
+                inner.adopt_from_l2(tier_key.item, envelope);
+            } else {
+                bump(&inner.stats.lease_waits_given_up);
+            }
+            inner.finish_load(tier_key.item, load_id);
+        });
     }
 
     /// The decoded L2 entry, `Ok(None)` when absent or undecodable, `Err` when the tier failed.
     async fn read_l2(&self, l2: &L2Config, tier_key: TierKey) -> Result<Option<Envelope<T>>, ()> {
         let started = tokio::time::Instant::now();
         let read = self.read_l2_untimed(l2, tier_key).await;
+        if read.is_ok() {
+            self.recent_l2_trips.record(started.elapsed());
+        }
         let outcome = match &read {
             Ok(Some(envelope)) if envelope.is_fresh(self.clock.now()) => "hit",
             Ok(Some(_)) => "stale",
@@ -173,15 +279,16 @@ where
         }
     }
 
-    /// Polls L2 for the lease winner's value (one `wanted` accepts) for at most `lease_wait`.
+    /// Polls L2 for the lease winner's value (one `wanted` accepts) for at most `wait`.
     async fn wait_for_winner(
         &self,
         l2: &L2Config,
         tier_key: TierKey,
         fence: u64,
         wanted: impl Fn(&Envelope<T>) -> bool,
+        wait: Duration,
     ) -> Option<Envelope<T>> {
-        let give_up = tokio::time::Instant::now() + l2.lease_wait;
+        let give_up = tokio::time::Instant::now() + wait;
         while tokio::time::Instant::now() < give_up {
             tokio::time::sleep(l2.lease_poll).await;
             match self.read_l2(l2, tier_key).await {

@@ -121,6 +121,9 @@ where
                 loader,
                 clock,
                 stats: CacheStats::default(),
+                recent_loads: Default::default(),
+                recent_l2_trips: Default::default(),
+                recent_winner_waits: Default::default(),
             }),
         }
     }
@@ -173,9 +176,12 @@ where
                 budget.as_millis()
             )),
         };
-        // Read L1 again: a failed load may have left a stale copy it found in L2.
+        // Read L1 again: a failed load may have left a stale copy it found in L2, and a lease
+        // winner's value may have landed since the load answered.
+        let now = inner.clock.now();
         match inner.entries.get(&key) {
-            Some(envelope) if envelope.is_servable(inner.clock.now()) => {
+            Some(envelope) if envelope.is_fresh(now) => CacheOutcome::Loaded(envelope),
+            Some(envelope) if envelope.is_servable(now) => {
                 bump(&inner.stats.stale_served);
                 CacheOutcome::Stale(envelope, failure)
             }
@@ -370,14 +376,17 @@ where
         load_id: u64,
         refreshing: Option<Timestamp>,
     ) -> LoadResult<T> {
-        let result = match &self.l2 {
-            Some(l2) => self.load_through_l2(l2, key, refreshing).await,
+        let (result, following) = match &self.l2 {
+            Some(l2) => {
+                let load = self.load_through_l2(l2, key, refreshing, load_id).await;
+                (load.result, load.following)
+            }
             None => match self.load_from_source(key).await {
                 Ok(loaded) => {
                     let envelope = self.stamp(&self.settings.ttl, loaded);
-                    Ok(self.insert_fenced(key, envelope))
+                    (Ok(self.insert_fenced(key, envelope)), false)
                 }
-                Err(failure) => Err(failure),
+                Err(failure) => (Err(failure), false),
             },
         };
         match &result {
@@ -388,7 +397,9 @@ where
                 tracing::debug!(part = self.settings.name, %key, %failure, "load failed");
             }
         }
-        self.finish_load(key, load_id);
+        if !following {
+            self.finish_load(key, load_id);
+        }
         result
     }
 }

@@ -24,6 +24,11 @@ pub struct PartCacheConfig {
     /// reloads it in the background with probability 1/e, sooner ones less likely, so a key
     /// read often is reloaded before it expires. Zero turns it off.
     pub refresh_lead: Duration,
+    /// A fence more than this many versions ahead of what a load found is taken for a mistyped
+    /// event and lifted (logged and counted): the source would not reach it while it stands,
+    /// and every read would load again. Within it, the fence stands: the event may have come
+    /// just before the row, and nothing older may be cached meanwhile.
+    pub max_version_gap: u64,
 }
 
 /// The shared tier under one part's L1, and how this part uses it.
@@ -35,7 +40,8 @@ pub struct L2Config {
     /// How long a rebuild lease lives: longer than a load may take, short enough that a crashed
     /// winner does not block the key for long.
     pub lease_ttl: Duration,
-    /// How long a loser waits for the winner's value before serving stale or loading itself.
+    /// The longest a loser waits for the winner's value. A loser holding a servable copy serves
+    /// it at once instead; one without waits a few of the part's recent load times, up to this.
     pub lease_wait: Duration,
     /// How often a loser looks for the winner's value.
     pub lease_poll: Duration,

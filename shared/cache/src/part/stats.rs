@@ -21,7 +21,10 @@ pub struct CacheStats {
     pub(super) leases_won: AtomicU64,
     pub(super) leases_lost: AtomicU64,
     pub(super) lease_waits_served: AtomicU64,
+    pub(super) lease_waits_given_up: AtomicU64,
+    pub(super) lease_losses_served_stale: AtomicU64,
     pub(super) fenced_writes_refused: AtomicU64,
+    pub(super) fences_lifted: AtomicU64,
     pub(super) invalidations: AtomicU64,
     pub(super) refreshes: AtomicU64,
 }
@@ -41,8 +44,16 @@ pub struct CacheStatsSnapshot {
     pub source_loads: u64,
     pub leases_won: u64,
     pub leases_lost: u64,
+    /// Lost leases whose wait ended with the winner's value (for the caller or, after a stale
+    /// answer, for the next reader).
     pub lease_waits_served: u64,
+    /// Lost leases whose wait ended without the winner's value.
+    pub lease_waits_given_up: u64,
+    /// Lost leases answered at once with a stale copy while the winner rebuilt.
+    pub lease_losses_served_stale: u64,
     pub fenced_writes_refused: u64,
+    /// L1 fences lifted because a load found the source more than `max_version_gap` behind.
+    pub fences_lifted: u64,
     pub invalidations: u64,
     /// Refreshes started ahead of an entry's expiry (each is also one of `loads_started`).
     pub refreshes: u64,
@@ -68,7 +79,10 @@ impl CacheStats {
             leases_won: read(&self.leases_won),
             leases_lost: read(&self.leases_lost),
             lease_waits_served: read(&self.lease_waits_served),
+            lease_waits_given_up: read(&self.lease_waits_given_up),
+            lease_losses_served_stale: read(&self.lease_losses_served_stale),
             fenced_writes_refused: read(&self.fenced_writes_refused),
+            fences_lifted: read(&self.fences_lifted),
             invalidations: read(&self.invalidations),
             refreshes: read(&self.refreshes),
             entries,

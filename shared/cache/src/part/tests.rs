@@ -111,6 +111,7 @@ fn settings() -> PartCacheConfig {
         },
         load_timeout: Duration::from_secs(2),
         refresh_lead: Duration::ZERO,
+        max_version_gap: 1_000_000,
     }
 }
 
@@ -615,6 +616,7 @@ fn refreshing_cache(
     let loader: Arc<dyn Loader<String>> = source.clone();
     let settings = PartCacheConfig {
         refresh_lead: lead,
+        max_version_gap: 1_000_000,
         ..settings()
     };
     PartCache::new(settings, loader, Arc::new(clock.clone()))
@@ -725,6 +727,7 @@ async fn a_refresh_reads_l2_until_l2_itself_needs_the_reload() {
     let cache = PartCache::with_shared_tier(
         PartCacheConfig {
             refresh_lead: Duration::from_secs(10),
+            max_version_gap: 1_000_000,
             ..settings()
         },
         L2Config {
@@ -916,6 +919,7 @@ async fn a_refresh_has_no_deadline_and_no_retries() {
     let cache = PartCache::new(
         PartCacheConfig {
             refresh_lead: Duration::from_secs(1),
+            max_version_gap: 1_000_000,
             ..settings()
         },
         loader,
@@ -930,4 +934,233 @@ async fn a_refresh_has_no_deadline_and_no_retries() {
     until(|| probe.seen.lock().unwrap().len() == 2).await;
     let (deadline, retries) = probe.seen.lock().unwrap()[1].expect("a context");
     assert_eq!((deadline, retries), (None, 0));
+}
+
+/// What holds the rebuild lease of the key while another instance reads it.
+#[derive(Debug, Clone, Copy)]
+enum Holder {
+    /// A slow source: the holder's value arrives after a while.
+    SlowSource,
+    /// A load stuck waiting for a quota token, refused in the end: no value ever arrives.
+    StuckOnSpentQuota,
+    /// The holder's breaker opened under it: its load fails at once and the lease goes back.
+    BreakerOpened,
+}
+
+/// Warms `key()` at version 1 through L2 and moves past L2's fresh window: L1 holds nothing,
+/// L2 a servable stale copy.
+async fn l2_holds_only_a_stale_copy(tier: &Arc<MemoryTier>, clock: &ManualClock) {
+    let source = Arc::new(FakeSource::default());
+    source.version.store(1, Ordering::SeqCst);
+    instance(&source, tier, clock).get(key(), BUDGET).await;
+    while tier.version_of(tier_key()).is_none() {
+        tokio::task::yield_now().await;
+    }
+    // Past L2's fresh window (≤ 20 min), inside its stale window (+30 min).
+    clock.advance(Duration::from_secs(1_300));
+}
+
+/// A lease loser holding a servable copy answers with it at once, whatever the holder is
+/// doing; the readers that come while the holder works join the same load (one lease attempt,
+/// no further Redis round trips); once the holder is done, the next reader gets its value (or,
+/// when none came, rebuilds).
+#[tokio::test(start_paused = true)]
+async fn a_lease_loser_with_a_stale_copy_answers_at_once_whatever_the_holder_does() {
+    for holder in [
+        Holder::SlowSource,
+        Holder::StuckOnSpentQuota,
+        Holder::BreakerOpened,
+    ] {
+        let tier = Arc::new(MemoryTier::new());
+        let clock = ManualClock::new(Timestamp::from_millis(0));
+        l2_holds_only_a_stale_copy(&tier, &clock).await;
+
+        let holder_source = Arc::new(FakeSource::default());
+        holder_source.version.store(2, Ordering::SeqCst);
+        let delay_ms = match holder {
+            // Within the follower's 300 ms: its value reaches the reader's L1.
+            Holder::SlowSource => 200,
+            Holder::StuckOnSpentQuota => 2_000,
+            Holder::BreakerOpened => 100,
+        };
+        holder_source.delay_ms.store(delay_ms, Ordering::SeqCst);
+        // The holder takes the lease; its readers wait at most their budget.
+        let holding = instance(&holder_source, &tier, &clock);
+        let holder_read = {
+            let holding = holding.clone();
+            tokio::spawn(async move { holding.get(key(), Duration::from_secs(3)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(holding.stats().leases_won, 1, "{holder:?}");
+        // The holder's source was ready when it leased; its load now ends refused or failed.
+        match holder {
+            Holder::SlowSource => {}
+            Holder::StuckOnSpentQuota => holder_source.refusing.store(true, Ordering::SeqCst),
+            Holder::BreakerOpened => holder_source.failing.store(true, Ordering::SeqCst),
+        }
+
+        let source = Arc::new(FakeSource::default());
+        source.version.store(2, Ordering::SeqCst);
+        let reader = instance(&source, &tier, &clock);
+        let started = tokio::time::Instant::now();
+        let round_trips = tier.round_trips();
+        match reader.get(key(), BUDGET).await {
+            CacheOutcome::Stale(envelope, _) => assert_eq!(envelope.version, 1, "{holder:?}"),
+            other => panic!("{holder:?}: expected the stale copy, got {other:?}"),
+        }
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "{holder:?}: no wait at all"
+        );
+        let after_first = tier.round_trips();
+        assert_eq!(
+            after_first - round_trips,
+            2,
+            "{holder:?}: one read, one lease"
+        );
+        // Readers meanwhile join the load that follows the holder: stale at once, no Redis.
+        for _ in 0..20 {
+            match reader.get(key(), BUDGET).await {
+                CacheOutcome::Stale(envelope, _) => assert_eq!(envelope.version, 1),
+                other => panic!("{holder:?}: expected the stale copy, got {other:?}"),
+            }
+        }
+        assert_eq!(started.elapsed(), Duration::ZERO, "{holder:?}");
+        let stats = reader.stats();
+        assert_eq!(
+            (stats.leases_lost, stats.lease_losses_served_stale),
+            (1, 1),
+            "{holder:?}"
+        );
+        assert_eq!(stats.loads_started, 1, "{holder:?}");
+        assert_eq!(source.calls.load(Ordering::SeqCst), 0, "{holder:?}");
+
+        // The holder finishes (or gives up); its own reader was answered within its budget.
+        let _ = holder_read.await.unwrap();
+        // Past the follower's wait (`lease_wait`, 300 ms) in every case.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        match (holder, reader.get(key(), BUDGET).await) {
+            (Holder::SlowSource, CacheOutcome::Hit(envelope)) => {
+                assert_eq!(envelope.version, 2);
+                assert_eq!(reader.stats().lease_waits_served, 1);
+                assert_eq!(source.calls.load(Ordering::SeqCst), 0);
+            }
+            (Holder::StuckOnSpentQuota | Holder::BreakerOpened, CacheOutcome::Loaded(envelope)) => {
+                // Nothing came from the holder: this reader rebuilt, under the lease.
+                assert_eq!(envelope.version, 2);
+                assert_eq!(reader.stats().leases_won, 1);
+                assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+            }
+            (holder, other) => panic!("{holder:?}: unexpected {other:?}"),
+        }
+    }
+}
+
+/// A loser without a servable copy waits for the winner about as long as a rebuild takes here
+/// lately, not the whole `lease_wait`, and then loads itself.
+#[tokio::test(start_paused = true)]
+async fn a_lease_loser_without_a_copy_waits_a_few_load_times_then_loads() {
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let source = Arc::new(FakeSource::default());
+    source.delay_ms.store(10, Ordering::SeqCst);
+    let reader = instance(&source, &tier, &clock);
+    // One load of another item times the source: 10 ms.
+    let other = ItemKey::new(Platform::Taobao, ItemId::from_u64(100_002));
+    reader.get(other, BUDGET).await;
+    // Another instance holds the lease of the key and never finishes.
+    assert!(
+        tier.try_lease(tier_key(), 7, Duration::from_secs(3))
+            .await
+            .unwrap()
+    );
+    let started = tokio::time::Instant::now();
+    match reader.get(key(), BUDGET).await {
+        CacheOutcome::Loaded(_) => {}
+        other => panic!("expected its own load, got {other:?}"),
+    }
+    // The bound of one 10 ms load (10 ms + 4 × 5 ms), two 10 ms polls and L2's round trips
+    // (instant here), rounded up to a poll: 60 ms of waiting, then its own 10 ms load. Not
+    // lease_wait's 300 ms.
+    assert_eq!(started.elapsed(), Duration::from_millis(70));
+    let stats = reader.stats();
+    assert_eq!((stats.leases_lost, stats.lease_waits_given_up), (1, 1));
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+}
+
+/// A fence far ahead of what the source has (an event with a mistyped version) is lifted by the
+/// first load: the value is cached as usual, and the next reads are hits.
+#[tokio::test]
+async fn a_fence_far_ahead_of_the_source_is_lifted() {
+    let source = Arc::new(FakeSource::default());
+    source.version.store(4, Ordering::SeqCst);
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    cache.get(key(), BUDGET).await;
+    cache
+        .invalidate_to(key(), 40_000_000_000, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    match cache.get(key(), BUDGET).await {
+        CacheOutcome::Loaded(envelope) => {
+            assert_eq!(envelope.version, 4);
+            assert!(envelope.is_fresh(clock.now()));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    for _ in 0..10 {
+        assert!(matches!(
+            cache.get(key(), BUDGET).await,
+            CacheOutcome::Hit(_)
+        ));
+    }
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(cache.stats().fences_lifted, 1);
+    // A later, sane event fences again as usual.
+    source.version.store(5, Ordering::SeqCst);
+    cache
+        .invalidate_to(key(), 5, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    match cache.get(key(), BUDGET).await {
+        CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 5),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// The boundary of `max_version_gap`: a fence exactly that far ahead of the source stands (the
+/// value it refuses is fresh for no one); one version further is lifted.
+#[tokio::test]
+async fn a_fence_within_the_gap_stands_and_one_beyond_it_is_lifted() {
+    let source = Arc::new(FakeSource::default());
+    source.version.store(4, Ordering::SeqCst);
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    cache
+        .invalidate_to(key(), 4 + 1_000_000, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        match cache.get(key(), BUDGET).await {
+            CacheOutcome::Loaded(envelope) => {
+                assert_eq!(envelope.version, 4);
+                assert!(!envelope.is_fresh(clock.now()));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(cache.stats().fences_lifted, 0);
+    assert_eq!(source.calls.load(Ordering::SeqCst), 3);
+    cache
+        .invalidate_to(key(), 4 + 1_000_001, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    cache.get(key(), BUDGET).await;
+    assert!(matches!(
+        cache.get(key(), BUDGET).await,
+        CacheOutcome::Hit(_)
+    ));
+    assert_eq!(cache.stats().fences_lifted, 1);
+    assert_eq!(source.calls.load(Ordering::SeqCst), 4);
 }
