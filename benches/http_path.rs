@@ -37,6 +37,7 @@ async fn application(directory: &tempfile::TempDir) -> Application {
 
 fn request() -> Request<Body> {
     Request::get("/api/v1/items/taobao/100001/rebate")
+        .header("host", "localhost")
         .body(Body::empty())
         .unwrap()
 }

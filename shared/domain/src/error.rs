@@ -51,6 +51,14 @@ pub enum ErrorCode {
     UriTooLong,
     /// The request headers are larger, or more numerous, than the configured limits.
     HeadersTooLarge,
+    /// An HTTP/1.1 request without a `Host` header, or a request with two, or with one that is
+    /// not a host and port (RFC 9112 §3.2).
+    InvalidHost,
+    /// `Transfer-Encoding` applies `chunked` more than once, or a coding other than `chunked`.
+    InvalidTransferEncoding,
+    /// A request body with a `Content-Encoding` other than `identity`: the API takes plain
+    /// JSON.
+    UnsupportedContentEncoding,
     /// This listener, or this peer address, holds as many connections as it is allowed.
     TooManyConnections,
     /// A bug; details are only in the logs.
@@ -81,6 +89,9 @@ impl ErrorCode {
             ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::UriTooLong => "uri_too_long",
             ErrorCode::HeadersTooLarge => "headers_too_large",
+            ErrorCode::InvalidHost => "invalid_host",
+            ErrorCode::InvalidTransferEncoding => "invalid_transfer_encoding",
+            ErrorCode::UnsupportedContentEncoding => "unsupported_content_encoding",
             ErrorCode::TooManyConnections => "too_many_connections",
             ErrorCode::Internal => "internal",
         }

@@ -88,6 +88,21 @@ pub enum ApiError {
     /// 431: the headers are over the configured size or count.
     #[error("{0}")]
     HeadersTooLarge(String),
+    /// 400: an HTTP/1.1 request without `Host`, a request with two, or one that is not a host
+    /// and port (RFC 9112 §3.2).
+    #[error("{0}")]
+    InvalidHost(&'static str),
+    /// 400: `Transfer-Encoding` applies `chunked` more than once, or a coding this service does
+    /// not decode (only `chunked` is).
+    #[error("{0}")]
+    InvalidTransferEncoding(&'static str),
+    /// 415: a body with a `Content-Encoding` other than `identity`; answered with
+    /// `Accept-Encoding: identity` (RFC 9110 §15.5.16).
+    #[error(
+        "the API takes plain JSON: a request body with a Content-Encoding other than identity \
+         is not accepted; send it uncompressed"
+    )]
+    UnsupportedContentEncoding,
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error")]
     Internal,
@@ -110,7 +125,9 @@ impl ApiError {
             | ApiError::InvalidBatchSize { .. }
             | ApiError::InvalidClientId(_)
             | ApiError::InvalidRequestClass(_)
-            | ApiError::InvalidQuery(_) => StatusCode::BAD_REQUEST,
+            | ApiError::InvalidQuery(_)
+            | ApiError::InvalidHost(_)
+            | ApiError::InvalidTransferEncoding(_) => StatusCode::BAD_REQUEST,
             ApiError::ItemNotFound(_)
             | ApiError::RouteNotFound
             | ApiError::NotRecorded
@@ -118,7 +135,9 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::UnsupportedMediaType | ApiError::UnsupportedContentEncoding => {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE
+            }
             ApiError::Unavailable
             | ApiError::BrokerUnavailable
             | ApiError::WarmJobsUnavailable(_)
@@ -149,6 +168,9 @@ impl ApiError {
             ApiError::RequestTimeout { .. } => ErrorCode::RequestTimeout,
             ApiError::UriTooLong { .. } => ErrorCode::UriTooLong,
             ApiError::HeadersTooLarge(_) => ErrorCode::HeadersTooLarge,
+            ApiError::InvalidHost(_) => ErrorCode::InvalidHost,
+            ApiError::InvalidTransferEncoding(_) => ErrorCode::InvalidTransferEncoding,
+            ApiError::UnsupportedContentEncoding => ErrorCode::UnsupportedContentEncoding,
             ApiError::Overloaded { .. } => ErrorCode::Overloaded,
             ApiError::RateLimited { .. } => ErrorCode::RateLimited,
             ApiError::InvalidClientId(_) => ErrorCode::InvalidClientId,
@@ -189,6 +211,12 @@ impl IntoResponse for ApiError {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if let ApiError::UnsupportedContentEncoding = self {
+            response.headers_mut().insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_static("identity"),
+            );
         }
         if let ApiError::Unauthorized { token_offered } = self {
             // RFC 6750 §3: the challenge, and why a token that was sent is not accepted.

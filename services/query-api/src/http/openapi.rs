@@ -38,6 +38,7 @@ pub const OPTIONAL_HEADERS: &[&str] = &[
     "access-control-expose-headers",
     "access-control-allow-credentials",
     "connection",
+    "accept-encoding",
 ];
 
 /// The name of the admin token's security scheme.
@@ -259,7 +260,11 @@ impl Modify for EdgeResponses {
                 let own: &[(&str, &str)] = if is_public {
                     &[("429", "RateLimited"), ("503", "Unavailable")]
                 } else if protected {
-                    &[("401", "Unauthorized"), ("503", "AdminUnavailable")]
+                    &[
+                        ("401", "Unauthorized"),
+                        ("429", "AdminThrottled"),
+                        ("503", "AdminUnavailable"),
+                    ]
                 } else {
                     // `/readyz` keeps its own 503 (the readiness body).
                     &[("503", "AdminUnavailable")]
@@ -270,6 +275,26 @@ impl Modify for EdgeResponses {
                         .responses
                         .entry((*status).to_owned())
                         .or_insert_with(|| RefOr::T(shared[name].clone()));
+                }
+                // The head checks' 400 and 415: added to a route's own answer of that status.
+                for (status, name) in [("400", "BadRequest"), ("415", "UnsupportedEncoding")] {
+                    let edge = &shared[name];
+                    match operation.responses.responses.entry(status.to_owned()) {
+                        std::collections::btree_map::Entry::Vacant(vacant) => {
+                            vacant.insert(RefOr::T(edge.clone()));
+                        }
+                        std::collections::btree_map::Entry::Occupied(mut occupied) => {
+                            if let RefOr::T(own) = occupied.get_mut() {
+                                own.description =
+                                    format!("{} Or {}", own.description, edge.description);
+                                for (header, value) in &edge.headers {
+                                    own.headers
+                                        .entry(header.clone())
+                                        .or_insert_with(|| value.clone());
+                                }
+                            }
+                        }
+                    }
                 }
                 for (status, response) in operation.responses.responses.iter_mut() {
                     if let RefOr::T(response) = response {
@@ -453,6 +478,30 @@ fn connection_close() -> utoipa::openapi::header::Header {
 fn shared_responses() -> Vec<(&'static str, Response)> {
     vec![
         (
+            "BadRequest",
+            error_response(
+                "`invalid_host` (an HTTP/1.1 request without `Host`, or a request with two or \
+                 one that is not `host[:port]`) or `invalid_transfer_encoding` (a \
+                 `Transfer-Encoding` other than `chunked` once; one whose last coding is not \
+                 `chunked` gets a bare 400 from the HTTP parser); the connection is closed.",
+                vec![("connection", connection_close())],
+            ),
+        ),
+        (
+            "UnsupportedEncoding",
+            error_response(
+                "`unsupported_content_encoding`: a body with a `Content-Encoding` other than \
+                 `identity`; the API takes plain JSON. The connection is closed.",
+                vec![
+                    (
+                        "accept-encoding",
+                        header("`identity`: the only coding a request body may have."),
+                    ),
+                    ("connection", connection_close()),
+                ],
+            ),
+        ),
+        (
             "RequestTimeout",
             error_response(
                 "`request_timeout`: the body did not arrive within `http.body_read_timeout_ms`; \
@@ -464,7 +513,9 @@ fn shared_responses() -> Vec<(&'static str, Response)> {
             "PayloadTooLarge",
             error_response(
                 "`payload_too_large`: the body, or its declared `Content-Length`, is over \
-                 `http.body_limit_bytes` (64 KiB); refused before the body is read.",
+                 `http.body_limit_bytes` (64 KiB); refused before the body is read. A chunk \
+                 announcing more than the listener's largest body limit is refused as soon as \
+                 its size line arrives.",
                 vec![("connection", connection_close())],
             ),
         ),
@@ -540,6 +591,15 @@ fn shared_responses() -> Vec<(&'static str, Response)> {
                 )],
             ),
         ),
+        (
+            "AdminThrottled",
+            error_response(
+                "`rate_limited`: this address offered `admin.auth_throttle.max_failures` wrong \
+                 tokens; every request it sends under `/admin/v1` is refused, its token unread, \
+                 until `Retry-After` has passed.",
+                vec![("retry-after", retry_after())],
+            ),
+        ),
     ]
 }
 
@@ -585,12 +645,13 @@ mod tests {
                     continue;
                 }
                 let responses = operation["responses"].as_object().unwrap();
-                for status in ["408", "413", "414", "431", "500", "503"] {
+                for status in ["400", "408", "413", "414", "415", "431", "500", "503"] {
                     assert!(responses.contains_key(status), "{method} {path}: {status}");
                 }
+                // The public API's client limit, and the admin token's throttle.
                 assert_eq!(
                     responses.contains_key("429"),
-                    path.starts_with("/api/"),
+                    path.starts_with("/api/") || path.starts_with("/admin/v1/"),
                     "{method} {path}"
                 );
                 assert_eq!(
