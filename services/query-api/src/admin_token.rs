@@ -23,16 +23,22 @@ impl AdminToken {
         Self(token.into())
     }
 
-    /// Constant-time in the token's length: no early exit on the first differing byte.
+    /// Constant-time in the token's length: no early exit on the first differing byte, so the
+    /// answer's timing says nothing of how much of a guess was right.
     pub(crate) fn matches(&self, offered: &str) -> bool {
-        let expected = self.0.as_bytes();
-        let offered = offered.as_bytes();
-        let mut difference = expected.len() ^ offered.len();
-        for (index, byte) in expected.iter().enumerate() {
-            difference |= usize::from(byte ^ offered.get(index).copied().unwrap_or(!byte));
-        }
-        difference == 0
+        equal_in_constant_time(self.0.as_bytes(), offered.as_bytes(), |_| {})
     }
+}
+
+/// Compares every byte of `expected` whatever `offered` holds; `visit` sees each index
+/// compared (a no-op in the service; tests count with it).
+fn equal_in_constant_time(expected: &[u8], offered: &[u8], mut visit: impl FnMut(usize)) -> bool {
+    let mut difference = expected.len() ^ offered.len();
+    for (index, byte) in expected.iter().enumerate() {
+        visit(index);
+        difference |= usize::from(byte ^ offered.get(index).copied().unwrap_or(!byte));
+    }
+    difference == 0
 }
 
 impl std::fmt::Debug for AdminToken {
@@ -81,8 +87,10 @@ pub fn load_or_create(settings: &Settings) -> anyhow::Result<AdminToken> {
     if !admin.token.is_empty() {
         return Ok(AdminToken::new(admin.token.expose()));
     }
-    // 128 random bits, as 32 hex characters.
-    let token = rebate_telemetry::TraceId::generate().to_hex();
+    // 128 bits from the thread's cryptographic generator, as 32 hex characters. Not a trace id:
+    // those come from a small fast generator, and every response shows one.
+    let token = String::from_utf8(rebate_telemetry::hex_128(rand::random::<[u8; 16]>()).to_vec())
+        .expect("hex digits are ASCII");
     let path = &admin.token_file;
     if let Some(parent) = path
         .parent()
@@ -173,6 +181,28 @@ mod tests {
             .permissions()
             .mode()
             & 0o777
+    }
+
+    #[test]
+    fn the_compare_reads_every_byte_of_the_token_however_early_a_guess_differs() {
+        let token = "0123456789abcdef0123456789abcdef";
+        let guesses = [
+            ("the token itself", token.to_owned(), true),
+            ("wrong first byte", format!("X{}", &token[1..]), false),
+            ("wrong last byte", format!("{}X", &token[..31]), false),
+            ("a prefix", token[..8].to_owned(), false),
+            ("longer", format!("{token}0"), false),
+            ("empty", String::new(), false),
+        ];
+        for (what, guess, expected) in guesses {
+            let mut compared = Vec::new();
+            let matched = equal_in_constant_time(token.as_bytes(), guess.as_bytes(), |index| {
+                compared.push(index);
+            });
+            assert_eq!(matched, expected, "{what}");
+            assert_eq!(compared, (0..token.len()).collect::<Vec<_>>(), "{what}");
+            assert_eq!(AdminToken::new(token).matches(&guess), expected, "{what}");
+        }
     }
 
     #[test]

@@ -277,8 +277,12 @@
       ['Redis', badge(String(status.redis), status.redis === 'down' ? 'bad' : status.redis === 'ok' ? 'ok' : 'muted')],
       ['Degraded', status.degraded && status.degraded.length ? status.degraded.join(', ') : 'nothing'],
       ['Pinged', duration(status.pinged_ms_ago) + ' ago'],
-      ['Connections', num(connections.open) + ' open · ' + num(connections.accepted) + ' accepted · ' +
+      ['Connections', num(connections.open) + ' open (' + num(connections.idle) + ' idle) · ' +
+        num(connections.accepted) + ' accepted · ' +
         num((connections.refused_listener_full || 0) + (connections.refused_peer_full || 0)) + ' refused'],
+      connections.idle_closes ? ['Idle connections', 'timeout ' + duration(connections.idle_timeout_ms) + ' · ' +
+        num(connections.idle_closes.evicted_for_new) + ' closed for a new one · ' +
+        num(connections.idle_closes.idle_timeout) + ' at the timeout'] : null,
       queue ? ['Accept queue', num(queue.queued) + ' of ' + num(queue.backlog)] : null,
       ['Store loads', 'at most ' + num(status.store_loads_max_in_flight) + ' in flight'],
       status.bloom ? ['Bloom gate', (status.bloom.ready ? 'ready' : 'building') + ' · ' + num(status.bloom.keys) +
@@ -485,6 +489,7 @@
       ['Observer', report.enabled ? badge('on', 'ok') : badge('off', 'muted')],
       ['Sampled', pct(report.sample_ratio) + ' of applied events'],
       ['Pending', num(report.pending) + ' under observation · ' + num(report.skipped) + ' skipped'],
+      ['Ahead of the store', num(report.ahead_of_store) + ' events (a version the store never reached)'],
     ]);
     const windows = Array.isArray(report.windows) ? report.windows : [];
     const rows = windows.map((window) => ({
@@ -494,13 +499,14 @@
         num(window.consistent),
         num(window.inconsistent),
         num(window.unknown),
+        num(window.ahead_of_store),
         window.inconsistent > 0 ? num(window.nines, 2) + ' nines' : window.consistent > 0 ? 'all consistent' : '—',
       ],
     }));
     root.replaceChildren(
       list,
       rows.length
-        ? table(['Checked', 'Consistent', 'Inconsistent', 'Unknown', 'Consistency'], rows, 'grid')
+        ? table(['Checked', 'Consistent', 'Inconsistent', 'Unknown', 'Ahead of store', 'Consistency'], rows, 'grid')
         : emptyNote('No check window configured.'),
     );
   }

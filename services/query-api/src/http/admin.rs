@@ -1,14 +1,14 @@
 //! The admin listener: health and `/metrics` without a token; under `/admin/v1`, with
 //! `Authorization: Bearer`, status (shed level, breakers, bulkheads, quotas, caches and the
 //! thresholds behind them), a shed-level override for drills, event publishing, key inspection
-//! and warm-up. Served on its own address (`admin.listen`).
+//! and warm-up. Served on its own address (`admin.listen`). The token check, and the throttling
+//! of peers that keep failing it, are [`super::admin_auth`]'s.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{RawQuery, Request, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
@@ -21,10 +21,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use super::admin_auth::{AdminAuth, require_token};
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use super::items::{BatchRequest, parse_key};
-use crate::admin_token::AdminToken;
 use crate::event_bus::EventBus;
 use crate::lifecycle::Phase;
 use crate::pings::Pings;
@@ -32,7 +32,7 @@ use crate::state::AppState;
 
 /// The admin listener's routes; `openapi` is the document `GET /openapi.json` answers with
 /// (rendered by [`super::openapi`], which describes these routes and so is handed in).
-pub fn router(state: AppState, token: AdminToken, openapi: axum::body::Bytes) -> Router {
+pub fn router(state: AppState, auth: AdminAuth, openapi: axum::body::Bytes) -> Router {
     // Everything under /admin/v1 — its unknown paths and methods included — is behind the
     // token: a stranger learns nothing from a 404 or a 405 about which routes exist.
     let protected = Router::new()
@@ -47,7 +47,7 @@ pub fn router(state: AppState, token: AdminToken, openapi: axum::body::Bytes) ->
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(
-            token.clone(),
+            auth.clone(),
             require_token,
         ));
     Router::new()
@@ -72,7 +72,7 @@ pub fn router(state: AppState, token: AdminToken, openapi: axum::body::Bytes) ->
             super::edge::gate,
         ))
         // Merged after the gate above, so that it runs under a gate of its own.
-        .merge(warm_job_submission(&state, token))
+        .merge(warm_job_submission(&state, auth))
         .layer(axum::middleware::from_fn(super::middleware::trace_requests))
         .with_state(state)
 }
@@ -80,7 +80,7 @@ pub fn router(state: AppState, token: AdminToken, openapi: axum::body::Bytes) ->
 /// `POST /admin/v1/warm-jobs`, behind the token, under a gate whose body limit is
 /// `warm_jobs.body_limit_bytes`: a job of 200,000 keys is ~9 MiB of JSON, where every other
 /// route keeps `http.body_limit_bytes` (64 KiB). The same limit is axum's for the extractor.
-fn warm_job_submission(state: &AppState, token: AdminToken) -> Router<AppState> {
+fn warm_job_submission(state: &AppState, auth: AdminAuth) -> Router<AppState> {
     let limit = state.limits.warm_job_body_limit_bytes;
     let limits = super::edge::EdgeLimits {
         body_limit_bytes: limit,
@@ -90,7 +90,7 @@ fn warm_job_submission(state: &AppState, token: AdminToken) -> Router<AppState> 
         .route("/admin/v1/warm-jobs", post(submit_warm_job))
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::extract::DefaultBodyLimit::max(limit))
-        .layer(axum::middleware::from_fn_with_state(token, require_token))
+        .layer(axum::middleware::from_fn_with_state(auth, require_token))
         .layer(axum::middleware::from_fn_with_state(
             Arc::new(super::edge::Gate {
                 limits: Arc::new(limits),
@@ -375,29 +375,6 @@ pub(super) async fn force_shedding(
     state.protection.notify_waiters();
     tracing::warn!(forced = ?level, "shed level override changed by an operator");
     Ok(Json(json!({"shedding": shedder.snapshot(), "trace_id": trace_id})).into_response())
-}
-
-async fn require_token(State(token): State<AdminToken>, request: Request, next: Next) -> Response {
-    let offered = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(|value| bearer_token(value.as_bytes()));
-    match offered {
-        Some(Some(offered)) if token.matches(offered) => next.run(request).await,
-        offered => ApiError::Unauthorized {
-            token_offered: offered.is_some(),
-        }
-        .into_response(),
-    }
-}
-
-/// The token of an `Authorization: Bearer <token>` value. The scheme is case-insensitive
-/// (RFC 9110 §11.1); one or more spaces separate it from the token, which must not be empty.
-fn bearer_token(value: &[u8]) -> Option<&str> {
-    let value = std::str::from_utf8(value).ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    let token = token.trim_start_matches(' ');
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 /// An operator's event; `event_id` and `occurred_at` are filled in when absent.
