@@ -60,6 +60,9 @@ async fn within_a_minute(what: &str, mut condition: impl FnMut() -> bool) {
 
 #[tokio::test]
 async fn the_bus_survives_a_broker_restart() {
+    if !rebate_testkit::programs_available("the broker restart test", &["rabbitmqctl"]) {
+        return;
+    }
     let settings = isolated_settings("restart");
     // `isolated` bounds the body at 20 s; a broker restart can take longer, so the body runs
     // here and only the clean-up goes through it.

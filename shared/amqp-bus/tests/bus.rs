@@ -291,6 +291,9 @@ fn close_connection_from_broker(connection_name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnects_after_the_broker_drops_the_connection() {
+    if !rebate_testkit::programs_available("the broker reconnect test", &["rabbitmqctl"]) {
+        return;
+    }
     isolated(isolated_settings("reconnect"), |settings| async move {
         let recorder = Arc::new(Recorder::default());
         let settings = instance(&settings, "r");

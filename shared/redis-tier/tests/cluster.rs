@@ -13,7 +13,8 @@ use common::key;
 use rebate_cache::{FenceOutcome, SharedTier, TierEntry, TierKey};
 use rebate_domain::PartKind;
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig};
-use rebate_testkit::redis_server::{RedisCluster, redis_binaries_missing};
+use rebate_testkit::programs_available;
+use rebate_testkit::redis_server::{REDIS_PROGRAMS, RedisCluster};
 use redis::aio::MultiplexedConnection;
 use redis::cluster_routing::{Route, SlotAddr};
 
@@ -80,8 +81,7 @@ async fn migrate_slot(cluster: &RedisCluster, slot: u16, from: usize, to: usize)
 
 #[tokio::test]
 async fn a_cluster_serves_batches_per_node_fences_writes_and_leases() {
-    if let Some(reason) = redis_binaries_missing() {
-        eprintln!("skipping the redis cluster test: {reason}");
+    if !programs_available("the redis cluster test", &REDIS_PROGRAMS) {
         return;
     }
     let started = Instant::now();

@@ -13,6 +13,9 @@
 //!   same time apart.
 //! - [`free_port`] / [`free_ports`]: loopback ports nobody listens on, for processes the test
 //!   starts.
+//! - [`programs`]: whether the external programs a test needs (`redis-server`, `rabbitmqctl`, …)
+//!   run here; under CI (`CI` set) a missing one fails the test, elsewhere the test may skip
+//!   itself saying so ([`programs_available`], [`require_programs`]).
 //! - `redis_server` (feature `redis`): `RedisProcess`, a private `redis-server` (single, or one
 //!   cluster node), and `RedisCluster`, a Redis Cluster of them with replicas that can fail a
 //!   master over (`CLUSTER FAILOVER`).
@@ -22,8 +25,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
+pub mod programs;
 #[cfg(feature = "redis")]
 pub mod redis_server;
+
+pub use programs::{programs_available, require_programs};
 
 /// How long a condition may take before the test fails.
 pub const WAIT_LIMIT: Duration = Duration::from_secs(10);

@@ -27,20 +27,9 @@ const START_ATTEMPTS: usize = 2;
 const COMMAND_LIMIT: Duration = Duration::from_secs(2);
 const POLL_EVERY: Duration = Duration::from_millis(20);
 
-/// Why `redis-server` / `redis-cli` cannot be used, if they cannot (a test then skips itself).
-pub fn redis_binaries_missing() -> Option<String> {
-    for binary in ["redis-server", "redis-cli"] {
-        let found = Command::new(binary)
-            .arg("--version")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        if let Err(error) = found {
-            return Some(format!("{binary} is not runnable: {error}"));
-        }
-    }
-    None
-}
+/// The programs these helpers run: a test that starts a server or a cluster checks them first
+/// with [`crate::programs_available`].
+pub const REDIS_PROGRAMS: [&str; 2] = ["redis-server", "redis-cli"];
 
 /// What a started server is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,7 +79,7 @@ impl RedisProcess {
             }
             let child = command
                 .spawn()
-                .expect("redis-server starts (check redis_binaries_missing first)");
+                .expect("redis-server starts (check programs_available(…, &REDIS_PROGRAMS) first)");
             let mut server = Self { port, child };
             match server.wait_until_answering().await {
                 Ok(()) => return server,
