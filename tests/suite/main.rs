@@ -6,7 +6,9 @@
     reason = "black-box tests against real servers wait and measure on the wall clock"
 )]
 
+mod admin_auth;
 mod api;
+mod connections;
 mod contract;
 mod dashboard;
 mod edge;
@@ -15,7 +17,9 @@ mod fleet;
 mod hot_items;
 mod metrics;
 mod observability;
+mod observer;
 mod production;
 mod readiness;
 mod resilience;
+mod strict_http;
 mod warm_jobs;

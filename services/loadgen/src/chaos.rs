@@ -18,9 +18,13 @@
 //! window at 80 %; an idle keep-alive connection timed in the background; and, opt-in because it
 //! stops the shared broker, RabbitMQ stopped and started on a service using a private vhost.
 //!
-//! Each target is reported as met or not met with its figure. The process exits non-zero only
-//! on a clear violation: a 5xx other than 503, the service exiting, attacker connections the
-//! server never closed.
+//! Each target is reported as met or not met with its figure. The process exits non-zero on a
+//! violation: a 5xx other than 503, the service exiting, attacker connections the server never
+//! closed, and a connection deadline missed by more than [`CLOSE_MARGIN_MS`] — a slow head, a
+//! stalled body or a large head not closed within its timeout + 100 ms of its connect, the idle
+//! probe not closed within the idle timeout + 100 ms of its answer (issue #40). The attackers and
+//! the idle probe run on a thread of their own ([`attack::run_apart`]), so the load's runtime does
+//! not make their measurements late.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -367,6 +371,13 @@ const STATUS_EVERY: Duration = Duration::from_millis(250);
 const LOAD_SOURCES: u8 = 40;
 /// The large-header phase's RSS bound: RSS before + this.
 const LARGE_HEADER_RSS_ALLOWANCE: u64 = 64 * 1024 * 1024;
+/// How late past its timeout a connection the server must close may close: the service's
+/// watchdog closes one at most 30 ms late (20 ms of grace for the connection's own task, a sweep
+/// every 10 ms), however busy its runtime; the rest is for the wake-ups of that thread and of
+/// the attack thread on two saturated cores (usually a few ms; up to ~70 ms seen on this 2-vCPU
+/// machine with two busy loops beside the load). A close later than this is a deadline the
+/// service did not keep.
+pub const CLOSE_MARGIN_MS: f64 = 100.0;
 
 struct Timing {
     phase: Windows,
@@ -845,7 +856,7 @@ async fn run_with(
         std::net::Ipv4Addr::new(127, 0, 0, 4).into(),
         idle_hold,
     );
-    let idle_task = tokio::spawn(async move { attack::run(&idle_spec).await });
+    let idle_task = tokio::spawn(attack::run_apart(idle_spec));
 
     let selected: Vec<PhaseName> = PhaseName::ALL
         .into_iter()
@@ -891,8 +902,8 @@ async fn run_with(
         }
     }
     let idle = match idle_task.await {
-        Ok(outcome) => Some(idle_verdict(&outcome, &suite.edge, idle_hold)),
-        Err(_) => None,
+        Ok(Ok(outcome)) => Some(idle_verdict(&outcome, &suite.edge, idle_hold)),
+        _ => None,
     };
     let service_cpu = service_meter.read();
     service.stop().await;
@@ -973,9 +984,11 @@ fn idle_verdict(outcome: &AttackOutcome, edge: &EdgeTimeouts, hold: Duration) ->
     let configured = edge.idle_ms as f64;
     let mut targets = Vec::new();
     let mut violations = Vec::new();
-    let met = idle_ms.map(|idle| idle >= configured - 500.0 && idle <= configured + 2_000.0);
+    // Earlier is allowed: the idle timeout shrinks as the listener fills, and a full listener
+    // closes its oldest idle connection for a new one.
+    let met = idle_ms.map(|idle| idle <= configured + CLOSE_MARGIN_MS);
     targets.push(check(
-        "an idle keep-alive connection is closed at the idle timeout",
+        "an idle keep-alive connection is closed by the idle timeout + 100 ms",
         Some(met.unwrap_or(false)),
         match idle_ms {
             Some(idle) => {
@@ -987,6 +1000,12 @@ fn idle_verdict(outcome: &AttackOutcome, edge: &EdgeTimeouts, hold: Duration) ->
             ),
         },
     ));
+    if let Some(idle) = idle_ms.filter(|idle| *idle > configured + CLOSE_MARGIN_MS) {
+        violations.push(format!(
+            "the idle keep-alive connection was closed {idle:.0} ms after its answer, past the \
+             idle timeout ({configured:.0} ms) + {CLOSE_MARGIN_MS:.0} ms"
+        ));
+    }
     if closed.is_none() {
         violations.push(format!(
             "the idle keep-alive connection was never closed by the server ({:.0} s)",
@@ -1785,7 +1804,9 @@ async fn apply_fault(
         Fault::Attack(spec) => {
             let rss_before = service.pid().and_then(procfs::rss_bytes);
             tokio::time::sleep_until(fault_at).await;
-            let attack = attack::run(&spec).await;
+            let attack = attack::run_apart(spec)
+                .await
+                .context("running the attack")?;
             outcome
                 .figures
                 .insert("rss_before_attack_bytes".into(), json!(rss_before));
@@ -2201,7 +2222,8 @@ fn mib(bytes: Option<u64>) -> String {
     })
 }
 
-/// The attack's connections: all ended by the server (a clear violation if not), and when.
+/// The attack's connections: all ended by the server within the timeout + [`CLOSE_MARGIN_MS`]
+/// of their connect (a violation if not).
 fn attack_close_verdict(result: &mut PhaseResult, target: &str, timeout_ms: u64) {
     let Some(summary) = result.attack.clone() else {
         return;
@@ -2209,7 +2231,8 @@ fn attack_close_verdict(result: &mut PhaseResult, target: &str, timeout_ms: u64)
     let ended = summary.closed_by_server + summary.reset;
     let established = summary.connections - summary.connect_failed;
     let latest = summary.lifetime_max_ms;
-    let on_time = latest.is_some_and(|latest| latest <= timeout_ms as f64 + 1_500.0);
+    let close_by = timeout_ms as f64 + CLOSE_MARGIN_MS;
+    let on_time = latest.is_some_and(|latest| latest <= close_by);
     result.targets.push(check(
         target,
         Some(summary.still_open_at_bound == 0 && on_time),
@@ -2230,6 +2253,12 @@ fn attack_close_verdict(result: &mut PhaseResult, target: &str, timeout_ms: u64)
         result.violations.push(format!(
             "{} attacker connections were never closed by the server",
             summary.still_open_at_bound
+        ));
+    }
+    if let Some(late) = latest.filter(|latest| *latest > close_by) {
+        result.violations.push(format!(
+            "attacker connections closed up to {late:.0} ms after their connect, past the \
+             timeout ({timeout_ms} ms) + {CLOSE_MARGIN_MS:.0} ms"
         ));
     }
 }
@@ -2703,42 +2732,67 @@ mod tests {
         );
     }
 
-    #[test]
-    fn attackers_left_open_are_a_violation_and_late_closes_only_a_miss() {
-        let windows = Windows::new(2.0, 10.0, 2.0);
-        let mut result = phase_with(windows, Vec::new());
-        result.attack = Some(AttackSummary {
+    fn attack_closed(still_open: usize, latest_ms: f64) -> AttackSummary {
+        AttackSummary {
             connections: 10,
             connect_failed: 0,
-            closed_by_server: 8,
+            closed_by_server: 10 - still_open,
             reset: 0,
-            still_open_at_bound: 2,
-            lifetime_p50_ms: Some(5_100.0),
-            lifetime_max_ms: Some(5_300.0),
+            still_open_at_bound: still_open,
+            lifetime_p50_ms: Some(5_001.0),
+            lifetime_max_ms: Some(latest_ms),
             lifetime_min_ms: Some(5_000.0),
             statuses: BTreeMap::new(),
             max_open: 10,
-        });
-        attack_close_verdict(&mut result, "closed", 5_000);
-        assert_eq!(result.targets[0].met, Some(false));
-        assert_eq!(result.violations.len(), 1);
+        }
+    }
 
-        let mut result = phase_with(windows, Vec::new());
-        result.attack = Some(AttackSummary {
-            connections: 10,
-            connect_failed: 0,
-            closed_by_server: 10,
-            reset: 0,
-            still_open_at_bound: 0,
-            lifetime_p50_ms: Some(8_000.0),
-            lifetime_max_ms: Some(9_000.0),
-            lifetime_min_ms: Some(7_000.0),
-            statuses: BTreeMap::new(),
-            max_open: 10,
-        });
-        attack_close_verdict(&mut result, "closed", 5_000);
-        assert_eq!(result.targets[0].met, Some(false), "closed, but late");
-        assert!(result.violations.is_empty(), "late is not a violation");
+    /// The gate of issue #40: every attacker connection closed by the timeout + 100 ms of its
+    /// connect; left open or closed later is a violation (it was only a miss before).
+    #[test]
+    fn attackers_left_open_or_closed_late_are_violations() {
+        let windows = Windows::new(2.0, 10.0, 2.0);
+        let verdict = |summary: AttackSummary| {
+            let mut result = phase_with(windows, Vec::new());
+            result.attack = Some(summary);
+            attack_close_verdict(&mut result, "closed", 5_000);
+            (result.targets[0].met, result.violations.len())
+        };
+        assert_eq!(verdict(attack_closed(0, 5_100.0)), (Some(true), 0));
+        assert_eq!(
+            verdict(attack_closed(0, 5_101.0)),
+            (Some(false), 1),
+            "closed, but late"
+        );
+        assert_eq!(verdict(attack_closed(2, 5_050.0)), (Some(false), 1));
+        assert_eq!(verdict(attack_closed(2, 9_000.0)), (Some(false), 2));
+    }
+
+    #[test]
+    fn the_idle_probe_must_close_by_the_idle_timeout_and_100_ms() {
+        let edge = EdgeTimeouts {
+            header_read_ms: 5_000,
+            body_read_ms: 5_000,
+            idle_ms: 10_000,
+            keys_accepted: true,
+        };
+        let probe = |after_answer_ms: f64| {
+            let outcome = AttackOutcome {
+                fates: vec![attack::Fate {
+                    ending: attack::Ending::ClosedByServer,
+                    lifetime_ms: Some(after_answer_ms + 5.0),
+                    after_last_response_byte_ms: Some(after_answer_ms),
+                    status: Some(200),
+                    bytes_written: 100,
+                }],
+                open_timeline: Vec::new(),
+            };
+            let verdict = idle_verdict(&outcome, &edge, Duration::from_secs(25));
+            (verdict.targets[0].met, verdict.violations.len())
+        };
+        assert_eq!(probe(10_100.0), (Some(true), 0));
+        assert_eq!(probe(6_000.0), (Some(true), 0), "shrunk under pressure");
+        assert_eq!(probe(10_101.0), (Some(false), 1));
     }
 
     #[test]

@@ -34,6 +34,8 @@
 //!   guard, shedding and event counters read from the state at scrape time.
 //! - [`server`]: the listeners' connection loop: header, idle and write timeouts, connection
 //!   caps per listener and per peer, bounded drain.
+//! - [`chunked`]: the chunk-size check on the bytes a connection reads: a chunk announcing more
+//!   than the body limit fails the request's body at once (413).
 //! - [`slow`]: [`SlowLog`](slow::SlowLog), the last slow, failed or degraded requests with
 //!   their stages, by trace id.
 //! - [`http`]: the router, the error type and the middleware (trace id, request timeout).
@@ -44,6 +46,7 @@
 
 pub mod admin_token;
 pub mod background;
+pub mod chunked;
 pub mod config;
 pub mod consistency;
 pub mod event_bus;
@@ -61,6 +64,8 @@ pub mod server;
 pub mod slow;
 pub mod startup;
 pub mod state;
+#[cfg(test)]
+mod test_log;
 pub mod upstreams;
 pub mod warm_jobs;
 

@@ -92,6 +92,11 @@ impl ListenQueue {
 /// last dropped a handshake because the queue was full, a second: the dropped clients' SYNs
 /// come back no sooner. Under overload the queue fills, overflows and drains in waves as those retries
 /// arrive together; the drops keep the wait standing between the waves.
+///
+/// The listener's accept thread (`crate::server`) takes connections off the kernel's queue at
+/// once, whatever the runtime's load: a saturated instance's new connections then wait in the
+/// runtime's queue for their task's first poll instead. That second queue (accepted, not yet
+/// started) is estimated the same way, and the larger of the two waits is the one reported.
 #[derive(Debug)]
 pub struct AcceptWait {
     queue: ListenQueue,
@@ -108,6 +113,11 @@ pub struct AcceptWait {
     total_dropped: u64,
     last_drop_at: Option<Instant>,
     failing: bool,
+    /// Accepted connections whose task had not begun, and those whose task had, at the last
+    /// reading; and how long that queue had stood with none begun.
+    awaiting_start: u64,
+    started: u64,
+    start_stalled: Duration,
 }
 
 impl AcceptWait {
@@ -125,6 +135,9 @@ impl AcceptWait {
             total_dropped: 0,
             last_drop_at: None,
             failing: false,
+            awaiting_start: 0,
+            started: 0,
+            start_stalled: Duration::ZERO,
         };
         wait.sample();
         wait
@@ -171,11 +184,24 @@ impl AcceptWait {
         let retrying = self
             .last_drop_at
             .is_some_and(|at| now.saturating_duration_since(at) < SYN_RETRY);
+        let (awaiting_start, started) = self.connections.awaiting_start();
+        let (start_wait, start_stalled) = estimated_wait(
+            Period {
+                queued_before: saturating_u32(self.awaiting_start),
+                queued: saturating_u32(awaiting_start),
+                dequeued: started.saturating_sub(self.started),
+                elapsed: now.saturating_duration_since(self.read_at),
+            },
+            self.start_stalled,
+        );
+        (self.awaiting_start, self.started, self.start_stalled) =
+            (awaiting_start, started, start_stalled);
         let wait = if retrying {
             queued_wait.max(SYN_RETRY)
         } else {
             queued_wait
-        };
+        }
+        .max(start_wait);
         self.dequeued = dequeued;
         self.read_at = now;
         self.connections.record_listen_queue(
@@ -186,6 +212,10 @@ impl AcceptWait {
         );
         Some(wait)
     }
+}
+
+fn saturating_u32(count: u64) -> u32 {
+    u32::try_from(count).unwrap_or(u32::MAX)
 }
 
 /// One period between two readings of the accept queue.

@@ -31,8 +31,9 @@ use rebate_guard::{CallObserver, CallOutcome};
 use rebate_resilience::{AdmissionQueue, BreakerState, RequestClass, WAIT_BUCKETS_SECONDS};
 use rebate_sources::BatchStats;
 
-use crate::consistency::ConsistencyObserver;
+use crate::consistency::{ConsistencyObserver, Outcome};
 use crate::event_bus::EventBus;
+use crate::http::admin_auth::{AuthFailures, Reason};
 use crate::http::routes::{BATCH_ROUTE, ITEM_ROUTE};
 use crate::protection::Protection;
 use crate::server::ConnectionStats;
@@ -286,6 +287,12 @@ impl Metrics {
         self.registry.register_collector(Box::new(collector));
     }
 
+    /// Adds the admin listener's authentication failures, read at scrape time.
+    pub fn collect_admin_auth(&mut self, failures: Arc<AuthFailures>) {
+        self.registry
+            .register_collector(Box::new(AdminAuthCollector(failures)));
+    }
+
     /// Records one finished API request: its latency, and what it answered per item. A request
     /// on a matched route that failed (status ≥ 400) without a per-item account is one failed
     /// answer; fallbacks (unknown paths) answer no item.
@@ -462,7 +469,7 @@ impl StateCollector {
             "Hits divided by lookups since start, by part and tier; absent for a tier nothing was looked up in.",
             ratios,
         )?;
-        let per_part: [PartCounter; 7] = [
+        let per_part: [PartCounter; 8] = [
             (
                 "rebate_cache_single_flight_joins",
                 "Callers that joined a load already in flight for the same key instead of starting one.",
@@ -497,6 +504,11 @@ impl StateCollector {
                 "rebate_cache_invalidations",
                 "Invalidation fences applied.",
                 |stats| stats.invalidations,
+            ),
+            (
+                "rebate_cache_fences_lifted",
+                "L1 fences lifted because a load found the store more than events.max_version_gap behind the event.",
+                |stats| stats.fences_lifted,
             ),
         ];
         for (name, help, read) in per_part {
@@ -565,6 +577,29 @@ impl StateCollector {
                     ("lost", cache.stats.leases_lost),
                 ]
                 .map(|(result, count)| ([("part", cache.part), ("result", result)], count))
+            }),
+        )?;
+        counters(
+            encoder,
+            "rebate_cache_lease_stale_answers",
+            "Lost leases answered at once with the stale copy held, while the winner rebuilt.",
+            with_l2().map(|cache| {
+                (
+                    [("part", cache.part)],
+                    cache.stats.lease_losses_served_stale,
+                )
+            }),
+        )?;
+        counters(
+            encoder,
+            "rebate_cache_lease_waits",
+            "Waits for a lease winner's value by outcome (winner_value: it arrived; gave_up: it did not in time).",
+            with_l2().flat_map(|cache| {
+                [
+                    ("winner_value", cache.stats.lease_waits_served),
+                    ("gave_up", cache.stats.lease_waits_given_up),
+                ]
+                .map(|(outcome, count)| ([("part", cache.part), ("outcome", outcome)], count))
             }),
         )
     }
@@ -759,21 +794,25 @@ impl StateCollector {
         counters(
             encoder,
             "rebate_consistency_checks",
-            "The consistency observer's checks of applied events, by window after the event and outcome: consistent, inconsistent (L1 or L2 would serve a version older than the event's), unknown (a tier or the store could not be read).",
+            "The consistency observer's checks of applied events, by window after the event and outcome: consistent, inconsistent (L1 or L2 would serve a version older than the event's), unknown (a tier or the store could not be read), ahead_of_store (the store's row is more than events.max_version_gap behind the event, or has not reached it by the first window at or after events.fence_secs).",
             report.windows.iter().flat_map(|window| {
                 let label = window_label(window.window_ms);
-                [
-                    ("consistent", window.consistent),
-                    ("inconsistent", window.inconsistent),
-                    ("unknown", window.unknown),
-                ]
-                .map(|(outcome, count)| {
+                Outcome::ALL.map(|outcome| {
                     (
-                        [("window", label.clone()), ("outcome", outcome.to_owned())],
-                        count,
+                        [
+                            ("window", label.clone()),
+                            ("outcome", outcome.as_str().to_owned()),
+                        ],
+                        window.count(outcome),
                     )
                 })
             }),
+        )?;
+        single_counter(
+            encoder,
+            "rebate_consistency_ahead_of_store",
+            "Sampled events the consistency observer found ahead of the store's row, once per event, item and part (each is logged once).",
+            report.ahead_of_store,
         )?;
         let warming = self.engine.cache_only_loads();
         counters(
@@ -832,6 +871,42 @@ impl StateCollector {
             ]
             .map(|(result, count)| ([("result", result)], count)),
         )?;
+        single_gauge(
+            encoder,
+            "rebate_http_connections_idle",
+            "Connections on the API listener waiting for a next request with their last answer sent, at the watchdog's last sweep: the ones a new connection may replace at the cap.",
+            connections.idle,
+        )?;
+        single_gauge(
+            encoder,
+            "rebate_http_idle_timeout_seconds",
+            "The idle timeout a connection gets now: http.idle_timeout_ms, shrinking toward http.idle_timeout_floor_ms once more than http.idle_shrink_from of the connections are open.",
+            connections.idle_timeout_ms as f64 / 1e3,
+        )?;
+        let idle_closes = connections.idle_closes;
+        counters(
+            encoder,
+            "rebate_http_idle_closes",
+            "Idle keep-alive connections the API listener closed: the oldest idle one, to admit a new connection at the listener's or an address's cap (evicted_for_new), or at the idle timeout of the moment (idle_timeout).",
+            [
+                ("evicted_for_new", idle_closes.evicted_for_new),
+                ("idle_timeout", idle_closes.idle_timeout),
+            ]
+            .map(|(reason, count)| ([("reason", reason)], count)),
+        )?;
+        let late = connections.watchdog_closes;
+        counters(
+            encoder,
+            "rebate_http_watchdog_closes",
+            "Connections the listener's watchdog closed because their own task had not acted within 20 ms of a deadline (the runtime's queues were that long), by the deadline: the request head, the body, a write (stalled, or the close due after an answer that ends the connection), the idle timeout.",
+            [
+                ("head", late.head),
+                ("body", late.body),
+                ("write", late.write),
+                ("idle", late.idle),
+            ]
+            .map(|(deadline, count)| ([("deadline", deadline)], count)),
+        )?;
         let Some(queue) = connections.listen_queue else {
             return Ok(());
         };
@@ -856,7 +931,7 @@ impl StateCollector {
         single_gauge(
             encoder,
             "rebate_listen_queue_wait_seconds",
-            "The time a connection waits to be accepted, estimated at the last reading: the accept queue's length over the accept rate, or at least 1 s within a second of a drop.",
+            "The time a connection waits to be served, estimated at the last reading: the kernel's accept queue, or the accepted connections whose task has not begun, over the rate they leave it (the larger), or at least 1 s within a second of a drop.",
             queue.wait_ms / 1e3,
         )
     }
@@ -932,6 +1007,33 @@ impl Collector for StateCollector {
         self.encode_events(&mut encoder)?;
         self.encode_warm_jobs(&mut encoder)?;
         encode_memory(&mut encoder)
+    }
+}
+
+/// `rebate_admin_auth_failures_total{reason}`: the admin listener's refused token checks.
+#[derive(Debug)]
+struct AdminAuthCollector(Arc<AuthFailures>);
+
+impl Collector for AdminAuthCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+        let stats = self.0.stats();
+        counters(
+            &mut encoder,
+            "rebate_admin_auth_failures",
+            "Admin requests refused for their token, by reason: missing (no bearer token), invalid (a wrong token), throttled (429 unread: the peer offered admin.auth_throttle.max_failures wrong tokens).",
+            Reason::ALL.map(|reason| {
+                (
+                    [("reason", reason.as_str())],
+                    stats.by_reason[reason as usize],
+                )
+            }),
+        )?;
+        single_gauge(
+            &mut encoder,
+            "rebate_admin_auth_tracked_peers",
+            "Peers in the admin listener's failure table (at most admin.auth_throttle.tracked_peers).",
+            u64::try_from(stats.tracked_peers).unwrap_or(u64::MAX),
+        )
     }
 }
 

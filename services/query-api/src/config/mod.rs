@@ -168,6 +168,10 @@ pub struct HttpSettings {
     pub header_read_timeout_ms: u64,
     /// A keep-alive connection without a new request for this long is closed.
     pub idle_timeout_ms: u64,
+    /// Past this share of `max_connections` open, the idle timeout shrinks (1.0: never) …
+    pub idle_shrink_from: f64,
+    /// … in a straight line to this at a full listener.
+    pub idle_timeout_floor_ms: u64,
     /// A request body must be complete this long after its head; it is read before the request
     /// counts as load.
     pub body_read_timeout_ms: u64,
@@ -297,6 +301,49 @@ pub struct AdminSettings {
     pub request_timeout_ms: u64,
     /// Connections open at once on the admin listener.
     pub max_connections: usize,
+    /// Connections beyond `max_connections` kept for `/healthz` and `/readyz`, one request each.
+    pub probe_connections: usize,
+    /// How failed authentications are slowed per peer (`crate::http::admin_auth`).
+    pub auth_throttle: AuthThrottleSettings,
+}
+
+/// `[admin.auth_throttle]`: a peer that keeps offering wrong tokens is answered 429 for a while.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthThrottleSettings {
+    /// Failed authentications before the peer is throttled (1–1000).
+    pub max_failures: u32,
+    /// A peer that has not failed for this long is forgiven: its count starts again.
+    pub window_secs: u64,
+    /// How long a throttled peer's admin requests are refused without a look at the token.
+    pub penalty_secs: u64,
+    /// Peers remembered at once; the one seen least recently is forgotten first.
+    pub tracked_peers: usize,
+}
+
+impl AuthThrottleSettings {
+    fn validate(&self) -> Result<(), ConfigError> {
+        ensure_in(
+            "admin.auth_throttle.max_failures",
+            self.max_failures,
+            1..=1_000,
+        )?;
+        ensure_in(
+            "admin.auth_throttle.window_secs",
+            self.window_secs,
+            1..=86_400,
+        )?;
+        ensure_in(
+            "admin.auth_throttle.penalty_secs",
+            self.penalty_secs,
+            1..=86_400,
+        )?;
+        ensure_in(
+            "admin.auth_throttle.tracked_peers",
+            self.tracked_peers,
+            16..=1_000_000,
+        )
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -366,6 +413,9 @@ pub enum EventBackend {
 pub struct EventSettings {
     pub backend: EventBackend,
     pub fence_secs: u64,
+    /// An event more versions than this ahead of the store's row is taken for an operator's
+    /// mistake (`crate::consistency`, and the caches' fences).
+    pub max_version_gap: u64,
     pub signing_key: Secret,
     pub require_signature: bool,
     pub max_age_secs: u64,
@@ -426,17 +476,24 @@ impl ObserverSettings {
         )?;
         Ok(())
     }
+}
 
-    pub fn settings(&self) -> crate::consistency::ObserverConfig {
+impl EventSettings {
+    /// The consistency observer's settings: `[events.observer]`, and the fence time and version
+    /// gap it judges an event ahead of the store by.
+    pub fn observer_settings(&self) -> crate::consistency::ObserverConfig {
+        let observer = &self.observer;
         crate::consistency::ObserverConfig {
-            enabled: self.enabled,
-            sample_ratio: self.sample_ratio,
-            windows: self
+            enabled: observer.enabled,
+            sample_ratio: observer.sample_ratio,
+            windows: observer
                 .windows_ms
                 .iter()
                 .map(|window| Duration::from_millis(*window))
                 .collect(),
-            max_pending: self.max_pending,
+            max_pending: observer.max_pending,
+            fence_for: Duration::from_secs(self.fence_secs),
+            max_version_gap: self.max_version_gap,
         }
     }
 }
@@ -840,6 +897,7 @@ impl Settings {
                 "must be set when admin.token is empty (the generated token is written there)",
             ));
         }
+        self.admin.auth_throttle.validate()?;
         let sqlite = &self.store.sqlite;
         if sqlite.path.as_os_str().is_empty() {
             return Err(invalid("store.sqlite.path", "must not be empty"));
@@ -929,10 +987,26 @@ impl Settings {
             ));
         }
         ensure_in("http.listen_backlog", http.listen_backlog, 16..=65_535)?;
+        ensure_in("http.idle_shrink_from", http.idle_shrink_from, 0.0..=1.0)?;
+        if !(100..=http.idle_timeout_ms).contains(&http.idle_timeout_floor_ms) {
+            return Err(invalid(
+                "http.idle_timeout_floor_ms",
+                format!(
+                    "{} is outside 100..=http.idle_timeout_ms ({}): the floor the idle timeout \
+                     shrinks to under pressure",
+                    http.idle_timeout_floor_ms, http.idle_timeout_ms
+                ),
+            ));
+        }
         ensure_in(
             "admin.max_connections",
             self.admin.max_connections,
             1..=10_000,
+        )?;
+        ensure_in(
+            "admin.probe_connections",
+            self.admin.probe_connections,
+            0..=64,
         )?;
         Ok(())
     }
@@ -946,14 +1020,29 @@ impl Settings {
             max_header_bytes: http.max_header_bytes,
             max_connections: http.max_connections,
             max_connections_per_peer: http.max_connections_per_peer,
+            body_limit_bytes: http.body_limit_bytes,
+            idle_shrink_from: http.idle_shrink_from,
+            idle_timeout_floor: Duration::from_millis(http.idle_timeout_floor_ms),
+            body_read_timeout: Duration::from_millis(http.body_read_timeout_ms),
+            probe_slots: 0,
+            probe_paths: &[],
         }
     }
 
-    /// The admin listener's: the API's timeouts and header cap, its own connection cap.
+    /// The admin listener's: the API's timeouts and header cap, its own connection cap, and the
+    /// warm-job submission's body limit when it is the larger.
     pub fn admin_connection_limits(&self) -> crate::server::ConnectionLimits {
         crate::server::ConnectionLimits {
             max_connections: self.admin.max_connections,
             max_connections_per_peer: 0,
+            probe_slots: self.admin.probe_connections,
+            // The admin router's health probes (`http::admin`): Kubernetes' liveness and
+            // readiness probes must be answered whatever holds the other connections.
+            probe_paths: &["/healthz", "/readyz"],
+            body_limit_bytes: self
+                .http
+                .body_limit_bytes
+                .max(self.warm_jobs.body_limit_bytes),
             ..self.api_connection_limits()
         }
     }
@@ -1135,6 +1224,11 @@ impl Settings {
             return Err(invalid("warmup.interval_secs", "must be at least 10"));
         }
         ensure_in("events.fence_secs", self.events.fence_secs, 1..=86_400)?;
+        ensure_in(
+            "events.max_version_gap",
+            self.events.max_version_gap,
+            1..=u64::MAX,
+        )?;
         let events = &self.events;
         if events.require_signature && events.signing_key.expose().len() < 16 {
             return Err(invalid(
@@ -1353,6 +1447,46 @@ mod tests {
     }
 
     #[test]
+    fn the_version_gap_and_the_admin_throttle_are_checked_by_name() {
+        let settings = Settings::defaults().unwrap();
+        assert_eq!(settings.events.max_version_gap, 1_000_000);
+        let observer = settings.events.observer_settings();
+        assert_eq!(observer.max_version_gap, 1_000_000);
+        assert_eq!(observer.fence_for, Duration::from_secs(60));
+        let throttle =
+            crate::http::admin_auth::ThrottleConfig::from_settings(&settings.admin.auth_throttle);
+        assert_eq!(
+            (throttle.max_failures, throttle.window, throttle.penalty),
+            (10, Duration::from_secs(60), Duration::from_secs(60))
+        );
+        assert_eq!(throttle.tracked_peers, 4_096);
+        for (file, field) in [
+            ("[events]\nmax_version_gap = 0\n", "events.max_version_gap"),
+            (
+                "[admin.auth_throttle]\nmax_failures = 0\n",
+                "admin.auth_throttle.max_failures",
+            ),
+            (
+                "[admin.auth_throttle]\nwindow_secs = 0\n",
+                "admin.auth_throttle.window_secs",
+            ),
+            (
+                "[admin.auth_throttle]\npenalty_secs = 0\n",
+                "admin.auth_throttle.penalty_secs",
+            ),
+            (
+                "[admin.auth_throttle]\ntracked_peers = 2\n",
+                "admin.auth_throttle.tracked_peers",
+            ),
+        ] {
+            let error = load_file(file).unwrap_err().to_string();
+            assert!(error.contains(field), "{file}: {error}");
+        }
+        let settings = load_file("[events]\nmax_version_gap = 1\n").unwrap();
+        assert_eq!(settings.events.max_version_gap, 1);
+    }
+
+    #[test]
     fn unknown_keys_are_refused_with_their_name() {
         let error = load_file("[http]\nlisten_port = 1\n")
             .unwrap_err()
@@ -1393,6 +1527,30 @@ mod tests {
             error.contains("events.amqp.catch_up_window_ms") && error.contains("max_age_secs = 60"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn the_idle_timeout_s_shrinking_and_the_probe_slots_are_checked_by_name() {
+        let error = load_file("[http]\nidle_shrink_from = 1.5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("http.idle_shrink_from"), "{error}");
+        let error = load_file("[http]\nidle_timeout_ms = 10000\nidle_timeout_floor_ms = 20000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("http.idle_timeout_floor_ms") && error.contains("http.idle_timeout_ms"),
+            "{error}"
+        );
+        let error = load_file("[admin]\nprobe_connections = 65\n")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("admin.probe_connections"), "{error}");
+        let settings = load_file("[admin]\nprobe_connections = 2\n").unwrap();
+        let admin = settings.admin_connection_limits();
+        assert_eq!(admin.probe_slots, 2);
+        assert_eq!(admin.probe_paths, ["/healthz", "/readyz"]);
+        assert_eq!(settings.api_connection_limits().probe_slots, 0);
     }
 
     #[test]

@@ -30,7 +30,6 @@ use tokio_util::task::TaskTracker;
 pub use simulator::RunningSimulator;
 pub use store::seed;
 
-use crate::admin_token::AdminToken;
 use crate::background;
 use crate::config::Settings;
 use crate::config::resilience::{FleetSettings, LimitScope};
@@ -38,6 +37,7 @@ use crate::consistency::ConsistencyObserver;
 use crate::event_bus::EventBus;
 use crate::fleet::Fleet;
 use crate::hot_keys::HotKeys;
+use crate::http::admin_auth::{AdminAuth, AuthFailures, ThrottleConfig};
 use crate::http::edge::EdgeLimits;
 use crate::http::middleware::{LineBudget, RequestObserver};
 use crate::invalidation::{InvalidationConfig, Invalidator};
@@ -55,7 +55,8 @@ use crate::warm_jobs::{WarmJobConfig, WarmJobs};
 pub struct Application {
     listener: TcpListener,
     admin_listener: TcpListener,
-    admin_token: AdminToken,
+    /// The admin token, and the failures of peers that offered wrong ones.
+    admin_auth: AdminAuth,
     state: AppState,
     simulator: Option<RunningSimulator>,
     shutdown: CancellationToken,
@@ -173,7 +174,7 @@ impl Application {
             ));
         }
         let consistency = ConsistencyObserver::new(
-            settings.events.observer.settings(),
+            settings.events.observer_settings(),
             engine.clone(),
             Arc::clone(&store),
             tasks.clone(),
@@ -202,11 +203,17 @@ impl Application {
             Arc::clone(&warm_jobs),
         ));
 
+        let admin_auth_failures =
+            AuthFailures::new(ThrottleConfig::from_settings(&settings.admin.auth_throttle));
+        metrics.collect_admin_auth(Arc::clone(&admin_auth_failures));
         let metrics = Arc::new(metrics);
         let admin_listener = TcpListener::bind(settings.admin.listen)
             .await
             .with_context(|| format!("binding admin.listen {}", settings.admin.listen))?;
-        let admin_token = crate::admin_token::load_or_create(&settings)?;
+        let admin_auth = AdminAuth::new(
+            crate::admin_token::load_or_create(&settings)?,
+            admin_auth_failures,
+        );
         let slow_log = Arc::new(SlowLog::new(settings.observability.slow_log_size));
         let state = AppState::new(AppShared {
             consistency,
@@ -230,7 +237,7 @@ impl Application {
         Ok(Self {
             listener,
             admin_listener,
-            admin_token,
+            admin_auth,
             state,
             simulator,
             shutdown,
@@ -275,7 +282,7 @@ impl Application {
         let address = self.local_addr();
         let admin_address = self.admin_addr();
         let lifecycle = Arc::clone(&self.state.lifecycle);
-        let admin_router = crate::http::admin_router(self.state.clone(), self.admin_token);
+        let admin_router = crate::http::admin_router(self.state.clone(), self.admin_auth);
         let connections = Arc::clone(&self.state.connections);
         let router = crate::http::router(self.state);
         let shutdown = self.shutdown.clone();
