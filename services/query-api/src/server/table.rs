@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::io::Write as _;
 use std::net::{IpAddr, Shutdown};
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
@@ -172,6 +172,10 @@ pub(super) struct ConnectionTable {
     pages: Box<[OnceLock<Box<[Slot]>>]>,
     capacity: u32,
     counts: Mutex<Counts>,
+    /// Slots idle now (`idle_since` a time): an admission at a full listener scans the table for
+    /// the oldest only when there is one, so a flood of connections at a table full of busy ones
+    /// costs the accept thread no scan each.
+    idle_count: AtomicUsize,
 }
 
 impl ConnectionTable {
@@ -194,6 +198,7 @@ impl ConnectionTable {
             pages: (0..pages).map(|_| OnceLock::new()).collect(),
             capacity,
             counts: Mutex::new(Counts::default()),
+            idle_count: AtomicUsize::new(0),
         }
     }
 
@@ -303,7 +308,10 @@ impl ConnectionTable {
             uncount(&mut counts, &owner, self.limits.max_per_peer);
         }
         slot.deadline.store(0, Ordering::Release);
-        slot.idle_since.store(0, Ordering::Release);
+        let since = slot.idle_since.swap(0, Ordering::AcqRel);
+        if since != 0 && since != CLOSED {
+            self.idle_left();
+        }
         slot.peer_key.store(0, Ordering::Relaxed);
         counts.free.push(index);
         self.publish_open(&counts);
@@ -355,12 +363,21 @@ impl ConnectionTable {
 
     /// Marks `index` idle (evictable) from now, unless it already is or was closed.
     pub(super) fn publish_idle(&self, index: u32) {
-        let _ = self.slot(index).idle_since.compare_exchange(
+        let published = self.slot(index).idle_since.compare_exchange(
             0,
             self.now(),
             Ordering::AcqRel,
             Ordering::Relaxed,
         );
+        if published.is_ok() {
+            self.idle_count.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// One slot fewer idle (it left idle, or was claimed while idle).
+    fn idle_left(&self) {
+        let before = self.idle_count.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(before > 0, "more idle slots left than were idle");
     }
 
     /// `index` is no longer idle (a byte of a next request came): `false` when the table had
@@ -374,9 +391,14 @@ impl ConnectionTable {
         if since == 0 {
             return true;
         }
-        slot.idle_since
+        let left = slot
+            .idle_since
             .compare_exchange(since, 0, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .is_ok();
+        if left {
+            self.idle_left();
+        }
+        left
     }
 
     /// Whether the table claimed `index` for closing.
@@ -387,7 +409,11 @@ impl ConnectionTable {
     /// The connection's own idle timer fired: claims it (the close is counted once, by whoever
     /// claims it first).
     pub(super) fn claim_idle_timeout(&self, index: u32) {
-        if self.slot(index).idle_since.swap(CLOSED, Ordering::AcqRel) != CLOSED {
+        let since = self.slot(index).idle_since.swap(CLOSED, Ordering::AcqRel);
+        if since != CLOSED {
+            if since != 0 {
+                self.idle_left();
+            }
             self.stats
                 .idle_timeout_closes
                 .fetch_add(1, Ordering::Relaxed);
@@ -396,6 +422,9 @@ impl ConnectionTable {
 
     /// The oldest idle connection (of `peer`, when given) and since when it is idle.
     fn oldest_idle(&self, peer: Option<IpAddr>) -> Option<(u32, u64)> {
+        if self.idle_count.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         let key = peer.map(peer_key);
         let used = self.scanned();
         let mut oldest: Option<(u32, u64)> = None;
@@ -451,6 +480,7 @@ impl ConnectionTable {
                 .compare_exchange(since, CLOSED, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
+                self.idle_left();
                 self.close_claimed(counts, index, Closing::EvictedForNew);
                 return true;
             }
@@ -563,6 +593,7 @@ impl ConnectionTable {
                         .compare_exchange(since, CLOSED, Ordering::AcqRel, Ordering::Relaxed)
                         .is_ok()
                     {
+                        self.idle_left();
                         self.close_claimed(&mut counts, index, Closing::IdleTimeout);
                     }
                 }
@@ -877,7 +908,13 @@ mod tests {
         first.publish_idle();
         let third = admitted(&table, "10.0.0.1");
         assert!(first.is_closed() && !other.is_closed());
+        assert_eq!(
+            table.idle_count.load(Ordering::Acquire),
+            1,
+            "the other address's"
+        );
         drop((first, second, third, other));
+        assert_eq!(table.idle_count.load(Ordering::Acquire), 0);
         let counts = table.lock();
         assert!(counts.per_peer.is_empty(), "{:?}", counts.per_peer);
         assert_eq!((counts.regular, counts.probe), (0, 0));
@@ -924,6 +961,7 @@ mod tests {
             .collect();
         table.sweep();
         assert!(idle.is_closed());
+        assert_eq!(table.idle_count.load(Ordering::Acquire), 0);
         let snapshot = table.stats.snapshot();
         assert_eq!(snapshot.idle_closes.idle_timeout, 1);
         assert_eq!(snapshot.watchdog_closes.idle, 1);
