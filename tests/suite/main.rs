@@ -15,7 +15,6 @@ mod edge;
 mod events;
 mod fleet;
 mod hot_items;
-mod lease;
 mod metrics;
 mod observability;
 mod observer;
