@@ -15,6 +15,7 @@ mod edge;
 mod events;
 mod fleet;
 mod hot_items;
+mod lease;
 mod metrics;
 mod observability;
 mod observer;
