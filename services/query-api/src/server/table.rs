@@ -920,6 +920,17 @@ mod tests {
         assert_eq!((counts.regular, counts.probe), (0, 0));
     }
 
+    /// A per-address cap of 0 is no cap (behind a load balancer): nothing is counted per
+    /// address, so one address may take every slot.
+    #[test]
+    fn a_per_address_cap_of_zero_counts_nothing() {
+        let (table, _) = table(3, 0);
+        let held: Vec<_> = (0..3).map(|_| admitted(&table, "10.0.0.1")).collect();
+        assert!(table.lock().per_peer.is_empty());
+        drop(held);
+        assert_eq!(table.lock().regular, 0);
+    }
+
     #[test]
     fn the_watchdog_closes_past_the_deadline_and_grace_only() {
         let (table, ticker) = table(4, 0);
