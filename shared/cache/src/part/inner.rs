@@ -69,6 +69,14 @@ impl RecentTimes {
         self.deviation_micros.store(deviation, Ordering::Relaxed);
     }
 
+    /// The smoothed time: what a call typically takes lately; `None` before the first sample.
+    pub(super) fn typical(&self) -> Option<Duration> {
+        match self.smoothed_micros.load(Ordering::Relaxed) {
+            0 => None,
+            smoothed => Some(Duration::from_micros(smoothed)),
+        }
+    }
+
     /// The smoothed time plus four deviations; `None` before the first sample.
     pub(super) fn bound(&self) -> Option<Duration> {
         match self.smoothed_micros.load(Ordering::Relaxed) {

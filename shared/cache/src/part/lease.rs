@@ -279,7 +279,21 @@ where
         }
     }
 
-    /// Polls L2 for the lease winner's value (one `wanted` accepts) for at most `wait`.
+    /// When a loser first looks for the winner's value: after what the winner's rebuild
+    /// typically takes here (a source load and two L2 round trips, smoothed), at least 1 ms and
+    /// at most `lease_poll`. A fixed `lease_poll` made a loser wait 15 ms for a value its winner
+    /// wrote in 2; the polls after the first double up to `lease_poll`, so a slow winner costs
+    /// a few more reads of one key, not a longer wait.
+    fn first_poll(&self, l2: &L2Config) -> Duration {
+        let load = self.recent_loads.typical().unwrap_or(l2.lease_poll);
+        let trip = self.recent_l2_trips.typical().unwrap_or_default();
+        (load + trip * 2)
+            .max(Duration::from_millis(1))
+            .min(l2.lease_poll)
+    }
+
+    /// Polls L2 for the lease winner's value (one `wanted` accepts) for at most `wait`: first
+    /// after [`Self::first_poll`], then at doubling intervals up to `lease_poll`.
     async fn wait_for_winner(
         &self,
         l2: &L2Config,
@@ -289,8 +303,10 @@ where
         wait: Duration,
     ) -> Option<Envelope<T>> {
         let give_up = tokio::time::Instant::now() + wait;
+        let mut pause = self.first_poll(l2);
         while tokio::time::Instant::now() < give_up {
-            tokio::time::sleep(l2.lease_poll).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(l2.lease_poll.max(pause));
             match self.read_l2(l2, tier_key).await {
                 Ok(Some(envelope)) if wanted(&envelope) && envelope.version >= fence => {
                     return Some(envelope);

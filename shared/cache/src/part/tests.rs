@@ -1089,6 +1089,48 @@ async fn a_lease_loser_without_a_copy_waits_a_few_load_times_then_loads() {
     assert_eq!(source.calls.load(Ordering::SeqCst), 2);
 }
 
+/// A loser without a copy looks for the winner's value first after a typical rebuild here, not
+/// after a whole `lease_poll`: the winner's 1 ms rebuild reaches the loser's caller at 3 ms (the
+/// loser's own loads take 2 ms, its L2 trips a microsecond each, and tokio's millisecond timer
+/// rounds 2.002 ms up), where a fixed poll answered at 10 ms.
+#[tokio::test(start_paused = true)]
+async fn a_lease_loser_looks_for_the_value_after_a_typical_rebuild() {
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let source = Arc::new(FakeSource::default());
+    source.delay_ms.store(2, Ordering::SeqCst);
+    let reader = instance(&source, &tier, &clock);
+    // One load of another item times the reader's source: 2 ms.
+    let other = ItemKey::new(Platform::Taobao, ItemId::from_u64(100_002));
+    reader.get(other, BUDGET).await;
+
+    let winner_source = Arc::new(FakeSource::default());
+    winner_source.delay_ms.store(1, Ordering::SeqCst);
+    winner_source.version.store(5, Ordering::SeqCst);
+    let winner = instance(&winner_source, &tier, &clock);
+    let winning = {
+        let winner = winner.clone();
+        tokio::spawn(async move { winner.get(key(), BUDGET).await })
+    };
+    while winner.stats().leases_won == 0 {
+        tokio::task::yield_now().await;
+    }
+    let started = tokio::time::Instant::now();
+    match reader.get(key(), BUDGET).await {
+        CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 5),
+        other => panic!("expected the winner's value, got {other:?}"),
+    }
+    assert_eq!(started.elapsed(), Duration::from_millis(3));
+    let stats = reader.stats();
+    assert_eq!((stats.leases_lost, stats.lease_waits_served), (1, 1));
+    assert_eq!(
+        source.calls.load(Ordering::SeqCst),
+        1,
+        "only the timing load"
+    );
+    winning.await.unwrap();
+}
+
 /// A fence far ahead of what the source has (an event with a mistyped version) is lifted by the
 /// first load: the value is cached as usual, and the next reads are hits.
 #[tokio::test]
