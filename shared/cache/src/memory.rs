@@ -129,6 +129,33 @@ impl SharedTier for MemoryTier {
         Ok(())
     }
 
+    /// One round trip, as on a single Redis server.
+    async fn lease_and_read(
+        &self,
+        key: TierKey,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<(bool, Option<TierEntry>), TierError> {
+        self.begin()?;
+        let now = Instant::now();
+        let won = {
+            let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+            match leases.get(&key) {
+                Some((_, expires)) if *expires > now => false,
+                _ => {
+                    leases.insert(key, (token, now + ttl));
+                    true
+                }
+            }
+        };
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = entries
+            .get(&key)
+            .filter(|(_, expires)| *expires > now)
+            .map(|(entry, _)| entry.clone());
+        Ok((won, entry))
+    }
+
     async fn ping(&self) -> Result<(), TierError> {
         self.begin()
     }

@@ -75,6 +75,31 @@ pub trait SharedTier: Send + Sync + Debug + 'static {
     /// Releases the lease if `token` still holds it (compare-and-delete).
     async fn release_lease(&self, key: TierKey, token: u64) -> Result<(), TierError>;
 
+    /// Takes the rebuild lease of `key` (as [`SharedTier::try_lease`]) and then reads its entry:
+    /// for a reader that expects a miss (it holds a fence no copy has reached yet). A rebuild
+    /// that ended before the lease was taken shows in the entry, so a winner need not read
+    /// again. A backend that can sends the two in one round trip; this default sends them one
+    /// after the other, and gives the lease back when the read fails. A wrapper around another
+    /// tier forwards it, or its callers pay the default's two round trips.
+    async fn lease_and_read(
+        &self,
+        key: TierKey,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<(bool, Option<TierEntry>), TierError> {
+        let won = self.try_lease(key, token, ttl).await?;
+        match self.get_many(&[key]).await {
+            Ok(mut entries) => Ok((won, entries.pop().flatten())),
+            Err(error) => {
+                if won {
+                    // Best effort: it expires on its own otherwise.
+                    let _ = self.release_lease(key, token).await;
+                }
+                Err(error)
+            }
+        }
+    }
+
     /// A cheap round trip that proves the tier answers (readiness).
     async fn ping(&self) -> Result<(), TierError>;
 }

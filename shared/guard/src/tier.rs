@@ -79,6 +79,17 @@ impl SharedTier for GuardedTier {
         self.tier.release_lease(key, token).await
     }
 
+    /// Forwarded whole: the trait's default would split it into two guarded round trips.
+    async fn lease_and_read(
+        &self,
+        key: TierKey,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<(bool, Option<TierEntry>), TierError> {
+        self.guarded(|| self.tier.lease_and_read(key, token, ttl))
+            .await
+    }
+
     /// Readiness asks the tier itself, whatever the breaker thinks.
     async fn ping(&self) -> Result<(), TierError> {
         self.tier.ping().await

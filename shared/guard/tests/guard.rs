@@ -1241,14 +1241,19 @@ async fn while_closed_reads_and_leases_go_through_the_guard_and_writes_around_it
         "held by 1"
     );
     tier.guarded.release_lease(key, 1).await.unwrap();
+    // The lease with the read: one round trip, one call through the guard.
+    assert_eq!(
+        tier.guarded.lease_and_read(key, 3, TTL).await.unwrap(),
+        (true, Some(entry(3)))
+    );
     tier.guarded.ping().await.unwrap();
 
-    assert_eq!(tier.memory.round_trips(), 6);
+    assert_eq!(tier.memory.round_trips(), 7);
     let snapshot = tier.redis.guard.snapshot();
     assert_eq!(
         (snapshot.attempts, snapshot.successes),
-        (3, 3),
-        "the read and both leases, not the write, the release or the ping"
+        (4, 4),
+        "the read, both leases and the lease with its read, not the write, the release or the ping"
     );
 }
 

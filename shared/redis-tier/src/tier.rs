@@ -569,6 +569,64 @@ impl SharedTier for RedisTier {
         .await
     }
 
+    /// On a single server, one round trip: a pipeline the server runs in order, the lease's
+    /// `SET NX` and then the entry's `GET`. On a cluster the two keys live in different slots:
+    /// the trait's default, one command after the other.
+    async fn lease_and_read(
+        &self,
+        key: TierKey,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<(bool, Option<TierEntry>), TierError> {
+        let Backend::Single(manager) = &self.inner.backend else {
+            let won = self.try_lease(key, token, ttl).await?;
+            return match self.get_many(&[key]).await {
+                Ok(mut entries) => Ok((won, entries.pop().flatten())),
+                Err(error) => {
+                    if won {
+                        let _ = self.release_lease(key, token).await;
+                    }
+                    Err(error)
+                }
+            };
+        };
+        let name = self.key_name(key);
+        let mut pipeline = redis::pipe();
+        // A key of another type answers GET with an error: a corrupt entry, as in `get_many`.
+        pipeline
+            .ignore_errors()
+            .cmd("SET")
+            .arg(self.lease_key_name(key))
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_millis(ttl))
+            .cmd("GET")
+            .arg(&name);
+        Counters::add(&self.inner.counters.gets, 1);
+        self.bounded(async {
+            self.count_round_trip();
+            let replies: Vec<Value> = pipeline
+                .query_async(&mut manager.clone())
+                .await
+                .map_err(|error| self.redis_error(&error))?;
+            let [lease, entry] =
+                <[Value; 2]>::try_from(replies).map_err(|_| self.unexpected("SET NX + GET"))?;
+            let won = match lease {
+                Value::Okay => true,
+                Value::SimpleString(status) if status == "OK" => true,
+                Value::Nil => false,
+                _ => return Err(self.unexpected("SET NX")),
+            };
+            let entry = match entry {
+                Value::ServerError(_) => KeyReply::WrongType,
+                other => KeyReply::Value(other),
+            };
+            Ok((won, self.decode(&name, entry)))
+        })
+        .await
+    }
+
     async fn ping(&self) -> Result<(), TierError> {
         self.bounded(async {
             self.query_any(&redis::cmd("PING")).await?;

@@ -169,6 +169,17 @@ async fn a_cluster_serves_batches_per_node_fences_writes_and_leases() {
         tier.get_many(&[fenced]).await.unwrap(),
         vec![Some(entry(9, b"v9"))]
     );
+    // On a cluster the lease and the entry live in different slots: two commands, same answers.
+    let rebuilt = present[5];
+    assert_eq!(
+        tier.lease_and_read(rebuilt, 1, TTL).await.unwrap(),
+        (true, Some(entry(6, b"rate")))
+    );
+    assert_eq!(
+        tier.lease_and_read(rebuilt, 2, TTL).await.unwrap(),
+        (false, Some(entry(6, b"rate")))
+    );
+    tier.release_lease(rebuilt, 1).await.unwrap();
     for &leased in &present[..5] {
         assert!(tier.try_lease(leased, 1, TTL).await.unwrap());
         assert!(!tier.try_lease(leased, 2, TTL).await.unwrap());

@@ -289,6 +289,51 @@ async fn leases_go_to_one_holder_and_only_it_releases() {
     assert_eq!(holder, "222");
 }
 
+/// The lease and the entry in one round trip: the lease goes to one holder as with
+/// `try_lease`, and the entry comes back whoever holds it; a key of another type reads as absent.
+#[tokio::test]
+async fn lease_and_read_takes_the_lease_then_reads_in_one_round_trip() {
+    let namespace = Namespace::new(SHARED_URL);
+    let tier = tier(&namespace).await;
+    let tier_key = key(32, PartKind::Rate);
+    let ttl = Duration::from_secs(10);
+
+    let trips = tier.stats().round_trips;
+    assert_eq!(
+        tier.lease_and_read(tier_key, 111, ttl).await.unwrap(),
+        (true, None)
+    );
+    assert_eq!(tier.stats().round_trips - trips, 1);
+    tier.put_fenced(tier_key, &entry(4, b"rebuilt"), TTL)
+        .await
+        .unwrap();
+    assert_eq!(
+        tier.lease_and_read(tier_key, 222, ttl).await.unwrap(),
+        (false, Some(entry(4, b"rebuilt")))
+    );
+    tier.release_lease(tier_key, 111).await.unwrap();
+    assert_eq!(
+        tier.lease_and_read(tier_key, 222, ttl).await.unwrap(),
+        (true, Some(entry(4, b"rebuilt")))
+    );
+    assert!(!tier.try_lease(tier_key, 333, ttl).await.unwrap());
+
+    let wrong_type = key(33, PartKind::Rate);
+    let mut raw = raw_connection(SHARED_URL).await;
+    redis::cmd("RPUSH")
+        .arg(tier.key_name(wrong_type))
+        .arg("x")
+        .query_async::<()>(&mut raw)
+        .await
+        .unwrap();
+    let corrupt = tier.stats().corrupt;
+    assert_eq!(
+        tier.lease_and_read(wrong_type, 1, ttl).await.unwrap(),
+        (true, None)
+    );
+    assert_eq!(tier.stats().corrupt - corrupt, 1);
+}
+
 #[tokio::test]
 async fn an_expired_lease_can_be_taken_again() {
     let namespace = Namespace::new(SHARED_URL);

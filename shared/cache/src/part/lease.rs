@@ -8,7 +8,10 @@
 //! readers in between join it and get the stale copy too, at no Redis cost). Without such a copy
 //! it waits for the winner about as long as a rebuild takes here lately (`lease_wait` before it
 //! has timed any), then loads itself.
-//! Any L2 error skips the tier. The fences that change events write to L2 are written here too.
+//! Behind a fence (an event changed the key, and no copy here has its version yet) the read is
+//! a miss, most likely: the lease is taken with it in one round trip, and its winner does not
+//! read again. Any L2 error skips the tier. The fences that change events write to L2 are
+//! written here too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,16 +75,35 @@ where
         // hold it while the shared handler has not fenced L2 yet (or could not), and serving it
         // would undo the event here. It counts as absent.
         let fence = self.fence_version(key);
-        let read = self
-            .read_l2(l2, tier_key)
-            .await
-            .map(|found| found.filter(|envelope| envelope.version >= fence));
+        let token: u64 = rand::random();
+        // A source that would refuse (quota spent, breaker open, this item's share of loads
+        // spent) gets no lease: the load below fails at once, and a lease would only cost two
+        // round trips and make other instances wait on a rebuild that cannot happen here.
+        let ready = self.loader.ready_for(key);
+        // Behind a fence (an event changed the key) L2 holds the fence or what it replaced
+        // unless another instance rebuilt first: the read is a miss, most likely. The lease is
+        // taken in the same round trip, and its winner needs no second read; after an event
+        // that is one Redis round trip before the source instead of three.
+        let lease_started = tokio::time::Instant::now();
+        let (read, mut lease) = if fence > 0 && ready {
+            match self.lease_and_read(l2, tier_key, token).await {
+                Ok((won, found)) => (Ok(found), Some(won)),
+                Err(()) => (Err(()), None),
+            }
+        } else {
+            (self.read_l2(l2, tier_key).await, None)
+        };
+        let read = read.map(|found| found.filter(|envelope| envelope.version >= fence));
         let newer = |envelope: &Envelope<T>| {
             envelope.is_fresh(self.clock.now())
                 && refreshing.is_none_or(|fresh_until| envelope.fresh_until > fresh_until)
         };
         let tier_up = match read {
             Ok(Some(envelope)) if newer(&envelope) => {
+                if lease == Some(true) {
+                    let tier = Arc::clone(&l2.tier);
+                    tokio::spawn(async move { tier.release_lease(tier_key, token).await });
+                }
                 bump(&self.stats.l2_hits);
                 return L2Load::done(Ok(self.adopt_from_l2(key, envelope)));
             }
@@ -93,21 +115,28 @@ where
             Err(()) => false,
         };
 
-        let token: u64 = rand::random();
         let mut leased = false;
-        // A source that would refuse (quota spent, breaker open, this item's share of loads
-        // spent) gets no lease: the load below fails at once, and a lease would only cost two
-        // round trips and make other instances wait on a rebuild that cannot happen here.
-        if tier_up && self.loader.ready_for(key) {
-            let started = tokio::time::Instant::now();
-            match l2.tier.try_lease(tier_key, token, l2.lease_ttl).await {
+        if tier_up && ready {
+            let read_with_lease = lease.is_some();
+            let started = if read_with_lease {
+                lease_started
+            } else {
+                tokio::time::Instant::now()
+            };
+            let outcome = match lease.take() {
+                Some(won) => Ok(won),
+                None => l2.tier.try_lease(tier_key, token, l2.lease_ttl).await,
+            };
+            match outcome {
                 Ok(true) => {
                     bump(&self.stats.leases_won);
                     record_stage("lease", self.settings.name, "won", started, None);
                     leased = true;
                     // Another instance may have taken the lease, written L2 and released it
-                    // between the read above and this lease: look once more before loading.
-                    if let Ok(Some(envelope)) = self.read_l2(l2, tier_key).await
+                    // between the read above and this lease: look once more before loading
+                    // (a read taken with the lease already saw such a rebuild).
+                    if !read_with_lease
+                        && let Ok(Some(envelope)) = self.read_l2(l2, tier_key).await
                         && envelope.version >= fence
                         && newer(&envelope)
                     {
@@ -238,6 +267,49 @@ where
         });
     }
 
+    /// Takes the key's lease and reads its entry in one call (see
+    /// [`SharedTier::lease_and_read`](crate::SharedTier::lease_and_read)): whether the lease
+    /// was won, and the decoded entry. `Err` when the tier failed; the round trip is timed as
+    /// an L2 read.
+    async fn lease_and_read(
+        &self,
+        l2: &L2Config,
+        tier_key: TierKey,
+        token: u64,
+    ) -> Result<(bool, Option<Envelope<T>>), ()> {
+        let started = tokio::time::Instant::now();
+        match l2.tier.lease_and_read(tier_key, token, l2.lease_ttl).await {
+            Ok((won, entry)) => {
+                self.recent_l2_trips.record(started.elapsed());
+                let found = entry.and_then(|entry| self.decode_entry(tier_key, &entry.bytes));
+                let outcome = match &found {
+                    Some(envelope) if envelope.is_fresh(self.clock.now()) => "hit",
+                    Some(_) => "stale",
+                    None => "miss",
+                };
+                record_stage("l2", self.settings.name, outcome, started, None);
+                Ok((won, found))
+            }
+            Err(error) => {
+                bump(&self.stats.l2_errors);
+                tracing::debug!(part = self.settings.name, key = %tier_key.item, %error, "L2 lease and read failed; skipping the tier");
+                record_stage("l2", self.settings.name, "error", started, None);
+                Err(())
+            }
+        }
+    }
+
+    /// An L2 entry's envelope; `None`, with a warning, when it does not decode.
+    fn decode_entry(&self, tier_key: TierKey, bytes: &[u8]) -> Option<Envelope<T>> {
+        match Envelope::decode(bytes) {
+            Ok(envelope) => Some(envelope),
+            Err(error) => {
+                tracing::warn!(part = self.settings.name, key = %tier_key.item, %error, "undecodable L2 entry ignored");
+                None
+            }
+        }
+    }
+
     /// The decoded L2 entry, `Ok(None)` when absent or undecodable, `Err` when the tier failed.
     async fn read_l2(&self, l2: &L2Config, tier_key: TierKey) -> Result<Option<Envelope<T>>, ()> {
         let started = tokio::time::Instant::now();
@@ -264,13 +336,7 @@ where
             Ok(mut entries) => Ok(entries
                 .pop()
                 .flatten()
-                .and_then(|entry| match Envelope::decode(&entry.bytes) {
-                    Ok(envelope) => Some(envelope),
-                    Err(error) => {
-                        tracing::warn!(part = self.settings.name, key = %tier_key.item, %error, "undecodable L2 entry ignored");
-                        None
-                    }
-                })),
+                .and_then(|entry| self.decode_entry(tier_key, &entry.bytes))),
             Err(error) => {
                 bump(&self.stats.l2_errors);
                 tracing::debug!(part = self.settings.name, key = %tier_key.item, %error, "L2 read failed; skipping the tier");

@@ -407,6 +407,64 @@ async fn an_instance_that_fenced_its_l1_never_serves_the_older_l2_copy() {
     assert_eq!(source.calls.load(Ordering::SeqCst), 2);
 }
 
+/// After an event, a rebuild asks L2 once before the source: behind a fence the read is a miss,
+/// most likely, so the lease goes with it, and the winner does not read again. The other
+/// instance, coming after the winner's value is in L2, gets it with the same one round trip and
+/// gives the lease back.
+#[tokio::test]
+async fn after_an_event_a_rebuild_asks_l2_once_before_the_source() {
+    let source = Arc::new(FakeSource::default());
+    source.version.store(1, Ordering::SeqCst);
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let first = instance(&source, &tier, &clock);
+    let second = instance(&source, &tier, &clock);
+    first.get(key(), BUDGET).await;
+    until(|| tier.version_of(tier_key()) == Some(1)).await;
+    second.get(key(), BUDGET).await;
+    assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+
+    source.version.store(2, Ordering::SeqCst);
+    first
+        .invalidate_to(key(), 2, Duration::from_secs(60), true)
+        .await
+        .unwrap();
+    second
+        .invalidate_to(key(), 2, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    let trips = tier.round_trips();
+    match first.get(key(), BUDGET).await {
+        CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 2),
+        other => panic!("expected the rebuilt value, got {other:?}"),
+    }
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        first.stats().leases_won,
+        2,
+        "the cold load's and this one's"
+    );
+    settle().await;
+    // The lease and the read together, then (off the caller's path) the value's write and the
+    // lease's release. Read, lease and a second read made it five.
+    assert_eq!(tier.round_trips() - trips, 3);
+
+    let trips = tier.round_trips();
+    match second.get(key(), BUDGET).await {
+        CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 2),
+        other => panic!("expected the winner's value from L2, got {other:?}"),
+    }
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2, "no second rebuild");
+    settle().await;
+    // The lease and the read, then the lease given back off the caller's path.
+    assert_eq!(tier.round_trips() - trips, 2);
+    assert!(
+        tier.try_lease(tier_key(), 9, Duration::from_secs(3))
+            .await
+            .unwrap()
+    );
+}
+
 #[tokio::test]
 async fn an_l2_fence_refuses_an_older_rebuild_from_another_instance() {
     let old_source = Arc::new(FakeSource::default());
@@ -620,6 +678,13 @@ fn refreshing_cache(
         ..settings()
     };
     PartCache::new(settings, loader, Arc::new(clock.clone()))
+}
+
+/// Lets the background work this runtime has (L2 writes, lease releases) run to its end.
+async fn settle() {
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
 }
 
 /// Yields until `done` holds (background loads run on this runtime), at most 10,000 times.
