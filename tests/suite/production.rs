@@ -421,12 +421,30 @@ async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
             })
             .collect(),
     );
-    let client = instances[0].client.clone();
+    // The load runs on its own runtime with its own client: in production clients are other
+    // processes, and a generator on the instances' runtime queued their tasks (the event
+    // deliveries and the rounds' polls among them) behind hundreds of its own.
+    let generator = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("propagation-load")
+        .enable_all()
+        .build()
+        .expect("the load's runtime");
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("http client");
     let load_rps = match offered {
         OfferedLoad::None => 0,
         OfferedLoad::Fixed(rps) => rps,
         OfferedLoad::HalfOfCapacity => {
-            let capacity = capacity(&client, &urls).await;
+            let capacity = {
+                let (client, urls) = (client.clone(), Arc::clone(&urls));
+                generator
+                    .spawn(async move { capacity(&client, &urls).await })
+                    .await
+                    .unwrap()
+            };
             eprintln!(
                 "propagation: {} instances answered {capacity:.0} requests a second at most \
                  (the load offered {SATURATING_RPS} a second for 5 s, after one pass over the \
@@ -438,6 +456,7 @@ async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
     };
     let load_stop = tokio_util::sync::CancellationToken::new();
     let load = (load_rps > 0).then(|| {
+        let _on_its_runtime = generator.enter();
         open_loop(
             client.clone(),
             Arc::clone(&urls),
@@ -610,6 +629,7 @@ async fn rate_changes_propagate_to_three_instances_over_rabbitmq() {
         }
         None => "idle".to_owned(),
     };
+    generator.shutdown_background();
     clocks_stop.cancel();
     if let Some(clocks) = clocks {
         clocks.await.unwrap();
