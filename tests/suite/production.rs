@@ -358,12 +358,14 @@ async fn redis_outage_never_fails_a_request() {
 /// Instances on RabbitMQ serve a rate; the row changes and an event is published → every
 /// instance serves the new rate. Repeated round after round, each time through the next
 /// instance's publisher, it reports the propagation latency (event published → every instance
-/// answers with the new rate) for docs/BENCHMARKS.md.
+/// answers with the new rate; the instances are polled while the publisher waits for the
+/// broker's confirm, whose time is reported beside) for docs/BENCHMARKS.md.
 ///
 /// Knobs for the measurement (run it with `cargo test --release`; docs/BENCHMARKS.md):
 /// - `PROPAGATION_INSTANCES` (default 3) and `PROPAGATION_ROUNDS` (default 200);
 /// - `PROPAGATION_LOAD_RPS` (default 0): an open-loop load of that many requests a second over
-///   1,000 demo items, spread over the instances; `half` first measures what the fleet answers
+///   1,000 demo items, spread over the instances, from its own runtime (two threads) and HTTP
+///   client; `half` first measures what the fleet answers
 ///   at most under that load (offered far more than it answers, for 5 s) and offers half of it;
 /// - `PROPAGATION_ROUND_EVERY_MS` (default 0): the least time from one round's start to the
 ///   next, so that a run of rounds outlasts the parts' fresh windows.
