@@ -117,10 +117,10 @@ async fn a_declared_body_over_the_limit_is_refused_before_it_is_sent() {
         )
         .await
         .unwrap();
-    // No body byte sent: the answer comes at once, not at the body timeout.
-    let response = tokio::time::timeout(Duration::from_millis(250), read_until_closed(&mut stream))
-        .await
-        .expect("413 before the body timeout");
+    // No body byte is sent. A server that waited for the body would answer 408 at the 300 ms
+    // body timeout; 413 shows it refused on the declared length alone. (A 250 ms wall-clock
+    // bound here failed on a busy machine without any fault of the server.)
+    let response = read_until_closed(&mut stream).await;
     assert_json_error(&response, 413, "payload_too_large");
 }
 
