@@ -43,6 +43,6 @@ pub use part::{
     Loaded, Loader, PartCache, PartCacheConfig, PartView,
 };
 pub use refresh::refresh_due;
-pub use shared::{FenceOutcome, SharedTier, TierEntry, TierError, TierKey};
+pub use shared::{FenceOutcome, SharedTier, TierEntry, TierError, TierKey, lease_then_read};
 
 pub use rebate_domain::ItemKey;

@@ -63,6 +63,28 @@ impl MemoryTier {
         Ok(FenceOutcome::Written)
     }
 
+    /// The unexpired entry of `key`.
+    fn entry(&self, key: TierKey) -> Option<TierEntry> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries
+            .get(&key)
+            .filter(|(_, expires)| *expires > Instant::now())
+            .map(|(entry, _)| entry.clone())
+    }
+
+    /// Takes `key`'s lease for `token` unless an unexpired one is held.
+    fn take_lease(&self, key: TierKey, token: u64, ttl: Duration) -> bool {
+        let now = Instant::now();
+        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+        match leases.get(&key) {
+            Some((_, expires)) if *expires > now => false,
+            _ => {
+                leases.insert(key, (token, now + ttl));
+                true
+            }
+        }
+    }
+
     fn begin(&self) -> Result<(), TierError> {
         self.round_trips.fetch_add(1, Ordering::SeqCst);
         if self.failing.load(Ordering::SeqCst) {
@@ -76,17 +98,7 @@ impl MemoryTier {
 impl SharedTier for MemoryTier {
     async fn get_many(&self, keys: &[TierKey]) -> Result<Vec<Option<TierEntry>>, TierError> {
         self.begin()?;
-        let now = Instant::now();
-        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(keys
-            .iter()
-            .map(|key| {
-                entries
-                    .get(key)
-                    .filter(|(_, expires)| *expires > now)
-                    .map(|(entry, _)| entry.clone())
-            })
-            .collect())
+        Ok(keys.iter().map(|&key| self.entry(key)).collect())
     }
 
     async fn put_fenced(
@@ -109,15 +121,7 @@ impl SharedTier for MemoryTier {
 
     async fn try_lease(&self, key: TierKey, token: u64, ttl: Duration) -> Result<bool, TierError> {
         self.begin()?;
-        let now = Instant::now();
-        let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-        match leases.get(&key) {
-            Some((_, expires)) if *expires > now => Ok(false),
-            _ => {
-                leases.insert(key, (token, now + ttl));
-                Ok(true)
-            }
-        }
+        Ok(self.take_lease(key, token, ttl))
     }
 
     async fn release_lease(&self, key: TierKey, token: u64) -> Result<(), TierError> {
@@ -137,23 +141,8 @@ impl SharedTier for MemoryTier {
         ttl: Duration,
     ) -> Result<(bool, Option<TierEntry>), TierError> {
         self.begin()?;
-        let now = Instant::now();
-        let won = {
-            let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
-            match leases.get(&key) {
-                Some((_, expires)) if *expires > now => false,
-                _ => {
-                    leases.insert(key, (token, now + ttl));
-                    true
-                }
-            }
-        };
-        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = entries
-            .get(&key)
-            .filter(|(_, expires)| *expires > now)
-            .map(|(entry, _)| entry.clone());
-        Ok((won, entry))
+        let won = self.take_lease(key, token, ttl);
+        Ok((won, self.entry(key)))
     }
 
     async fn ping(&self) -> Result<(), TierError> {

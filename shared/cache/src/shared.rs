@@ -87,19 +87,34 @@ pub trait SharedTier: Send + Sync + Debug + 'static {
         token: u64,
         ttl: Duration,
     ) -> Result<(bool, Option<TierEntry>), TierError> {
-        let won = self.try_lease(key, token, ttl).await?;
-        match self.get_many(&[key]).await {
-            Ok(mut entries) => Ok((won, entries.pop().flatten())),
-            Err(error) => {
-                if won {
-                    // Best effort: it expires on its own otherwise.
-                    let _ = self.release_lease(key, token).await;
-                }
-                Err(error)
-            }
-        }
+        lease_then_read(self, key, token, ttl).await
     }
 
     /// A cheap round trip that proves the tier answers (readiness).
     async fn ping(&self) -> Result<(), TierError>;
+}
+
+/// [`SharedTier::lease_and_read`] as two round trips, the lease's and then the read's; the lease
+/// goes back when the read fails. The trait's default, and what a backend that cannot send the
+/// two together (Redis Cluster: the keys live in different slots) calls.
+///
+/// # Errors
+/// The lease's or the read's error.
+pub async fn lease_then_read<S: SharedTier + ?Sized>(
+    tier: &S,
+    key: TierKey,
+    token: u64,
+    ttl: Duration,
+) -> Result<(bool, Option<TierEntry>), TierError> {
+    let won = tier.try_lease(key, token, ttl).await?;
+    match tier.get_many(&[key]).await {
+        Ok(mut entries) => Ok((won, entries.pop().flatten())),
+        Err(error) => {
+            if won {
+                // Best effort: it expires on its own otherwise.
+                let _ = tier.release_lease(key, token).await;
+            }
+            Err(error)
+        }
+    }
 }

@@ -579,16 +579,7 @@ impl SharedTier for RedisTier {
         ttl: Duration,
     ) -> Result<(bool, Option<TierEntry>), TierError> {
         let Backend::Single(manager) = &self.inner.backend else {
-            let won = self.try_lease(key, token, ttl).await?;
-            return match self.get_many(&[key]).await {
-                Ok(mut entries) => Ok((won, entries.pop().flatten())),
-                Err(error) => {
-                    if won {
-                        let _ = self.release_lease(key, token).await;
-                    }
-                    Err(error)
-                }
-            };
+            return rebate_cache::lease_then_read(self, key, token, ttl).await;
         };
         let name = self.key_name(key);
         let mut pipeline = redis::pipe();
