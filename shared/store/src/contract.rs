@@ -7,10 +7,11 @@
 //! What only one backend has (SQLite's file handling and in-memory store, MySQL's pool and
 //! statement timeout) stays in that backend's test module.
 //!
-//! Adding a check touches only this file: write it as `pub(crate) async fn name<S:
-//! ContractStore>(store: &S)` and add its name to the list in [`contract_suite!`]; both backends
-//! then run it. A check missing from the list is never called, which the `dead_code` lint
-//! reports (and `-D warnings` refuses).
+//! Adding a check touches only this file (or [`rules`], for the rule sets' checks): write it as
+//! `pub(crate) async fn name<S: ContractStore>(store: &S)` and add its name to the matching list
+//! in [`contract_suite!`]; both backends then run it. A check missing from the list is never
+//! called, which the `dead_code` lint reports (and `-D warnings` refuses). The rule sets' checks
+//! run as `…::contract::rules::name`.
 //!
 //! Every check gets a migrated, empty store of its own and seeds it itself when it needs the demo
 //! catalogue. The raw SQL here is the same text for both backends; how it reaches the database (and
@@ -24,7 +25,9 @@ use rebate_domain::{
 
 use crate::demo::{SeedReport, demo_item, demo_items, is_demo_delisted};
 use crate::rows::{ProductRow, RateRow};
-use crate::{CatalogRepository, StoreError, Versioned};
+use crate::{CatalogRepository, RuleRepository, StoreError, Versioned};
+
+pub(crate) mod rules;
 
 /// Every product row, for [`ContractStore::stored_rows`].
 pub(crate) const SELECT_ALL_PRODUCT_ROWS: &str = "SELECT platform, item_id, title, price_cents, \
@@ -34,13 +37,13 @@ pub(crate) const SELECT_ALL_PRODUCT_ROWS: &str = "SELECT platform, item_id, titl
 pub(crate) const SELECT_ALL_RATE_ROWS: &str =
     "SELECT platform, item_id, rate_bps, version, updated_at_ms FROM rebate_rates";
 
-/// A backend under the contract: the repository, the inherent methods both stores share, a fresh
-/// store per test, and hooks for raw SQL.
+/// A backend under the contract: the repositories, the inherent methods both stores share, a
+/// fresh store per test, and hooks for raw SQL.
 ///
 /// `?Send`: the tests run on one thread, and sqlx's migration and connection futures are not
 /// provably `Send` inside the boxed futures `async_trait` would otherwise demand.
 #[async_trait(?Send)]
-pub(crate) trait ContractStore: CatalogRepository + Clone + Sized {
+pub(crate) trait ContractStore: CatalogRepository + RuleRepository + Clone + Sized {
     /// What holds the fresh store's data and removes it when dropped, also when a check panics
     /// (a temporary directory, a throw-away database).
     type Storage;
@@ -86,45 +89,69 @@ pub(crate) trait ContractStore: CatalogRepository + Clone + Sized {
 /// the check and finishes the store; on a panic, the store's `Storage` cleans up as it drops.
 macro_rules! contract_suite {
     ($store:ident) => {
-        $crate::contract::contract_suite!(@tests $store;
-            a_fresh_store_is_migrated_empty_and_ready,
-            seeding_twice_leaves_the_same_rows,
-            every_seeded_row_reads_back_as_generated,
-            reseeding_keeps_rows_changed_since,
-            seed_if_empty_seeds_only_an_empty_store,
-            seed_if_empty_leaves_a_store_with_any_product,
-            a_known_item_reads_back_through_the_repository,
-            a_delisted_item_reads_back_delisted_with_its_rate,
-            an_unknown_item_is_none_not_an_error,
-            the_first_999_ids_are_on_sale_on_every_platform,
-            counters_count_every_load_hit_miss_or_failure,
-            rows_breaking_invariants_are_corrupt_row_errors,
-            a_corrupt_key_is_an_error_in_the_key_stream_not_a_panic,
-            the_schema_refuses_invalid_rows,
-            upserts_replace_values_and_versions,
-            upserts_insert_new_items,
-            values_beyond_the_columns_are_refused_before_writing,
-            hot_keys_interleave_platforms_by_rank,
-            keys_stream_every_product_in_key_order,
-            a_closed_store_fails_instead_of_hanging,
-            ping_is_ready_only_with_every_migration_applied,
-        );
-    };
-    (@tests $store:ident; $($check:ident),+ $(,)?) => {
         /// The store contract ([`crate::contract`]) against this backend, one test per check.
         mod contract {
             use super::$store;
-            use $crate::contract::ContractStore as _;
+            use $crate::contract as checks;
 
-            $(
-                #[tokio::test]
-                async fn $check() {
-                    let (store, storage) = $store::open_fresh(stringify!($check)).await;
-                    $crate::contract::$check(&store).await;
-                    store.finish(storage).await;
-                }
-            )+
+            $crate::contract::contract_suite!(@tests $store;
+                a_fresh_store_is_migrated_empty_and_ready,
+                seeding_twice_leaves_the_same_rows,
+                every_seeded_row_reads_back_as_generated,
+                reseeding_keeps_rows_changed_since,
+                seed_if_empty_seeds_only_an_empty_store,
+                seed_if_empty_leaves_a_store_with_any_product,
+                a_known_item_reads_back_through_the_repository,
+                a_delisted_item_reads_back_delisted_with_its_rate,
+                an_unknown_item_is_none_not_an_error,
+                the_first_999_ids_are_on_sale_on_every_platform,
+                counters_count_every_load_hit_miss_or_failure,
+                rows_breaking_invariants_are_corrupt_row_errors,
+                a_corrupt_key_is_an_error_in_the_key_stream_not_a_panic,
+                the_schema_refuses_invalid_rows,
+                upserts_replace_values_and_versions,
+                upserts_insert_new_items,
+                values_beyond_the_columns_are_refused_before_writing,
+                hot_keys_interleave_platforms_by_rank,
+                keys_stream_every_product_in_key_order,
+                a_closed_store_fails_instead_of_hanging,
+                ping_is_ready_only_with_every_migration_applied,
+            );
+
+            /// The rule sets' contract ([`crate::contract::rules`]).
+            mod rules {
+                use super::$store;
+                use $crate::contract::rules as checks;
+
+                $crate::contract::contract_suite!(@tests $store;
+                    a_fresh_store_has_no_rule_sets_or_reports,
+                    versions_grow_from_1_and_rows_read_back_as_written,
+                    inserting_an_active_rule_set_supersedes_the_active_one,
+                    a_transition_moves_only_from_an_expected_state,
+                    promoting_a_canary_supersedes_the_active_one_atomically,
+                    history_is_newest_first_paged_by_before_and_capped,
+                    rule_sets_in_lists_the_given_states_oldest_first,
+                    instance_reports_are_replaced_and_filtered_by_time,
+                    values_beyond_the_rule_columns_are_refused_before_writing,
+                    a_rule_row_breaking_an_invariant_is_a_corrupt_row,
+                    the_schema_knows_every_state_and_refuses_invalid_rule_rows,
+                    concurrent_inserts_get_distinct_consecutive_versions,
+                    concurrent_promotions_leave_exactly_one_active,
+                );
+            }
         }
+    };
+    (@tests $store:ident; $($check:ident),+ $(,)?) => {
+        use $crate::contract::ContractStore as _;
+
+        $(
+            #[tokio::test]
+            async fn $check() {
+                let (store, storage) = $store::open_fresh(stringify!($check)).await;
+                checks::$check(&store).await;
+                store.finish(storage).await;
+            }
+        )+
     };
 }
 

@@ -1,14 +1,19 @@
-//! The catalogue repository: products and rebate rates, each carrying its data version.
+//! The catalogue repository (products and rebate rates, each carrying its data version) and the
+//! rule sets operators change at runtime.
 //!
 //! Contract: [`CatalogRepository`] is the only way the rest of the service reads the catalogue,
-//! whether it lives in embedded SQLite or in MySQL/MariaDB; both validate every row into domain
-//! types the same way. Implementations return `Ok(None)` for an item they do not hold and `Err`
-//! only when the store itself failed, so callers can cache "not found" but must never cache an
-//! error. Every call is counted in [`StoreCounters`] (tests and metrics rely on the counts). This
-//! crate knows nothing of caches, HTTP or the query path.
+//! and [`RuleRepository`] the only way it reads and writes rule sets and instance reports,
+//! whether they live in embedded SQLite or in MySQL/MariaDB; both stores validate every row the
+//! same way. Implementations return `Ok(None)` for an item they do not hold and `Err` only when
+//! the store itself failed (or refused a value), so callers can cache "not found" but must never
+//! cache an error. Every catalogue read is counted in [`StoreCounters`] (tests and metrics rely on
+//! the counts). This crate knows nothing of caches, HTTP, the query path or what a rule set says.
 //!
 //! # Layout
 //! - [`CatalogRepository`], [`Versioned`], [`StoreError`], [`StoreCounters`]: the contract.
+//! - [`rules`]: [`RuleRepository`] and its types ([`RuleState`], [`RuleSetRow`],
+//!   [`NewRuleSet`], [`InstanceReport`]), the column limits, and (private `rules::sql`) its SQL,
+//!   written once for both stores, which add only their dialect.
 //! - [`sqlite`]: the embedded store used by the default profile.
 //! - [`mysql`]: the production store on MySQL 8 / MariaDB 10.11, with the same schema and the
 //!   same row validation (shared through the private `rows` module).
@@ -17,13 +22,14 @@
 //! - `testing` (feature `testing`, off in the service): a throw-away MySQL database per test, for
 //!   this and other crates' tests.
 //! - `contract` (tests only): the checks every store must pass, written once and run against both
-//!   stores.
+//!   stores (the rule sets' in `contract::rules`).
 
 #[cfg(test)]
 mod contract;
 pub mod demo;
 pub mod mysql;
 mod rows;
+pub mod rules;
 pub mod sqlite;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -37,6 +43,9 @@ use rebate_domain::{ItemKey, Product, RebateRate, Timestamp};
 
 pub use demo::SeedReport;
 pub use mysql::{MySqlConfig, MySqlStore};
+pub use rules::{
+    InstanceReport, NewRuleSet, RuleRepository, RuleSetRow, RuleState, UnknownRuleState,
+};
 pub use sqlite::{SqliteConfig, SqliteStore};
 
 /// A value read from the store with the data version it was written at.

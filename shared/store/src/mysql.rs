@@ -23,6 +23,9 @@
 //! - **Migrations** run on a connection of their own before the pool opens, so a long schema
 //!   change is not cut short by the statement timeout meant for reads.
 //!
+//! The rule sets ([`RuleRepository`]) are written once in [`crate::rules`]; this file adds their
+//! MySQL dialect: row locks, the upsert, and which errors mean a writer lost a race.
+//!
 //! The connection URL (usually from `DATABASE_URL`) carries credentials: it is never logged, and
 //! [`MySqlConfig`]' `Debug` shows it without them.
 
@@ -34,7 +37,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::future::BoxFuture;
 use futures::stream::{BoxStream, StreamExt, TryStreamExt};
-use rebate_domain::{ItemKey, Product, RebateRate};
+use rebate_domain::{ItemKey, Product, RebateRate, Timestamp};
 use sqlx::migrate::Migrator;
 use sqlx::mysql::{
     MySqlConnectOptions, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlPoolOptions,
@@ -47,6 +50,8 @@ use crate::rows::{
     DemoBatch, KeyRow, ProductParams, ProductRow, RateParams, RateRow, insert_hot_items,
     insert_products, insert_rates, key_from_row,
 };
+use crate::rules::sql::{RuleDialect, RuleTables};
+use crate::rules::{InstanceReport, NewRuleSet, RuleRepository, RuleSetRow, RuleState};
 use crate::{CatalogRepository, StoreCounters, StoreError, Versioned};
 
 /// The schema, embedded at compile time (`build.rs` rebuilds the crate when it changes).
@@ -72,6 +77,14 @@ const KEYS_PER_PAGE: usize = 10_000;
 
 /// MySQL and MariaDB's "Unknown system variable" error number.
 const ER_UNKNOWN_SYSTEM_VARIABLE: u16 = 1193;
+
+/// The errors of a writing transaction that lost a race and wrote nothing (see
+/// [`RuleDialect::lost_race`]): a duplicate key (a version another writer took, or a second
+/// active row), a deadlock, and a row changed since the snapshot read it (MariaDB 11.6+ with
+/// `innodb_snapshot_isolation`).
+const ER_DUP_ENTRY: u16 = 1062;
+const ER_LOCK_DEADLOCK: u16 = 1213;
+const ER_CHECKREAD: u16 = 1020;
 
 const SELECT_PRODUCT: &str = "SELECT platform, item_id, title, price_cents, image_url, shop_name, \
      status, version, updated_at_ms FROM products WHERE platform = ? AND item_id = ?";
@@ -424,6 +437,80 @@ impl CatalogRepository for MySqlStore {
 
     fn counters(&self) -> &StoreCounters {
         &self.counters
+    }
+}
+
+/// Rule sets: the shared SQL of `crate::rules` on this store's pool.
+#[async_trait]
+impl RuleRepository for MySqlStore {
+    async fn insert_rule_set(&self, new: &NewRuleSet, now: Timestamp) -> Result<u64, StoreError> {
+        RuleTables::new(&self.pool).insert_rule_set(new, now).await
+    }
+
+    async fn rule_set(&self, version: u64) -> Result<Option<RuleSetRow>, StoreError> {
+        RuleTables::new(&self.pool).rule_set(version).await
+    }
+
+    async fn rule_sets(
+        &self,
+        limit: u32,
+        before: Option<u64>,
+    ) -> Result<Vec<RuleSetRow>, StoreError> {
+        RuleTables::new(&self.pool).rule_sets(limit, before).await
+    }
+
+    async fn active_rule_set(&self) -> Result<Option<RuleSetRow>, StoreError> {
+        RuleTables::new(&self.pool).active_rule_set().await
+    }
+
+    async fn rule_sets_in(&self, states: &[RuleState]) -> Result<Vec<RuleSetRow>, StoreError> {
+        RuleTables::new(&self.pool).rule_sets_in(states).await
+    }
+
+    async fn transition_rule_set(
+        &self,
+        version: u64,
+        from: &[RuleState],
+        to: RuleState,
+        verdict: Option<&str>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        RuleTables::new(&self.pool)
+            .transition_rule_set(version, from, to, verdict, now)
+            .await
+    }
+
+    async fn report_instance(&self, report: &InstanceReport) -> Result<(), StoreError> {
+        RuleTables::new(&self.pool).report_instance(report).await
+    }
+
+    async fn instance_reports(&self, since: Timestamp) -> Result<Vec<InstanceReport>, StoreError> {
+        RuleTables::new(&self.pool).instance_reports(since).await
+    }
+}
+
+impl RuleDialect for MySql {
+    const BEGIN_WRITE: &'static str = "BEGIN";
+
+    const SELECT_STATE_FOR_UPDATE: &'static str =
+        "SELECT state FROM rule_sets WHERE version = ? FOR UPDATE";
+
+    /// `VALUES(column)` rather than MySQL 8.0.19's row alias, which MariaDB does not parse.
+    const UPSERT_INSTANCE: &'static str = "INSERT INTO rule_instances (instance_id, \
+         applied_version, reported_at_ms, report) VALUES (?, ?, ?, ?) \
+         ON DUPLICATE KEY UPDATE applied_version = VALUES(applied_version), \
+         reported_at_ms = VALUES(reported_at_ms), report = VALUES(report)";
+
+    fn lost_race(error: &sqlx::Error) -> bool {
+        error
+            .as_database_error()
+            .and_then(|database_error| database_error.try_downcast_ref::<MySqlDatabaseError>())
+            .is_some_and(|mysql_error| {
+                matches!(
+                    mysql_error.number(),
+                    ER_DUP_ENTRY | ER_LOCK_DEADLOCK | ER_CHECKREAD
+                )
+            })
     }
 }
 

@@ -173,8 +173,13 @@ where
     builder
 }
 
-/// Narrows an unsigned domain value to the signed integer column holding it.
-fn to_column(key: ItemKey, column: &str, value: u64) -> Result<i64, StoreError> {
+/// Narrows an unsigned domain value to the signed integer column holding it; `key` names the row
+/// in the error.
+pub(crate) fn to_column(
+    key: impl std::fmt::Display,
+    column: &str,
+    value: u64,
+) -> Result<i64, StoreError> {
     i64::try_from(value).map_err(|_| StoreError::ValueOutOfRange {
         key: key.to_string(),
         reason: format!(

@@ -4,6 +4,9 @@
 //! small pool. Queries are plain runtime SQL (`sqlx::query_as`), prepared once per connection and
 //! cached by sqlx, so no database is needed at build time. Every row is validated into domain
 //! types on the way out; a row that breaks an invariant is a [`StoreError::CorruptRow`].
+//!
+//! It holds the rule sets of the embedded profile too ([`RuleRepository`], written once in
+//! [`crate::rules`]); this file adds only their SQLite dialect.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::stream::{BoxStream, StreamExt};
-use rebate_domain::{ItemKey, Product, RebateRate};
+use rebate_domain::{ItemKey, Product, RebateRate, Timestamp};
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -24,6 +27,8 @@ use crate::rows::{
     DemoBatch, KeyRow, ProductParams, ProductRow, RateParams, RateRow, insert_hot_items,
     insert_products, insert_rates, key_from_row,
 };
+use crate::rules::sql::{RuleDialect, RuleTables};
+use crate::rules::{InstanceReport, NewRuleSet, RuleRepository, RuleSetRow, RuleState};
 use crate::{CatalogRepository, StoreCounters, StoreError, Versioned};
 
 /// The schema, embedded at compile time (`build.rs` rebuilds the crate when it changes).
@@ -309,6 +314,77 @@ impl CatalogRepository for SqliteStore {
 
     fn counters(&self) -> &StoreCounters {
         &self.counters
+    }
+}
+
+/// Rule sets: the shared SQL of `crate::rules` on this store's pool.
+#[async_trait]
+impl RuleRepository for SqliteStore {
+    async fn insert_rule_set(&self, new: &NewRuleSet, now: Timestamp) -> Result<u64, StoreError> {
+        RuleTables::new(&self.pool).insert_rule_set(new, now).await
+    }
+
+    async fn rule_set(&self, version: u64) -> Result<Option<RuleSetRow>, StoreError> {
+        RuleTables::new(&self.pool).rule_set(version).await
+    }
+
+    async fn rule_sets(
+        &self,
+        limit: u32,
+        before: Option<u64>,
+    ) -> Result<Vec<RuleSetRow>, StoreError> {
+        RuleTables::new(&self.pool).rule_sets(limit, before).await
+    }
+
+    async fn active_rule_set(&self) -> Result<Option<RuleSetRow>, StoreError> {
+        RuleTables::new(&self.pool).active_rule_set().await
+    }
+
+    async fn rule_sets_in(&self, states: &[RuleState]) -> Result<Vec<RuleSetRow>, StoreError> {
+        RuleTables::new(&self.pool).rule_sets_in(states).await
+    }
+
+    async fn transition_rule_set(
+        &self,
+        version: u64,
+        from: &[RuleState],
+        to: RuleState,
+        verdict: Option<&str>,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
+        RuleTables::new(&self.pool)
+            .transition_rule_set(version, from, to, verdict, now)
+            .await
+    }
+
+    async fn report_instance(&self, report: &InstanceReport) -> Result<(), StoreError> {
+        RuleTables::new(&self.pool).report_instance(report).await
+    }
+
+    async fn instance_reports(&self, since: Timestamp) -> Result<Vec<InstanceReport>, StoreError> {
+        RuleTables::new(&self.pool).instance_reports(since).await
+    }
+}
+
+impl RuleDialect for Sqlite {
+    /// Takes the write lock at once, so writers queue (up to `BUSY_TIMEOUT`) and never
+    /// interleave. A deferred `BEGIN` that reads first could not become a writer after another
+    /// writer committed: WAL mode fails that upgrade at once (`SQLITE_BUSY_SNAPSHOT`) instead of
+    /// waiting.
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+
+    /// A plain read: `BEGIN IMMEDIATE` already keeps every other writer out.
+    const SELECT_STATE_FOR_UPDATE: &'static str = "SELECT state FROM rule_sets WHERE version = ?";
+
+    const UPSERT_INSTANCE: &'static str = "INSERT INTO rule_instances (instance_id, \
+         applied_version, reported_at_ms, report) VALUES (?, ?, ?, ?) \
+         ON CONFLICT (instance_id) DO UPDATE SET applied_version = excluded.applied_version, \
+         reported_at_ms = excluded.reported_at_ms, report = excluded.report";
+
+    /// Writers never interleave, so none loses a race; a lock held past the busy timeout is an
+    /// error.
+    fn lost_race(_error: &sqlx::Error) -> bool {
+        false
     }
 }
 

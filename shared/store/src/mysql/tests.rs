@@ -147,7 +147,14 @@ async fn connect_migrates_a_fresh_database_and_migrating_again_is_harmless() {
     let (database, url, store) = fresh_store("store_migrate").await;
 
     let tables = table_names(&store).await;
-    for table in ["_sqlx_migrations", "hot_items", "products", "rebate_rates"] {
+    for table in [
+        "_sqlx_migrations",
+        "hot_items",
+        "products",
+        "rebate_rates",
+        "rule_instances",
+        "rule_sets",
+    ] {
         assert!(
             tables.iter().any(|name| name == table),
             "{table} missing: {tables:?}"

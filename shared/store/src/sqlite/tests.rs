@@ -121,7 +121,14 @@ async fn open_creates_the_parent_dir_and_file_and_migrates() {
 
     assert!(settings.path.is_file());
     let tables = table_names(&store).await;
-    for table in ["_sqlx_migrations", "hot_items", "products", "rebate_rates"] {
+    for table in [
+        "_sqlx_migrations",
+        "hot_items",
+        "products",
+        "rebate_rates",
+        "rule_instances",
+        "rule_sets",
+    ] {
         assert!(
             tables.iter().any(|name| name == table),
             "{table} missing: {tables:?}"
