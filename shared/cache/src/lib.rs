@@ -20,7 +20,8 @@
 //! - [`envelope`]: [`Envelope`] and [`TtlPolicy`] (jitter).
 //! - [`part`]: [`PartCache`], [`Loader`], [`CacheOutcome`], [`LoadFailure`]; [`PartView`], a
 //!   part cache with its value type erased.
-//! - [`refresh`]: [`refresh_due`], when a read refreshes an entry ahead of its expiry (XFetch).
+//! - [`refresh`]: [`refresh_due`], when a read refreshes an entry ahead of its expiry (XFetch),
+//!   and [`RefreshLead`], how far ahead, replaceable at runtime.
 //! - [`shared`]: [`SharedTier`], the contract of the L2 tier (version-fenced writes, leases).
 //! - [`memory`]: [`MemoryTier`], an in-process L2 for unit tests and benchmarks.
 
@@ -42,7 +43,7 @@ pub use part::{
     CacheOutcome, CacheStats, CacheStatsSnapshot, FailureKind, L2Config, L2Entry, LoadFailure,
     Loaded, Loader, PartCache, PartCacheConfig, PartView,
 };
-pub use refresh::refresh_due;
+pub use refresh::{RefreshLead, refresh_due};
 pub use shared::{FenceOutcome, SharedTier, TierEntry, TierError, TierKey, lease_then_read};
 
 pub use rebate_domain::ItemKey;

@@ -9,6 +9,7 @@
 //! its next miss. No list of hot keys is needed, and each read costs one comparison outside the
 //! last few `lead`s of an entry's life.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rebate_domain::Timestamp;
@@ -42,12 +43,52 @@ pub fn uniform_draw() -> f64 {
     1.0 - rand::random::<f64>()
 }
 
+/// A refresh lead that can be replaced at runtime. Every fresh hit reads it (a part cache's, and
+/// the engine's kept renderings), so a read is one relaxed atomic load: the lead is a lone
+/// scalar, and no other value has to be seen together with it.
+#[derive(Debug)]
+pub struct RefreshLead {
+    /// Nanoseconds, saturated at `u64::MAX` (584 years).
+    nanos: AtomicU64,
+}
+
+impl RefreshLead {
+    pub fn new(lead: Duration) -> Self {
+        Self {
+            nanos: AtomicU64::new(saturating_nanos(lead)),
+        }
+    }
+
+    pub fn get(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
+    }
+
+    /// Applies from the next read on; zero turns refresh ahead off.
+    pub fn set(&self, lead: Duration) {
+        self.nanos.store(saturating_nanos(lead), Ordering::Relaxed);
+    }
+}
+
+fn saturating_nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn at(millis: i64) -> Timestamp {
         Timestamp::from_millis(millis)
+    }
+
+    #[test]
+    fn a_refresh_lead_reads_what_was_set_last() {
+        let lead = RefreshLead::new(Duration::from_secs(1));
+        assert_eq!(lead.get(), Duration::from_secs(1));
+        lead.set(Duration::from_millis(1_500));
+        assert_eq!(lead.get(), Duration::from_millis(1_500));
+        lead.set(Duration::MAX);
+        assert_eq!(lead.get(), Duration::from_nanos(u64::MAX));
     }
 
     #[test]

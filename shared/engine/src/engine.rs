@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use futures::future::join_all;
 use rebate_cache::refresh::uniform_draw;
 use rebate_cache::{
-    CacheOutcome, Clock, ItemFilter, LoadContext, PartCache, TierError, TierKey, refresh_due,
+    CacheOutcome, Clock, ItemFilter, LoadContext, PartCache, RefreshLead, TierError, TierKey,
+    refresh_due,
 };
 use rebate_domain::{ItemKey, PartKind, Timestamp};
 use rebate_resilience::ShedLevel;
@@ -22,8 +24,6 @@ use crate::naive;
 use crate::parts::EngineParts;
 use crate::quote::{PartResult, Quote, assemble};
 use crate::rendered::{QuoteAnswer, RenderTicket, RenderedQuote, RenderedQuotes, RenderedStats};
-#[cfg(test)]
-use crate::timeout_class::ClassTimeouts;
 use crate::timeout_class::PartTimeouts;
 
 /// Answers quotes. Cheap to clone; share one per process.
@@ -35,7 +35,14 @@ pub struct QueryEngine {
 #[derive(Debug)]
 struct Inner {
     parts: EngineParts,
+    /// As built. Its `timeouts`, `short_timeouts`, `retries_per_request` and `refresh_lead` are
+    /// only where `budget` and `refresh_lead` started: read those, which change at runtime.
     settings: EngineConfig,
+    /// What a request may spend, replaced whole at runtime; each request copies it once, when
+    /// it begins ([`Request`]).
+    budget: ArcSwap<RequestBudget>,
+    /// Refresh ahead for kept renderings, read on every rendered hit: one relaxed atomic load.
+    refresh_lead: RefreshLead,
     clock: Arc<dyn Clock>,
     /// The Bloom gate; `None` lets every key through (tests, tiny catalogues).
     filter: Option<Arc<ItemFilter>>,
@@ -75,7 +82,9 @@ pub enum EngineMode {
     Naive,
 }
 
-/// How the engine answers under normal load and under load shedding.
+/// How the engine answers under normal load and under load shedding. `timeouts`,
+/// `short_timeouts`, `retries_per_request` and `refresh_lead` are starting values, which
+/// [`QueryEngine::set_request_budget`] and [`QueryEngine::set_refresh_lead`] replace at runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineConfig {
     pub mode: EngineMode,
@@ -115,6 +124,48 @@ impl EngineConfig {
             refresh_lead: Duration::ZERO,
         }
     }
+
+    /// The budget a request starts with.
+    pub fn request_budget(&self) -> RequestBudget {
+        RequestBudget {
+            timeouts: self.timeouts,
+            short_timeouts: self.short_timeouts,
+            retries_per_request: self.retries_per_request,
+        }
+    }
+}
+
+/// What one request may spend: each part's timeout, under normal load and from shed level 2 on,
+/// and the retries its parts share. The engine replaces it whole
+/// ([`QueryEngine::set_request_budget`]) and a request reads it once, when it begins: every part
+/// of every item in a request waits timeouts from one set, and a change reaches the next
+/// request, not one in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestBudget {
+    pub timeouts: PartTimeouts,
+    /// The shortened timeouts of shed level 2 and above.
+    pub short_timeouts: PartTimeouts,
+    pub retries_per_request: u32,
+}
+
+impl RequestBudget {
+    /// The timeouts parts wait at `level`: shortened from level 2 on.
+    pub fn timeouts_at(&self, level: ShedLevel) -> PartTimeouts {
+        if level >= ShedLevel::ShortTimeouts {
+            self.short_timeouts
+        } else {
+            self.timeouts
+        }
+    }
+}
+
+/// One request as it began: the deadline and retries its parts share, its shed level, and the
+/// timeouts its parts wait at that level, copied from the engine's budget once so that a change
+/// meanwhile reaches none of them.
+struct Request {
+    load: LoadContext,
+    level: ShedLevel,
+    timeouts: PartTimeouts,
 }
 
 impl QueryEngine {
@@ -135,6 +186,8 @@ impl QueryEngine {
         Self {
             inner: Arc::new(Inner {
                 parts,
+                budget: ArcSwap::from_pointee(settings.request_budget()),
+                refresh_lead: RefreshLead::new(settings.refresh_lead),
                 warming: Semaphore::new(settings.cache_only_loads.min(Semaphore::MAX_PERMITS)),
                 settings,
                 clock,
@@ -180,8 +233,47 @@ impl QueryEngine {
         self.inner.clock.now()
     }
 
+    /// The settings as they stand now: as built, with the budget and refresh lead of the
+    /// latest change.
     pub fn settings(&self) -> EngineConfig {
-        self.inner.settings
+        let budget = self.request_budget();
+        EngineConfig {
+            timeouts: budget.timeouts,
+            short_timeouts: budget.short_timeouts,
+            retries_per_request: budget.retries_per_request,
+            refresh_lead: self.inner.refresh_lead.get(),
+            ..self.inner.settings
+        }
+    }
+
+    /// The budget the next request starts with.
+    pub fn request_budget(&self) -> RequestBudget {
+        **self.inner.budget.load()
+    }
+
+    /// Replaces the budget from the next request on, in one swap: a request reads the old one
+    /// or the new one, never a mix. Requests in flight keep the budget they began with, and so
+    /// do the loads they started; nothing is dropped.
+    pub fn set_request_budget(&self, budget: RequestBudget) {
+        self.inner.budget.store(Arc::new(budget));
+    }
+
+    /// Replaces the parts' timeouts (normal and shortened) from the next request on, keeping
+    /// the retries: [`QueryEngine::set_request_budget`] with only the timeouts changed.
+    pub fn set_timeouts(&self, timeouts: PartTimeouts, short_timeouts: PartTimeouts) {
+        self.inner.budget.rcu(|current| RequestBudget {
+            timeouts,
+            short_timeouts,
+            ..**current
+        });
+    }
+
+    /// Replaces the refresh lead of kept renderings ([`EngineConfig::refresh_lead`]) from the
+    /// next read on; zero turns their refresh ahead off. Renderings already kept keep their
+    /// validity: it comes from the expiry their parts were stamped with, which a change of the
+    /// parts' lifetimes ([`PartCache::set_ttl`]) leaves as it is too.
+    pub fn set_refresh_lead(&self, lead: Duration) {
+        self.inner.refresh_lead.set(lead);
     }
 
     /// The quote for one item, answered by `deadline` at the latest (plus scheduling noise).
@@ -236,7 +328,7 @@ impl QueryEngine {
     /// When the rendering ends, its parts are fresh in L1 again and the next read assembles
     /// without waiting on a load.
     fn refresh_ahead(&self, key: ItemKey, rendered: &RenderedQuote, now: Timestamp) {
-        let lead = self.inner.settings.refresh_lead;
+        let lead = self.inner.refresh_lead.get();
         if refresh_due(rendered.valid_until(), now, lead, uniform_draw) && rendered.claim_refresh()
         {
             for (_, part) in self.inner.parts.views().iter() {
@@ -301,21 +393,21 @@ impl QueryEngine {
             record_stage("shed", "engine", "cache_only", started, None);
             return self.warm_or(cached, key, deadline, None).await;
         }
-        let request = self.request_context(deadline);
-        self.quote_admitted(key, deadline, level, &request).await
+        let request = self.begin(deadline, level);
+        self.quote_admitted(key, deadline, &request).await
     }
 
     /// Shed level 3's answer for a key: L1's, unless L1 lacks one of its parts and a warming
     /// permit is free; then the key loads at level 2 (short timeouts, no extras), which fills
     /// the caches for every later request. The permit is held until the load ends, so at most
     /// `cache_only_loads` run at once however many requests miss. A batch passes its one
-    /// request context; a single request gets its own only if it loads.
+    /// request (begun at level 2); a single request begins one only if it loads.
     async fn warm_or(
         &self,
         cached: Cached,
         key: ItemKey,
         deadline: Instant,
-        request: Option<&LoadContext>,
+        request: Option<&Request>,
     ) -> Result<(Quote, Option<Timestamp>), QueryError> {
         if !cached.incomplete {
             return cached.answer;
@@ -330,21 +422,26 @@ impl QueryEngine {
         let request = match request {
             Some(request) => request,
             None => {
-                owned = self.request_context(deadline);
+                owned = self.begin(deadline, ShedLevel::ShortTimeouts);
                 &owned
             }
         };
         let started = Instant::now();
-        let answer = self
-            .quote_admitted(key, deadline, ShedLevel::ShortTimeouts, request)
-            .await;
+        let answer = self.quote_admitted(key, deadline, request).await;
         record_stage("shed", "engine", "warming_load", started, None);
         answer
     }
 
-    /// One request's deadline and retry allowance, shared by every part of every item in it.
-    fn request_context(&self, deadline: Instant) -> LoadContext {
-        LoadContext::new(Some(deadline), self.inner.settings.retries_per_request)
+    /// One request at `level`, before its first part is fetched: its deadline, and the retry
+    /// allowance and timeouts of the budget as it stands now (one read), shared by every part of
+    /// every item in it.
+    fn begin(&self, deadline: Instant, level: ShedLevel) -> Request {
+        let budget = self.inner.budget.load();
+        Request {
+            load: LoadContext::new(Some(deadline), budget.retries_per_request),
+            level,
+            timeouts: budget.timeouts_at(level),
+        }
     }
 
     /// The fan-out for a key that passed the filter.
@@ -352,36 +449,14 @@ impl QueryEngine {
         &self,
         key: ItemKey,
         deadline: Instant,
-        level: ShedLevel,
-        request: &LoadContext,
+        request: &Request,
     ) -> Result<(Quote, Option<Timestamp>), QueryError> {
         let parts = &self.inner.parts;
         let (product, rate, coupons, extras) = tokio::join!(
-            self.fetch(
-                &parts.product,
-                PartKind::Product,
-                key,
-                deadline,
-                level,
-                request
-            ),
-            self.fetch(&parts.rate, PartKind::Rate, key, deadline, level, request),
-            self.fetch(
-                &parts.coupons,
-                PartKind::Coupons,
-                key,
-                deadline,
-                level,
-                request
-            ),
-            self.fetch(
-                &parts.extras,
-                PartKind::Extras,
-                key,
-                deadline,
-                level,
-                request
-            ),
+            self.fetch(&parts.product, PartKind::Product, key, deadline, request),
+            self.fetch(&parts.rate, PartKind::Rate, key, deadline, request),
+            self.fetch(&parts.coupons, PartKind::Coupons, key, deadline, request),
+            self.fetch(&parts.extras, PartKind::Extras, key, deadline, request),
         );
         let fresh_until = earliest([product.1, rate.1, coupons.1, extras.1]);
         let result = assemble(
@@ -524,7 +599,8 @@ impl QueryEngine {
             self.prefetch_shared_tier(&to_prefetch).await;
         }
         if level == ShedLevel::CacheOnly {
-            let request = &self.request_context(deadline);
+            // Loads that warm the caches at level 3 run at level 2's timeouts.
+            let request = &self.begin(deadline, ShedLevel::ShortTimeouts);
             return join_all(keys.iter().zip(admitted).map(|(key, admitted)| async move {
                 if admitted {
                     let cached = self.quote_cached(*key);
@@ -549,10 +625,10 @@ impl QueryEngine {
             return quotes;
         }
         // One allowance of retries for the whole batch, as for any one request.
-        let request = &self.request_context(deadline);
+        let request = &self.begin(deadline, level);
         join_all(keys.iter().zip(admitted).map(|(key, admitted)| async move {
             if admitted {
-                self.quote_admitted(*key, deadline, level, request).await
+                self.quote_admitted(*key, deadline, request).await
             } else {
                 Err(QueryError::NotFound { delisted: false })
             }
@@ -617,24 +693,18 @@ impl QueryEngine {
         part: PartKind,
         key: ItemKey,
         deadline: Instant,
-        level: ShedLevel,
-        request: &LoadContext,
+        request: &Request,
     ) -> (PartResult<T>, Option<Timestamp>) {
-        if part == PartKind::Extras && level >= ShedLevel::DropExtras {
+        if part == PartKind::Extras && request.level >= ShedLevel::DropExtras {
             return cached(cache, key, self.inner.clock.now());
         }
-        let settings = &self.inner.settings;
-        let timeouts = if level >= ShedLevel::ShortTimeouts {
-            &settings.short_timeouts
-        } else {
-            &settings.timeouts
-        };
-        let timeout = timeouts[part];
+        let timeout = request.timeouts[part];
         let started = Instant::now();
         let budget = timeout.min(deadline.saturating_duration_since(started));
         // A load this call starts keeps the part's timeout at this level, the request's deadline
         // (for retries) and its retry allowance.
         let outcome = request
+            .load
             .for_part(timeout)
             .scope(cache.get(key, budget))
             .await;
@@ -736,456 +806,4 @@ fn cached<T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use async_trait::async_trait;
-    use rebate_cache::{
-        Jitter, LoadFailure, Loaded, Loader, ManualClock, PartCacheConfig, TtlPolicy,
-    };
-    use rebate_domain::{
-        Cents, Coupon, Extras, ItemId, Platform, Product, ProductStatus, RateBps, RebateRate,
-    };
-
-    #[derive(Debug)]
-    struct Fixed<T> {
-        value: Option<T>,
-        delay: Duration,
-        fail: bool,
-    }
-
-    #[async_trait]
-    impl<T: Clone + Send + Sync + std::fmt::Debug + 'static> Loader<T> for Fixed<T> {
-        async fn load(&self, _key: ItemKey) -> Result<Loaded<T>, LoadFailure> {
-            tokio::time::sleep(self.delay).await;
-            if self.fail {
-                return Err(LoadFailure::error("down"));
-            }
-            Ok(Loaded {
-                value: self.value.clone(),
-                version: 1,
-            })
-        }
-    }
-
-    fn part<T: Clone + Serialize + DeserializeOwned + Send + Sync + std::fmt::Debug + 'static>(
-        name: &'static str,
-        loader: Fixed<T>,
-        clock: &ManualClock,
-        refresh_lead: Duration,
-    ) -> PartCache<T> {
-        PartCache::new(
-            PartCacheConfig {
-                name,
-                part: PartKind::Product,
-                max_entries: 100,
-                ttl: TtlPolicy {
-                    fresh: Duration::from_secs(60),
-                    jitter: Jitter::Ratio(0.1),
-                    stale: Duration::from_secs(600),
-                    not_found: Duration::from_secs(30),
-                },
-                load_timeout: Duration::from_secs(5),
-                refresh_lead,
-                max_version_gap: 1_000_000,
-            },
-            Arc::new(loader),
-            Arc::new(clock.clone()),
-        )
-    }
-
-    fn key() -> ItemKey {
-        ItemKey::new(Platform::Jd, ItemId::from_u64(100_001))
-    }
-
-    fn engine(coupon_delay: Duration, rate_fails: bool) -> QueryEngine {
-        let clock = ManualClock::starting_now();
-        engine_with(coupon_delay, rate_fails, Vec::new(), &clock)
-    }
-
-    fn engine_with(
-        coupon_delay: Duration,
-        rate_fails: bool,
-        coupons: Vec<Coupon>,
-        clock: &ManualClock,
-    ) -> QueryEngine {
-        engine_refreshing(coupon_delay, rate_fails, coupons, clock, Duration::ZERO)
-    }
-
-    /// The engine of [`engine_with`], its parts and renderings refreshed ahead at `lead`.
-    fn engine_refreshing(
-        coupon_delay: Duration,
-        rate_fails: bool,
-        coupons: Vec<Coupon>,
-        clock: &ManualClock,
-        lead: Duration,
-    ) -> QueryEngine {
-        let product = Product {
-            platform: Platform::Jd,
-            item_id: ItemId::from_u64(100_001),
-            title: "耳机".to_owned(),
-            price_cents: Cents::new(10_000),
-            image_url: String::new(),
-            shop_name: String::new(),
-            status: ProductStatus::OnSale,
-        };
-        let parts = EngineParts {
-            product: part(
-                "product",
-                Fixed {
-                    value: Some(product),
-                    delay: Duration::from_millis(5),
-                    fail: false,
-                },
-                clock,
-                lead,
-            ),
-            rate: part(
-                "rate",
-                Fixed {
-                    value: Some(RebateRate {
-                        rate_bps: RateBps::try_from(1000u64).unwrap(),
-                    }),
-                    delay: Duration::from_millis(5),
-                    fail: rate_fails,
-                },
-                clock,
-                lead,
-            ),
-            coupons: part(
-                "coupons",
-                Fixed {
-                    value: Some(coupons),
-                    delay: coupon_delay,
-                    fail: false,
-                },
-                clock,
-                lead,
-            ),
-            extras: part(
-                "extras",
-                Fixed {
-                    value: Some(Extras {
-                        sales_30d: 1,
-                        popular_searches: vec![],
-                    }),
-                    delay: Duration::from_millis(5),
-                    fail: false,
-                },
-                clock,
-                lead,
-            ),
-        };
-        let settings = EngineConfig {
-            refresh_lead: lead,
-            ..EngineConfig::new(ClassTimeouts::default().part_timeouts())
-        };
-        QueryEngine::with_settings(parts, settings, Arc::new(clock.clone()), None)
-    }
-
-    fn deadline() -> Instant {
-        Instant::now() + Duration::from_secs(2)
-    }
-
-    async fn answer(engine: &QueryEngine) -> QuoteAnswer {
-        engine
-            .answer(key(), deadline(), ShedLevel::Normal)
-            .await
-            .unwrap()
-    }
-
-    fn rendered_json(answer: &QuoteAnswer) -> String {
-        match answer {
-            QuoteAnswer::Rendered(rendered) => rendered.json().get().to_owned(),
-            QuoteAnswer::Assembled(quote) => panic!("expected a rendering, got {quote:?}"),
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_complete_quote_is_kept_rendered_as_it_serialises() {
-        let engine = engine(Duration::from_millis(5), false);
-        let first = answer(&engine).await;
-        let second = answer(&engine).await;
-        let quote = engine.quote(key(), deadline()).await.unwrap();
-        assert_eq!(
-            rendered_json(&first),
-            serde_json::to_string(&quote).unwrap()
-        );
-        assert_eq!(rendered_json(&second), rendered_json(&first));
-        let stats = engine.rendered_stats().unwrap();
-        assert_eq!((stats.inserts, stats.hits, stats.entries), (1, 1, 1));
-        // The second answer touched no part cache.
-        assert_eq!(engine.parts().product.stats().hits, 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_degraded_quote_is_never_kept() {
-        let engine = engine(Duration::from_millis(5), true);
-        for _ in 0..2 {
-            let answer = answer(&engine).await;
-            assert!(answer.degraded());
-            assert!(matches!(answer, QuoteAnswer::Assembled(_)));
-        }
-        assert_eq!(engine.rendered_stats().unwrap().entries, 0);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_rendering_ends_when_a_part_stops_being_fresh() {
-        let clock = ManualClock::starting_now();
-        let engine = engine_with(Duration::from_millis(5), false, Vec::new(), &clock);
-        answer(&engine).await;
-        assert!(matches!(answer(&engine).await, QuoteAnswer::Rendered(_)));
-        // Fresh for 60 s ± 10 %: past 66 s every part has to be loaded again.
-        clock.advance(Duration::from_secs(67));
-        assert!(
-            matches!(answer(&engine).await, QuoteAnswer::Rendered(_)),
-            "re-rendered"
-        );
-        assert_eq!(engine.rendered_stats().unwrap().inserts, 2);
-        assert_eq!(engine.parts().product.stats().misses, 2);
-    }
-
-    /// A hot key's reads all land on its rendering, which never asks the part caches; near the
-    /// rendering's end one read starts the refresh of the parts it ends with, so that when it
-    /// ends the next read assembles from fresh parts and no read waits on a load.
-    #[tokio::test(start_paused = true)]
-    async fn a_rendering_near_its_end_refreshes_the_parts_that_end_it() {
-        let clock = ManualClock::starting_now();
-        let lead = Duration::from_secs(1);
-        let engine = engine_refreshing(Duration::from_millis(5), false, Vec::new(), &clock, lead);
-        let QuoteAnswer::Rendered(rendering) = answer(&engine).await else {
-            panic!("assembled and kept");
-        };
-        // 50 ms before the rendering ends, each read is due with a chance of e^-0.05.
-        let left = rendering.valid_until().millis_since(clock.now());
-        clock.advance(Duration::from_millis(left - 50));
-        for _ in 0..20 {
-            assert!(matches!(answer(&engine).await, QuoteAnswer::Rendered(_)));
-        }
-        let refreshes = |engine: &QueryEngine| {
-            engine
-                .parts()
-                .views()
-                .iter()
-                .map(|(_, part)| part.stats().refreshes)
-                .sum::<u64>()
-        };
-        // The part that ends the rendering is refreshed (and no more than the four parts,
-        // however many reads came).
-        assert!(
-            (1..=4).contains(&refreshes(&engine)),
-            "{}",
-            refreshes(&engine)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        clock.advance(Duration::from_millis(60));
-        // The rendering has ended; its parts are fresh again: assembled without a miss.
-        let misses = |engine: &QueryEngine| {
-            engine
-                .parts()
-                .views()
-                .iter()
-                .map(|(_, part)| part.stats().misses)
-                .sum::<u64>()
-        };
-        assert_eq!(misses(&engine), 4, "the first answer's four misses only");
-        let inserts = engine.rendered_stats().unwrap().inserts;
-        assert!(matches!(answer(&engine).await, QuoteAnswer::Rendered(_)));
-        assert_eq!(
-            engine.rendered_stats().unwrap().inserts,
-            inserts + 1,
-            "kept anew"
-        );
-        assert_eq!(misses(&engine), 4);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_rendering_ends_when_a_coupon_in_it_expires() {
-        let clock = ManualClock::starting_now();
-        let coupon = Coupon {
-            coupon_id: "c1".to_owned(),
-            discount_cents: Cents::new(2_000),
-            threshold_cents: Cents::new(5_000),
-            expires_at: clock.now().saturating_add_millis(10_000),
-        };
-        let engine = engine_with(Duration::from_millis(5), false, vec![coupon], &clock);
-        let with_coupon: serde_json::Value =
-            serde_json::from_str(&rendered_json(&answer(&engine).await)).unwrap();
-        assert_eq!(with_coupon["rebate"]["estimated_cents"], 800);
-        clock.advance(Duration::from_secs(11));
-        // The parts are still fresh, but the estimate no longer counts the coupon.
-        let without: serde_json::Value =
-            serde_json::from_str(&rendered_json(&answer(&engine).await)).unwrap();
-        assert_eq!(without["rebate"]["estimated_cents"], 1_000);
-        assert_eq!(engine.parts().product.stats().misses, 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_invalidation_drops_the_rendering() {
-        let engine = engine(Duration::from_millis(5), false);
-        answer(&engine).await;
-        engine
-            .invalidate(key(), PartKind::Rate, 2, Duration::from_secs(60), false)
-            .await
-            .unwrap();
-        assert_eq!(engine.rendered_stats().unwrap().entries, 0);
-        // The rate is loaded again (the fence at version 2 refuses the loader's version 1, so
-        // that answer is not kept either: nothing stale is rendered).
-        answer(&engine).await;
-        assert_eq!(engine.parts().rate.stats().misses, 2);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_zero_capacity_renders_nothing() {
-        let plain = engine(Duration::from_millis(5), false);
-        let clock = ManualClock::starting_now();
-        let mut settings = plain.settings();
-        settings.rendered_capacity_bytes = 0;
-        let off =
-            QueryEngine::with_settings(plain.parts().clone(), settings, Arc::new(clock), None);
-        assert!(off.rendered_stats().is_none());
-        assert!(matches!(answer(&off).await, QuoteAnswer::Assembled(_)));
-        assert!(matches!(answer(&off).await, QuoteAnswer::Assembled(_)));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn parts_are_fetched_in_parallel() {
-        let engine = engine(Duration::from_millis(5), false);
-        let started = Instant::now();
-        let quote = engine
-            .quote(key(), Instant::now() + Duration::from_secs(2))
-            .await
-            .unwrap();
-        // Four 5 ms loads in parallel take 5 ms of (paused) time, not 20.
-        assert_eq!(started.elapsed(), Duration::from_millis(5));
-        assert!(!quote.degraded);
-        assert_eq!(quote.rebate.estimated_cents, Some(Cents::new(1000)));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_slow_part_is_cut_at_its_tier() {
-        let engine = engine(Duration::from_secs(3), false);
-        let started = Instant::now();
-        let quote = engine
-            .quote(key(), Instant::now() + Duration::from_secs(2))
-            .await
-            .unwrap();
-        assert_eq!(started.elapsed(), Duration::from_millis(500));
-        assert_eq!(quote.degraded_parts.len(), 1);
-        assert_eq!(quote.degraded_parts[0].part, PartKind::Coupons);
-        assert_eq!(quote.degraded_parts[0].reason, DegradeReason::Timeout);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_request_deadline_caps_every_tier() {
-        let engine = engine(Duration::from_secs(3), false);
-        let started = Instant::now();
-        let quote = engine
-            .quote(key(), Instant::now() + Duration::from_millis(200))
-            .await
-            .unwrap();
-        assert_eq!(started.elapsed(), Duration::from_millis(200));
-        assert!(quote.degraded);
-    }
-
-    #[tokio::test]
-    async fn the_bloom_gate_answers_unknown_ids_without_any_load() {
-        let clock = ManualClock::starting_now();
-        let filter = Arc::new(rebate_cache::ItemFilter::new(0.001, 1_000).unwrap());
-        let known = futures::stream::iter([Ok::<_, std::convert::Infallible>(key())]);
-        filter.rebuild(known).await.unwrap();
-        let plain = engine(Duration::from_millis(5), false);
-        let gated = QueryEngine::with_settings(
-            plain.parts().clone(),
-            plain.settings(),
-            Arc::new(clock),
-            Some(filter),
-        );
-        let deadline = Instant::now() + Duration::from_secs(2);
-        let unknown = ItemKey::new(Platform::Jd, ItemId::from_u64(999_999_999));
-        assert_eq!(
-            gated.quote(unknown, deadline).await,
-            Err(QueryError::NotFound { delisted: false })
-        );
-        assert_eq!(gated.parts().product.stats().misses, 0);
-        assert!(gated.quote(key(), deadline).await.is_ok());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_failing_rate_degrades_to_template() {
-        let engine = engine(Duration::from_millis(5), true);
-        let quote = engine
-            .quote(key(), Instant::now() + Duration::from_secs(2))
-            .await
-            .unwrap();
-        assert_eq!(quote.rebate.rate_bps, None);
-        assert_eq!(quote.degraded_parts[0].reason, DegradeReason::Error);
-    }
-
-    /// The engine of [`engine_with`] with `cache_only_loads` warming permits.
-    fn warming_engine(loads: usize, coupon_delay: Duration) -> QueryEngine {
-        let clock = ManualClock::starting_now();
-        let base = engine_with(coupon_delay, false, Vec::new(), &clock);
-        let settings = EngineConfig {
-            cache_only_loads: loads,
-            ..base.settings()
-        };
-        QueryEngine::with_settings(base.parts().clone(), settings, Arc::new(clock), None)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn strict_cache_only_refuses_a_key_l1_lacks() {
-        let engine = warming_engine(0, Duration::from_millis(5));
-        let answer = engine.answer(key(), deadline(), ShedLevel::CacheOnly).await;
-        assert!(matches!(
-            answer,
-            Err(QueryError::Unavailable {
-                reason: DegradeReason::Shed
-            })
-        ));
-        assert_eq!(engine.parts().product.stats().source_loads, 0);
-        let loads = engine.cache_only_loads();
-        assert_eq!((loads.started, loads.refused), (0, 1));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn cache_only_warms_a_missing_key_under_a_permit_and_serves_it_from_l1_after() {
-        let engine = warming_engine(1, Duration::from_millis(5));
-        let first = engine
-            .answer(key(), deadline(), ShedLevel::CacheOnly)
-            .await
-            .expect("the key loads under the free permit");
-        // Loaded at level 2: extras are off, so the quote is degraded and not rendered.
-        assert!(matches!(first, QuoteAnswer::Assembled(_)));
-        assert_eq!(engine.parts().product.stats().source_loads, 1);
-        assert_eq!(engine.parts().extras.stats().source_loads, 0);
-        // The next request finds every part a level-2 load fetches: no load, no permit.
-        engine
-            .answer(key(), deadline(), ShedLevel::CacheOnly)
-            .await
-            .expect("answered from L1");
-        assert_eq!(engine.parts().product.stats().source_loads, 1);
-        let loads = engine.cache_only_loads();
-        assert_eq!((loads.capacity, loads.started, loads.refused), (1, 1, 0));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn cache_only_runs_at_most_its_permits_at_once() {
-        let engine = warming_engine(2, Duration::from_millis(50));
-        let keys: Vec<ItemKey> = (0..6)
-            .map(|n| ItemKey::new(Platform::Jd, ItemId::from_u64(100_001 + n)))
-            .collect();
-        let single = futures::future::join_all(
-            keys[..3]
-                .iter()
-                .map(|key| engine.answer(*key, deadline(), ShedLevel::CacheOnly)),
-        );
-        let batch = engine.answer_many(&keys[3..], deadline(), ShedLevel::CacheOnly);
-        let (single, batch) = tokio::join!(single, batch);
-        let answered = single.iter().filter(|answer| answer.is_ok()).count()
-            + batch.iter().filter(|answer| answer.is_ok()).count();
-        assert_eq!(answered, 2, "two permits: two keys loaded, four refused");
-        let loads = engine.cache_only_loads();
-        assert_eq!((loads.started, loads.refused), (2, 4));
-        assert_eq!(engine.parts().product.stats().source_loads, 2);
-    }
-}
+mod tests;

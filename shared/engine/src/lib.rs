@@ -18,7 +18,8 @@
 //! - [`error`]: [`DegradeReason`] (why a part is not live) and [`QueryError`] (why there is no
 //!   quote).
 //! - [`quote`]: [`Quote`] and its views, and [`assemble`].
-//! - [`engine`]: [`QueryEngine`], the fan-out.
+//! - [`engine`]: [`QueryEngine`], the fan-out, and [`RequestBudget`], the timeouts and retries
+//!   a request may spend, which an operator replaces at runtime (each request reads it once).
 //! - [`rendered`]: [`RenderedQuotes`], complete quotes kept as JSON until an input changes, so a
 //!   hot item costs one lookup ([`QueryEngine::answer`]).
 
@@ -30,7 +31,7 @@ pub mod quote;
 pub mod rendered;
 pub mod timeout_class;
 
-pub use engine::{CacheOnlyLoads, EngineConfig, EngineMode, QueryEngine};
+pub use engine::{CacheOnlyLoads, EngineConfig, EngineMode, QueryEngine, RequestBudget};
 pub use error::{DegradeReason, QueryError};
 pub use parts::EngineParts;
 pub use quote::{DegradedPart, ItemView, Notice, PartResult, Quote, RebateView, Served, assemble};

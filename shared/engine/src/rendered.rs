@@ -4,7 +4,9 @@
 //! Only complete (non-degraded) quotes are kept, and each only for as long as every input it was
 //! built from stays unchanged:
 //! - until the earliest `fresh_until` of its four parts (an L1 part is replaced only once it is no
-//!   longer fresh, or by an invalidation);
+//!   longer fresh, or by an invalidation). That is the parts' stamp, so a rendering keeps it when
+//!   the parts' lifetimes change at runtime, as the parts do; only its refresh ahead reads the
+//!   engine's current lead;
 //! - until the earliest coupon expiry still ahead (the estimate depends on which coupons are
 //!   usable);
 //! - until any of its parts is invalidated. An invalidation bumps an epoch *before* it removes

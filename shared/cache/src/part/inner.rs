@@ -6,21 +6,31 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use moka::sync::Cache;
 use rebate_domain::ItemKey;
 
 use super::load::{LoadFailure, Loaded, Loader, SharedLoad};
-use super::settings::{L2Config, PartCacheConfig};
+use super::settings::{L2Config, PartCacheConfig, TtlPolicies};
 use super::stats::{CacheStats, bump};
 use crate::clock::Clock;
 use crate::envelope::{Envelope, TtlPolicy};
+use crate::refresh::RefreshLead;
 
 /// What a `PartCache` and the loads it spawns share: loads outlive their callers, so they hold it
 /// through an `Arc`. `l1.rs` adds the L1 and single-flight methods, `lease.rs` the L2 path and
 /// `mod.rs` the load task itself.
 pub(super) struct Inner<T> {
+    /// As built. Its `ttl` and `refresh_lead`, and `l2`'s `ttl`, are only where `ttl_policies`
+    /// and `refresh_lead` started: read those, which change at runtime.
     pub(super) settings: PartCacheConfig,
     pub(super) l2: Option<L2Config>,
+    /// Both tiers' lifetimes, replaced whole by `PartCache::set_ttl`. Read once per load (and
+    /// once per L2 copy taken into L1), never on a hit: a hit judges the expiry its entry was
+    /// stamped with.
+    pub(super) ttl_policies: ArcSwap<TtlPolicies>,
+    /// Read on every fresh hit: one relaxed atomic load.
+    pub(super) refresh_lead: RefreshLead,
     pub(super) entries: Cache<ItemKey, Arc<Envelope<T>>>,
     /// Loads in flight, one per key, each with its id so that a load only ever removes its own
     /// entry. Only touched on a miss or an invalidation, never held across `.await`.

@@ -18,7 +18,7 @@ use super::load::SharedLoad;
 use super::settings::PartCacheConfig;
 use super::stats::bump;
 use crate::clock::Clock;
-use crate::envelope::Envelope;
+use crate::envelope::{Envelope, TtlPolicy};
 
 /// An empty L1 for `settings`, whose entries expire on `clock`.
 pub(super) fn new_entries<T: Send + Sync + 'static>(
@@ -155,14 +155,22 @@ impl<T> Inner<T>
 where
     T: Send + Sync + 'static,
 {
-    /// Puts an L2 envelope into L1, never fresh for longer than L1's own (jittered) TTL.
-    pub(super) fn adopt_from_l2(
+    /// Puts an L2 envelope into L1, never fresh for longer than L1's own (jittered) TTL as it
+    /// stands now.
+    pub(super) fn adopt_from_l2(&self, key: ItemKey, envelope: Envelope<T>) -> Arc<Envelope<T>> {
+        let l1_policy = self.ttl_policies.load().l1;
+        self.adopt_under(&l1_policy, key, envelope)
+    }
+
+    /// [`Self::adopt_from_l2`] under an L1 policy the caller read already (with the L2 policy it
+    /// stamped the envelope with).
+    pub(super) fn adopt_under(
         &self,
+        policy: &TtlPolicy,
         key: ItemKey,
         mut envelope: Envelope<T>,
     ) -> Arc<Envelope<T>> {
         let now = self.clock.now();
-        let policy = &self.settings.ttl;
         let l1_ttl = if envelope.is_not_found() {
             policy.sample_not_found(&mut rand::rng())
         } else {

@@ -195,11 +195,17 @@ where
 
         L2Load::done(match self.load_from_source(key).await {
             Ok(loaded) => {
-                let envelope = self.stamp(&l2.ttl, loaded);
+                // One read of the lifetimes for both tiers: L2's stamp and L1's cap of it come
+                // from the same change.
+                let policies = **self.ttl_policies.load();
+                let l2_policy = policies
+                    .l2
+                    .expect("a cache with a shared tier keeps an L2 policy");
+                let envelope = self.stamp(&l2_policy, loaded);
                 if tier_up {
                     self.write_l2_in_background(l2, tier_key, &envelope, leased.then_some(token));
                 }
-                Ok(self.adopt_from_l2(key, envelope))
+                Ok(self.adopt_under(&policies.l1, key, envelope))
             }
             Err(failure) => {
                 if leased {

@@ -17,7 +17,8 @@
 //! 4. **The loader** (`inner.rs`): the [`Loader`], cut off at the part's load timeout.
 //!
 //! Beside them: `load.rs`, the load vocabulary ([`Loaded`], [`LoadFailure`], [`CacheOutcome`]);
-//! `settings.rs` ([`PartCacheConfig`], [`L2Config`]); `stats.rs` ([`CacheStats`]);
+//! `settings.rs` ([`PartCacheConfig`], [`L2Config`], and the lifetimes as they stand now, which
+//! [`PartCache::set_ttl`] replaces at runtime); `stats.rs` ([`CacheStats`]);
 //! `inner.rs`, the state a cache shares with its load tasks, which `l1.rs` and `lease.rs`
 //! extend. Imports only point down this list: `mod.rs`, `lease.rs`, `l1.rs`, `inner.rs`, then
 //! `load.rs`, `settings.rs` and `stats.rs`, which import none of the others.
@@ -36,6 +37,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use futures::FutureExt;
 use rebate_domain::{ItemKey, PartKind, Timestamp};
 use rebate_telemetry::Timeline;
@@ -45,11 +47,12 @@ use tracing::Instrument;
 
 use self::inner::Inner;
 use self::load::{LoadResult, SharedLoad};
+use self::settings::TtlPolicies;
 use self::stats::bump;
 use crate::clock::Clock;
 use crate::context::LoadContext;
-use crate::envelope::Envelope;
-use crate::refresh::{refresh_due, uniform_draw};
+use crate::envelope::{Envelope, PolicyError, TtlPolicy};
+use crate::refresh::{RefreshLead, refresh_due, uniform_draw};
 use crate::shared::{SharedTier, TierEntry, TierError};
 
 pub use self::load::{CacheOutcome, FailureKind, LoadFailure, Loaded, Loader};
@@ -111,8 +114,14 @@ where
         clock: Arc<dyn Clock>,
     ) -> Self {
         let entries = l1::new_entries(&settings, &clock);
+        let ttl_policies = TtlPolicies {
+            l1: settings.ttl,
+            l2: l2.as_ref().map(|l2| l2.ttl),
+        };
         Self {
             inner: Arc::new(Inner {
+                refresh_lead: RefreshLead::new(settings.refresh_lead),
+                ttl_policies: ArcSwap::from_pointee(ttl_policies),
                 settings,
                 l2,
                 entries,
@@ -141,6 +150,43 @@ where
         self.inner.l2.as_ref().map(|l2| &l2.tier)
     }
 
+    /// Replaces the lifetimes entries are stamped with from now on: L1's, and L2's when this
+    /// cache has a shared tier (`None` keeps L2's as they are; a cache without L2 checks `l2`
+    /// and has no use for it). Both are swapped in together, and a load reads them once, when
+    /// its value arrives: no entry is stamped with half of a change. Entries already cached,
+    /// in L1 or in L2, keep the expiry they were stamped with; nothing in flight is dropped.
+    ///
+    /// # Errors
+    /// The first policy that fails [`TtlPolicy::validate`]; then nothing changes.
+    pub fn set_ttl(&self, l1: TtlPolicy, l2: Option<TtlPolicy>) -> Result<(), PolicyError> {
+        l1.validate()?;
+        if let Some(l2) = &l2 {
+            l2.validate()?;
+        }
+        let has_l2 = self.inner.l2.is_some();
+        self.inner.ttl_policies.rcu(|current| TtlPolicies {
+            l1,
+            l2: if has_l2 { l2.or(current.l2) } else { None },
+        });
+        Ok(())
+    }
+
+    /// The lifetimes entries are stamped with now: L1's, and L2's when this cache has one.
+    pub fn ttl(&self) -> (TtlPolicy, Option<TtlPolicy>) {
+        let policies = self.inner.ttl_policies.load();
+        (policies.l1, policies.l2)
+    }
+
+    /// Replaces the refresh lead ([`PartCacheConfig::refresh_lead`]) from the next read on;
+    /// zero turns refresh ahead off. A refresh already started runs to its end.
+    pub fn set_refresh_lead(&self, lead: Duration) {
+        self.inner.refresh_lead.set(lead);
+    }
+
+    pub fn refresh_lead(&self) -> Duration {
+        self.inner.refresh_lead.get()
+    }
+
     /// Reads through the cache, waiting at most `budget` for a load. A fresh entry near its
     /// expiry may start its refresh in the background ([`crate::refresh`]).
     pub async fn get(&self, key: ItemKey, budget: Duration) -> CacheOutcome<T> {
@@ -152,7 +198,7 @@ where
                 if refresh_due(
                     envelope.fresh_until,
                     now,
-                    inner.settings.refresh_lead,
+                    inner.refresh_lead.get(),
                     uniform_draw,
                 ) {
                     self.start_refresh(key, envelope.fresh_until);
@@ -200,7 +246,7 @@ where
     /// Returns whether a refresh started.
     pub fn refresh_ahead(&self, key: ItemKey, horizon: Timestamp) -> bool {
         let inner = &self.inner;
-        if inner.settings.refresh_lead.is_zero() {
+        if inner.refresh_lead.get().is_zero() {
             return false;
         }
         match inner.entries.get(&key) {
@@ -383,7 +429,8 @@ where
             }
             None => match self.load_from_source(key).await {
                 Ok(loaded) => {
-                    let envelope = self.stamp(&self.settings.ttl, loaded);
+                    let l1_policy = self.ttl_policies.load().l1;
+                    let envelope = self.stamp(&l1_policy, loaded);
                     (Ok(self.insert_fenced(key, envelope)), false)
                 }
                 Err(failure) => (Err(failure), false),

@@ -13,6 +13,8 @@ use crate::envelope::{Envelope, Jitter, TtlPolicy};
 use crate::memory::MemoryTier;
 use crate::shared::{SharedTier, TierEntry, TierKey};
 
+mod lifetimes;
+
 /// An in-process source whose answers, latency and call count the test controls.
 #[derive(Debug, Default)]
 struct FakeSource {

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 
 use super::PartCache;
 use super::stats::CacheStatsSnapshot;
-use crate::envelope::{EntryMeta, Envelope};
+use crate::envelope::{EntryMeta, Envelope, PolicyError, TtlPolicy};
 use crate::shared::{SharedTier, TierEntry, TierError, TierKey};
 
 /// What L2 holds for one key of one part.
@@ -39,6 +39,10 @@ pub trait PartView: Send + Sync + fmt::Debug {
     fn forget_all(&self);
     /// See [`PartCache::refresh_ahead`].
     fn refresh_ahead(&self, key: ItemKey, horizon: Timestamp) -> bool;
+    /// See [`PartCache::set_ttl`].
+    fn set_ttl(&self, l1: TtlPolicy, l2: Option<TtlPolicy>) -> Result<(), PolicyError>;
+    /// See [`PartCache::set_refresh_lead`].
+    fn set_refresh_lead(&self, lead: Duration);
     /// What L1 holds for `key`, fresh or not, without loading.
     fn l1_entry(&self, key: &ItemKey) -> Option<EntryMeta>;
     /// What L2 holds for `key` (one round trip), `Absent` without a shared tier.
@@ -84,6 +88,14 @@ where
 
     fn refresh_ahead(&self, key: ItemKey, horizon: Timestamp) -> bool {
         PartCache::refresh_ahead(self, key, horizon)
+    }
+
+    fn set_ttl(&self, l1: TtlPolicy, l2: Option<TtlPolicy>) -> Result<(), PolicyError> {
+        PartCache::set_ttl(self, l1, l2)
+    }
+
+    fn set_refresh_lead(&self, lead: Duration) {
+        PartCache::set_refresh_lead(self, lead);
     }
 
     fn l1_entry(&self, key: &ItemKey) -> Option<EntryMeta> {
