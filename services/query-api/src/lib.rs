@@ -27,6 +27,8 @@
 //!   the admin status page answers from.
 //! - [`protection`]: [`Protection`](protection::Protection), the guards of every dependency, the
 //!   load shedder and the per-client limiter, from `[resilience]`.
+//! - [`rules`]: live rule sets: the runtime-tunable keys, checked, stored, pushed, canaried and
+//!   scheduled.
 //! - [`memory`]: [`MemoryStats`](memory::MemoryStats), the allocator's counters and the
 //!   resident set; jemalloc is the global allocator unless the `jemalloc` feature is off.
 //! - [`metrics`]: [`Metrics`](metrics::Metrics), the Prometheus registry behind the admin
@@ -60,6 +62,7 @@ pub mod memory;
 pub mod metrics;
 pub mod pings;
 pub mod protection;
+pub mod rules;
 pub mod server;
 pub mod slow;
 pub mod startup;

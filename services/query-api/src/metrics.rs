@@ -83,6 +83,8 @@ pub struct Metrics {
     answered: [OnceLock<Histogram>; AnsweredSeries::COUNT],
     answers: Answers,
     calls: Arc<CallMetrics>,
+    /// Matched requests' latency by second, for live rules' canary verdicts.
+    window: Arc<crate::rules::window::RequestWindow>,
 }
 
 /// `route` is the matched path template, never the raw path: one series per route, however many
@@ -274,7 +276,29 @@ impl Metrics {
             answered: std::array::from_fn(|_| OnceLock::new()),
             answers,
             calls,
+            window: Arc::new(crate::rules::window::RequestWindow::new(
+                crate::rules::window::KEPT_SECONDS,
+            )),
         }
+    }
+
+    /// Where finished requests' latency is kept by second (live rules' canary figures).
+    pub fn request_window(&self) -> Arc<crate::rules::window::RequestWindow> {
+        Arc::clone(&self.window)
+    }
+
+    /// Items answered since start: (complete, degraded, failed).
+    pub fn answer_totals(&self) -> (u64, u64, u64) {
+        (
+            self.answers.complete.get(),
+            self.answers.degraded.get(),
+            self.answers.failed.get(),
+        )
+    }
+
+    /// Adds live rules' version and apply counters, read at scrape time.
+    pub fn collect_rules(&mut self, rules: Arc<crate::rules::manager::Rules>) {
+        self.registry.register_collector(Box::new(RulesCollector(rules)));
     }
 
     /// The observer every dependency guard reports its calls to.
@@ -312,6 +336,9 @@ impl Metrics {
             degraded,
         };
         let seconds = elapsed.as_secs_f64();
+        if matches!(route, Route::Matched(_)) {
+            self.window.record(elapsed);
+        }
         match AnsweredSeries::index(&labels) {
             Some(index) => self.answered[index]
                 .get_or_init(|| self.requests.get_or_create(&labels).clone())
@@ -1007,6 +1034,40 @@ impl Collector for StateCollector {
         self.encode_events(&mut encoder)?;
         self.encode_warm_jobs(&mut encoder)?;
         encode_memory(&mut encoder)
+    }
+}
+
+/// `rebate_rules_version` and `rebate_rules_applied_total{outcome}`: live rules on this
+/// instance.
+#[derive(Debug)]
+struct RulesCollector(Arc<crate::rules::manager::Rules>);
+
+impl Collector for RulesCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+        let rules = &self.0;
+        single_gauge(
+            &mut encoder,
+            "rebate_rules_version",
+            "The live rule set version this instance runs (0: the config file's values).",
+            rules.applied().version,
+        )?;
+        let counters_of = &rules.counters;
+        counters(
+            &mut encoder,
+            "rebate_rules_applied",
+            "Rule set versions this instance switched to, by outcome: applied, invalid (the version does not check against this instance's config file; the last one stays), store_failed (a poll could not read the store).",
+            [
+                ("applied", &counters_of.applied),
+                ("invalid", &counters_of.invalid),
+                ("store_failed", &counters_of.store_failed),
+            ]
+            .map(|(outcome, count)| {
+                (
+                    [("outcome", outcome)],
+                    count.load(std::sync::atomic::Ordering::Relaxed),
+                )
+            }),
+        )
     }
 }
 

@@ -61,6 +61,13 @@ pub enum ErrorCode {
     UnsupportedContentEncoding,
     /// This listener, or this peer address, holds as many connections as it is allowed.
     TooManyConnections,
+    /// A live rule set, or a request about one, is wrong; the error's `field` names the key.
+    InvalidRule,
+    /// No rule set of this version.
+    RuleSetNotFound,
+    /// The rule set is not in a state that allows the change (a canary already under way, a
+    /// version already active, …).
+    RuleConflict,
     /// A bug; details are only in the logs.
     Internal,
 }
@@ -69,6 +76,9 @@ impl ErrorCode {
     pub const fn as_str(self) -> &'static str {
         match self {
             ErrorCode::InvalidPlatform => "invalid_platform",
+            ErrorCode::InvalidRule => "invalid_rule",
+            ErrorCode::RuleSetNotFound => "rule_set_not_found",
+            ErrorCode::RuleConflict => "rule_conflict",
             ErrorCode::InvalidItemId => "invalid_item_id",
             ErrorCode::InvalidBody => "invalid_body",
             ErrorCode::InvalidBatchSize => "invalid_batch_size",

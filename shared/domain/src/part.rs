@@ -67,6 +67,15 @@ impl<T> PerPart<T> {
         }
     }
 
+    pub fn get_mut(&mut self, part: PartKind) -> &mut T {
+        match part {
+            PartKind::Product => &mut self.product,
+            PartKind::Rate => &mut self.rate,
+            PartKind::Coupons => &mut self.coupons,
+            PartKind::Extras => &mut self.extras,
+        }
+    }
+
     /// Each part with its value, in [`PartKind::ALL`] order.
     pub fn iter(&self) -> impl Iterator<Item = (PartKind, &T)> {
         PartKind::ALL.into_iter().map(|part| (part, self.get(part)))

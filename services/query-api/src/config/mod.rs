@@ -138,6 +138,81 @@ pub struct Settings {
     pub observability: ObservabilitySettings,
     pub engine: EngineSettings,
     pub log: LogSettings,
+    pub rules: RulesSettings,
+}
+
+/// `[rules]`: live rule sets (`crate::rules`): how often an instance looks for a new version,
+/// how large a document may be, how a canary is judged, and the file's hard ceilings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RulesSettings {
+    /// How often every instance reads the active version and reports its own (the bus's
+    /// announcement is the fast path; this heals a missed one).
+    pub poll_interval_ms: u64,
+    /// The largest document, as JSON.
+    pub max_document_bytes: usize,
+    pub canary: CanarySettings,
+    /// Numeric live keys an operator may not raise above these values at runtime, e.g.
+    /// `"resilience.coupons.quota_per_sec" = 45.0` (the provider's contract).
+    #[serde(default)]
+    pub ceilings: std::collections::BTreeMap<String, f64>,
+}
+
+/// `[rules.canary]`: the margins within which a canary is promoted.
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CanarySettings {
+    /// The observation window when a rollout names none, and its bounds.
+    pub observe_secs: u64,
+    pub max_observe_secs: u64,
+    /// Requests the canary instances must have answered in the window for a verdict on figures;
+    /// fewer, and the window is extended once, then the canary is promoted on no evidence of
+    /// harm only if `promote_without_traffic`.
+    pub min_requests: u64,
+    pub promote_without_traffic: bool,
+    /// The canary's business success ratio may fall at most this far below the baseline's.
+    pub max_success_drop: f64,
+    /// The canary's p99 may be at most this many times the baseline's, plus `p99_slack_ms`.
+    pub max_p99_ratio: f64,
+    pub p99_slack_ms: u64,
+    /// Breaker trips per canary instance beyond the baseline's, per instance.
+    pub max_extra_trips: f64,
+    /// How many levels the canary's highest shed level may stand above the baseline's.
+    pub max_shed_level_rise: u8,
+}
+
+impl RulesSettings {
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_millis(self.poll_interval_ms)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        ensure_in("rules.poll_interval_ms", self.poll_interval_ms, 100..=60_000)?;
+        ensure_in(
+            "rules.max_document_bytes",
+            self.max_document_bytes,
+            1024..=1_048_576,
+        )?;
+        let canary = &self.canary;
+        // A verdict compares a window with as long a span before it: both must fit in the
+        // seconds the request window keeps.
+        ensure_in(
+            "rules.canary.max_observe_secs",
+            canary.max_observe_secs,
+            1..=(crate::rules::window::KEPT_SECONDS as u64 / 2),
+        )?;
+        ensure_in(
+            "rules.canary.observe_secs",
+            canary.observe_secs,
+            1..=canary.max_observe_secs,
+        )?;
+        ensure_in("rules.canary.min_requests", canary.min_requests, 0..=10_000_000)?;
+        ensure_in("rules.canary.max_success_drop", canary.max_success_drop, 0.0..=1.0)?;
+        ensure_in("rules.canary.max_p99_ratio", canary.max_p99_ratio, 1.0..=100.0)?;
+        ensure_in("rules.canary.p99_slack_ms", canary.p99_slack_ms, 0..=60_000)?;
+        ensure_in("rules.canary.max_extra_trips", canary.max_extra_trips, 0.0..=1000.0)?;
+        ensure_in("rules.canary.max_shed_level_rise", canary.max_shed_level_rise, 0..=3)
+    }
 }
 
 /// `[engine]`.
@@ -926,6 +1001,10 @@ impl Settings {
             part.validate(PART_SECTIONS[kind])?;
         }
         self.resilience.validate()?;
+        self.rules.validate()?;
+        crate::rules::check_ceilings(self, &self.rules.ceilings).map_err(|error| {
+            invalid("rules.ceilings", error.to_string())
+        })?;
         self.validate_observability()?;
         self.validate_store_and_tiers()
     }

@@ -46,6 +46,11 @@ const OPTIONAL: &[(&[&str], &str, &str)] = &[
         "quota_burst",
         "Optional: the quota's burst (with quota_per_sec).",
     ),
+    (
+        &["resilience.shedding"],
+        "pinned_level",
+        "Optional: a shed level (0-3) held whatever the load, as PUT /admin/v1/shedding pins one; meant for a rule set (a sale's first minutes at level 1).",
+    ),
 ];
 
 const DEPENDENCIES: &[&str] = &[
@@ -68,6 +73,11 @@ pub struct Entry {
 impl Entry {
     /// The environment variable that overrides it: `REBATE__HTTP__CORS__MAX_AGE_SECS`.
     pub fn env(&self) -> String {
+        // A quoted key holds dots of its own (`rules.ceilings."resilience.coupons.quota_per_sec"`):
+        // no variable name can spell it.
+        if self.key.contains('"') {
+            return "(file only)".to_owned();
+        }
         format!(
             "REBATE__{}",
             self.key.replace('.', "__").to_ascii_uppercase()
@@ -181,15 +191,23 @@ pub fn render() -> String {
          values stop the service at start with a message naming the key. A list is given to an \
          environment variable in TOML, e.g. \
          `REBATE__HTTP__CORS__ALLOWED_ORIGINS='[\"https://h5.example.com\"]'`.\n\n\
-         | key | default | environment variable | what it does |\n\
-         | --- | --- | --- | --- |\n",
+         Keys marked **live** may also be changed while the fleet runs, by a rule set \
+         (`POST /admin/v1/rules`, `rebatectl rules apply`, the dashboard): a JSON document of \
+         these sections' names over this file, applied by every instance in one swap. The rest \
+         take a restart. `[rules.ceilings]` caps what a rule set may raise a live key to.\n\n\
+         | key | default | live | environment variable | what it does |\n\
+         | --- | --- | --- | --- | --- |\n",
     );
+    let live = super::Settings::defaults()
+        .map(|settings| crate::rules::LiveSettings::of(&settings).leaves())
+        .unwrap_or_default();
     for entry in entries() {
         let _ = writeln!(
             out,
-            "| `{}` | `{}` | `{}` | {} |",
+            "| `{}` | `{}` | {} | `{}` | {} |",
             entry.key,
             entry.default.replace('|', "\\|"),
+            if live.contains_key(&entry.key) { "live" } else { "" },
             entry.env(),
             entry.description.replace('|', "\\|"),
         );
@@ -221,7 +239,12 @@ mod tests {
                 "{} has no description",
                 entry.key
             );
-            assert!(entry.env().starts_with("REBATE__"));
+            // Only a quoted key (a ceiling's dotted name) has no variable, and says so.
+            if entry.key.contains('"') {
+                assert_eq!(entry.env(), "(file only)", "{}", entry.key);
+            } else {
+                assert!(entry.env().starts_with("REBATE__"), "{}", entry.key);
+            }
         }
         let cors = entries
             .iter()
@@ -241,6 +264,7 @@ mod tests {
                 "quota_per_sec" => "50.0",
                 // A burst needs its rate.
                 "quota_burst" => "100\nquota_per_sec = 50.0",
+                "pinned_level" => "1",
                 _ => "100",
             };
             let mut file = tempfile::NamedTempFile::new().unwrap();

@@ -32,7 +32,7 @@ pub struct ResilienceSettings {
 /// `[resilience.admission_wait]`: which deferrable classes wait for admission when the service
 /// is over its limit, how many at once and for how long (`rebate_resilience::AdmissionQueue`).
 /// Page requests never wait: their section has no keys.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AdmissionWaitSettings {
     /// Prefetches waiting at once (0: refused at once when over the limit).
@@ -191,6 +191,10 @@ pub struct SheddingSettings {
     /// Level 3 answers misses 503 with a `Retry-After` drawn uniformly from this range.
     pub retry_after_min_secs: u32,
     pub retry_after_max_secs: u32,
+    /// A level (0–3) held whatever the load, as `POST /admin/v1/shed-level` pins one; unset:
+    /// follow the load. Meant for live rules (a sale's first minutes at level 1).
+    #[serde(default)]
+    pub pinned_level: Option<u8>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -440,6 +444,9 @@ impl ResilienceSettings {
                     shedding.retry_after_min_secs, shedding.retry_after_max_secs
                 ),
             ));
+        }
+        if let Some(level) = shedding.pinned_level {
+            ensure_in("resilience.shedding.pinned_level", level, 0..=3)?;
         }
         self.admission_wait.validate()?;
         let client = &self.client_limit;

@@ -103,6 +103,15 @@ pub enum ApiError {
          is not accepted; send it uncompressed"
     )]
     UnsupportedContentEncoding,
+    /// 400: a rule set (or its request) is wrong; `field` names the key at fault.
+    #[error("{field}: {reason}")]
+    InvalidRule { field: String, reason: String },
+    /// 404: no rule set of this version.
+    #[error("no rule set version {0}")]
+    RuleSetNotFound(u64),
+    /// 409: the rule set is not in a state that allows the change.
+    #[error("{0}")]
+    RuleConflict(String),
     /// 500: a bug. The cause is logged, never sent.
     #[error("internal error")]
     Internal,
@@ -114,6 +123,8 @@ pub enum ApiError {
 pub struct ErrorBody {
     pub code: ErrorCode,
     pub message: String,
+    /// The key at fault, for errors about one (`invalid_rule`).
+    pub field: Option<String>,
 }
 
 impl ApiError {
@@ -126,12 +137,15 @@ impl ApiError {
             | ApiError::InvalidClientId(_)
             | ApiError::InvalidRequestClass(_)
             | ApiError::InvalidQuery(_)
+            | ApiError::InvalidRule { .. }
             | ApiError::InvalidHost(_)
             | ApiError::InvalidTransferEncoding(_) => StatusCode::BAD_REQUEST,
             ApiError::ItemNotFound(_)
             | ApiError::RouteNotFound
             | ApiError::NotRecorded
-            | ApiError::JobNotFound => StatusCode::NOT_FOUND,
+            | ApiError::JobNotFound
+            | ApiError::RuleSetNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::RuleConflict(_) => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -179,6 +193,9 @@ impl ApiError {
             ApiError::NotRecorded => ErrorCode::NotRecorded,
             ApiError::JobNotFound => ErrorCode::JobNotFound,
             ApiError::Timeout => ErrorCode::Timeout,
+            ApiError::InvalidRule { .. } => ErrorCode::InvalidRule,
+            ApiError::RuleSetNotFound(_) => ErrorCode::RuleSetNotFound,
+            ApiError::RuleConflict(_) => ErrorCode::RuleConflict,
             ApiError::Internal => ErrorCode::Internal,
         }
     }
@@ -187,6 +204,10 @@ impl ApiError {
         ErrorBody {
             code: self.code(),
             message: self.to_string(),
+            field: match self {
+                ApiError::InvalidRule { field, .. } => Some(field.clone()),
+                _ => None,
+            },
         }
     }
 

@@ -367,7 +367,7 @@ struct BatchError {
 
 impl From<&ApiError> for BatchError {
     fn from(error: &ApiError) -> Self {
-        let ErrorBody { code, message } = error.body();
+        let ErrorBody { code, message, .. } = error.body();
         Self {
             code,
             message,

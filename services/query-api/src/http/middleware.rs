@@ -36,6 +36,8 @@ struct ErrorEnvelope<'a> {
 struct ErrorJson<'a> {
     code: rebate_domain::ErrorCode,
     message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'a str>,
 }
 
 /// What the API's trace layer needs beyond the trace id: where slow requests are recorded.
@@ -234,6 +236,7 @@ impl Traced {
                 error: ErrorJson {
                     code: error.code,
                     message: &error.message,
+                    field: error.field.as_deref(),
                 },
                 trace_id,
             };
