@@ -219,6 +219,11 @@ async fn body_rejections_name_the_field_not_a_type() {
             "rate_changed",
         ),
         (json!([]), "`kind`"),
+        // Only the service announces rule changes, whatever else the body holds.
+        (
+            json!({"kind": "rules_changed", "version": 3}),
+            "kind: `rules_changed` is announced by the service itself",
+        ),
     ];
     for (body, named) in events {
         let response = app

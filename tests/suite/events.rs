@@ -108,6 +108,27 @@ async fn malformed_events_are_dead_lettered_and_the_bus_keeps_going() {
     app.stop().await;
 }
 
+/// The service's own announcement of a live-rules version reaches the application's state
+/// (where the rules reader waits on it) and no cache.
+#[tokio::test]
+async fn a_rules_announcement_reaches_the_application_state() {
+    let app = spawn_app().await;
+    let bus = app.state.events.in_process().expect("embedded profile");
+    let mut announcements = app.state.rules_announcements.clone();
+    assert_eq!(*announcements.borrow_and_update(), 0);
+    let loads = app.rate_loads();
+    let announcement =
+        InvalidationEvent::rules_changed(EventId::generate(), 7, Timestamp::now()).unwrap();
+    bus.publish(&announcement).await.unwrap();
+    bus.settled().await;
+
+    assert!(announcements.has_changed().unwrap());
+    assert_eq!(*announcements.borrow_and_update(), 7);
+    assert!(bus.dead_letters().is_empty(), "{:?}", bus.dead_letters());
+    assert_eq!(app.rate_loads(), loads);
+    app.stop().await;
+}
+
 fn fenced_writes_refused(app: &TestApp) -> u64 {
     let parts = app.state.engine.parts();
     [

@@ -181,7 +181,8 @@ impl ConsistencyObserver {
         })
     }
 
-    /// Schedules the checks of one applied event (if sampled and store-backed parts changed).
+    /// Schedules the checks of one applied event (if sampled and store-backed parts changed;
+    /// an event that names no items, such as a rules announcement, has nothing to check).
     pub fn observe(self: &Arc<Self>, event: &InvalidationEvent) {
         let fences: Vec<(PartKind, u64)> = event
             .fences(Timestamp::now())
@@ -208,7 +209,7 @@ impl ConsistencyObserver {
         self.tasks.spawn(async move {
             let started = tokio::time::Instant::now();
             // Per item and part: whether its being ahead of the store was logged already.
-            let mut ahead_reported = vec![false; event.keys().len() * fences.len()];
+            let mut ahead_reported = vec![false; event.item_ids().len() * fences.len()];
             for (index, window) in observer.settings.windows.iter().enumerate() {
                 tokio::select! {
                     () = tokio::time::sleep_until(started + *window) => {}
@@ -789,5 +790,21 @@ mod tests {
         for (index, outcome) in Outcome::ALL.iter().enumerate() {
             assert_eq!(*outcome as usize, index);
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rules_announcement_is_not_observed() {
+        let observed = observed();
+        let announcement = InvalidationEvent::rules_changed(
+            EventId::parse("rules-9").expect("valid id"),
+            9,
+            Timestamp::now(),
+        )
+        .expect("valid announcement");
+        observed.observer.observe(&announcement);
+
+        let report = observed.finish().await;
+        assert_eq!(counts(&report), [(0, 0, 0, 0); 3]);
+        assert_eq!((report.pending, report.skipped), (0, 0));
     }
 }

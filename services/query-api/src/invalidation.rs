@@ -25,6 +25,13 @@
 //! (`l2_fresh_secs`) or a newer event fences it, which the abandonment log line says. When Redis
 //! answers but already holds a newer or equal version, the fence counts as applied (the
 //! server-side fence refuses the older write) and the event is acknowledged.
+//!
+//! # Rules announcements
+//! A `rules_changed` event names no item and touches no cache: its broadcast delivery publishes
+//! its version on [`Invalidator::rules_announcements`] (the highest seen, never lowered), so that
+//! the live-rules reader re-reads the store at once instead of at its next poll; its shared
+//! delivery has nothing to do and succeeds at once. An announcement this instance misses (a
+//! broker outage) is caught by that poll.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +40,7 @@ use async_trait::async_trait;
 use rebate_domain::Timestamp;
 use rebate_engine::{QueryEngine, ShedLevel};
 use rebate_events::{Deduplicator, EventHandler, HandlerError, InvalidationEvent};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -62,6 +70,9 @@ pub struct Invalidator {
     consistency: Option<Arc<ConsistencyObserver>>,
     settings: InvalidationConfig,
     applied: Deduplicator,
+    /// The highest live-rules version announced on the bus (0: none yet), for the rules reader
+    /// to wake on rather than wait for its next poll.
+    rules_announcements: watch::Sender<u64>,
     /// Re-warms run here, stopped with the service.
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -82,9 +93,28 @@ impl Invalidator {
             consistency,
             settings,
             applied: Deduplicator::new(100_000, Duration::from_secs(3_600)),
+            rules_announcements: watch::Sender::new(0),
             tasks,
             shutdown,
         })
+    }
+
+    /// The highest live-rules version announced by a `rules_changed` event since start (0 until
+    /// the first); it changes only upwards. Each call gives a new receiver.
+    pub fn rules_announcements(&self) -> watch::Receiver<u64> {
+        self.rules_announcements.subscribe()
+    }
+
+    /// Publishes an announced rule set version unless a version at least as high was seen.
+    fn announce_rules(&self, version: u64) {
+        let raised = self.rules_announcements.send_if_modified(|highest| {
+            let newer = version > *highest;
+            if newer {
+                *highest = version;
+            }
+            newer
+        });
+        tracing::debug!(version, raised, "live-rules change announced");
     }
 
     /// Fences every affected part of every item: L1 always, L2 too when `through_l2`. Stops at
@@ -121,6 +151,10 @@ impl Invalidator {
 #[async_trait]
 impl EventHandler for Invalidator {
     async fn on_broadcast(&self, event: &InvalidationEvent) {
+        if !event.kind().names_items() {
+            self.announce_rules(event.version());
+            return;
+        }
         if event.kind().adds_to_bloom_filter()
             && let Some(filter) = self.engine.item_filter()
         {
@@ -156,6 +190,10 @@ impl EventHandler for Invalidator {
     }
 
     async fn on_shared(&self, event: &InvalidationEvent) -> Result<(), HandlerError> {
+        // A rules announcement touches no shared tier: its broadcast delivery did all there is.
+        if !event.kind().names_items() {
+            return Ok(());
+        }
         if !self.applied.first_time(event.event_id()) {
             return Ok(());
         }
@@ -189,7 +227,7 @@ mod tests {
     };
     use rebate_domain::{ItemId, ItemKey, PartKind, Platform};
     use rebate_engine::{EngineParts, PartTimeouts};
-    use rebate_events::{EventId, EventKind};
+    use rebate_events::{BusConfig, EventId, EventKind, EventPublisher, InProcessBus};
     use rebate_resilience::ManualTicker;
 
     use super::*;
@@ -327,5 +365,91 @@ mod tests {
             .await
             .expect("an older event is already covered by the newer fence");
         assert_eq!(tier.version_of(rate_key()), Some(9));
+    }
+
+    fn rules_changed(id: &str, version: u64) -> InvalidationEvent {
+        InvalidationEvent::rules_changed(
+            EventId::parse(id).expect("valid id"),
+            version,
+            Timestamp::now(),
+        )
+        .expect("valid announcement")
+    }
+
+    #[tokio::test]
+    async fn a_rules_announcement_reaches_every_instance_on_the_in_process_bus() {
+        let tier = Arc::new(MemoryTier::new());
+        let shutdown = CancellationToken::new();
+        let bus = InProcessBus::start(BusConfig::default(), shutdown.clone());
+        let instances: Vec<Arc<Invalidator>> = (0..3).map(|_| invalidator(&tier)).collect();
+        let _subscriptions: Vec<_> = instances
+            .iter()
+            .map(|instance| bus.subscribe(Arc::clone(instance) as Arc<dyn EventHandler>))
+            .collect();
+        let mut receivers: Vec<_> = instances
+            .iter()
+            .map(|instance| instance.rules_announcements())
+            .collect();
+        assert!(receivers.iter().all(|receiver| *receiver.borrow() == 0));
+
+        bus.publish(&rules_changed("rules-5", 5))
+            .await
+            .expect("queued");
+        bus.settled().await;
+        for receiver in &mut receivers {
+            assert!(receiver.has_changed().expect("sender alive"));
+            assert_eq!(*receiver.borrow_and_update(), 5);
+        }
+        let stats = bus.stats();
+        assert_eq!(stats.delivered_broadcast, 3);
+        assert_eq!(
+            stats.delivered_shared, 1,
+            "the shared delivery succeeds at once"
+        );
+        assert!(bus.dead_letters().is_empty(), "{:?}", bus.dead_letters());
+
+        // A late, older announcement changes nothing; a newer one is seen.
+        bus.publish(&rules_changed("rules-3", 3))
+            .await
+            .expect("queued");
+        bus.settled().await;
+        for receiver in &mut receivers {
+            assert!(!receiver.has_changed().expect("sender alive"));
+            assert_eq!(*receiver.borrow(), 5);
+        }
+        bus.publish(&rules_changed("rules-8", 8))
+            .await
+            .expect("queued");
+        bus.settled().await;
+        for receiver in &mut receivers {
+            assert_eq!(*receiver.borrow_and_update(), 8);
+        }
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_rules_announcement_touches_no_cache() {
+        let tier = Arc::new(MemoryTier::new());
+        let invalidator = invalidator(&tier);
+        // Even with Redis down, the shared delivery has nothing to fail on.
+        tier.set_failing(true);
+        let announcement = rules_changed("rules-2", 2);
+        invalidator.on_broadcast(&announcement).await;
+        invalidator
+            .on_shared(&announcement)
+            .await
+            .expect("nothing to do");
+        tier.set_failing(false);
+
+        assert_eq!(*invalidator.rules_announcements().borrow(), 2);
+        assert!(
+            invalidator
+                .engine
+                .parts()
+                .rate
+                .peek(&rate_key().item)
+                .is_none()
+        );
+        assert_eq!(tier.version_of(rate_key()), None);
     }
 }

@@ -55,6 +55,9 @@ pub struct AppShared {
     pub observer: Arc<RequestObserver>,
     /// Where operators' change events are published and received.
     pub events: EventBus,
+    /// The highest live-rules version announced on the event bus (0: none since start), from
+    /// this instance's event handler: the rules reader wakes on it instead of its next poll.
+    pub rules_announcements: tokio::sync::watch::Receiver<u64>,
     pub limits: Arc<HttpLimits>,
     /// The Prometheus registry: the API middleware records into it, `/metrics` encodes it.
     pub metrics: Arc<Metrics>,

@@ -12,7 +12,7 @@ use rebate_events::{
 use crate::{AmqpPublisher, DeliveryError, DeliveryHandler, QueueRole};
 
 /// Publishes [`InvalidationEvent`]s to the broker: encoded, signed when a key is configured, and
-/// routed as `invalidate.<platform>.<kind>` so operators can bind narrower queues later.
+/// routed by [`routing_key`] so operators can bind narrower queues later.
 #[derive(Debug, Clone)]
 pub struct AmqpEventPublisher {
     publisher: AmqpPublisher,
@@ -30,10 +30,20 @@ impl AmqpEventPublisher {
     }
 }
 
-/// The routing key an event is published with.
+/// The platform segment of [`routing_key`] for an event that names no platform
+/// (`rules_changed`): it concerns every platform. No platform is called that.
+pub const EVERY_PLATFORM: &str = "all";
+
+/// The routing key an event is published with: `invalidate.<platform>.<kind>`, the platform
+/// being [`EVERY_PLATFORM`] for an event that names none, so that a binding on `invalidate.#`
+/// (or `invalidate.*.<kind>`) receives every kind.
 #[must_use]
 pub fn routing_key(event: &InvalidationEvent) -> String {
-    format!("invalidate.{}.{}", event.platform(), event.kind().as_str())
+    let kind = event.kind().as_str();
+    match event.platform() {
+        Some(platform) => format!("invalidate.{platform}.{kind}"),
+        None => format!("invalidate.{EVERY_PLATFORM}.{kind}"),
+    }
 }
 
 #[async_trait]
@@ -166,6 +176,29 @@ mod tests {
         assert_eq!(
             incomplete.handle(QueueRole::Broadcast, &body(), None).await,
             Ok(())
+        );
+    }
+
+    #[test]
+    fn a_rules_announcement_is_routed_for_every_platform() {
+        let announcement =
+            InvalidationEvent::rules_changed(EventId::generate(), 3, Timestamp::now())
+                .expect("valid announcement");
+        assert_eq!(routing_key(&announcement), "invalidate.all.rules_changed");
+        let item_event = InvalidationEvent::new(
+            EventId::generate(),
+            EventKind::CouponsChanged,
+            Platform::Pdd,
+            vec![ItemId::from_u64(1)],
+            3,
+            Timestamp::now(),
+        )
+        .expect("valid event");
+        assert_eq!(routing_key(&item_event), "invalidate.pdd.coupons_changed");
+        assert!(
+            Platform::ALL
+                .iter()
+                .all(|platform| platform.as_str() != EVERY_PLATFORM)
         );
     }
 

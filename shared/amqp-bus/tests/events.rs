@@ -1,5 +1,6 @@
 //! The `rebate-events` adapter against the real RabbitMQ: signed events are applied; malformed
-//! and unsigned ones are dead-lettered with the contract's reason and code, and counted.
+//! and unsigned ones are dead-lettered with the contract's reason and code, and counted; a rules
+//! announcement reaches every instance.
 
 mod common;
 
@@ -21,12 +22,15 @@ use tokio_util::sync::CancellationToken;
 struct Applied {
     broadcast: Mutex<Vec<u64>>,
     shared: Mutex<Vec<u64>>,
+    /// The kinds of the broadcast deliveries, in order.
+    broadcast_kinds: Mutex<Vec<EventKind>>,
 }
 
 #[async_trait]
 impl EventHandler for Applied {
     async fn on_broadcast(&self, event: &InvalidationEvent) {
         self.broadcast.lock().unwrap().push(event.version());
+        self.broadcast_kinds.lock().unwrap().push(event.kind());
     }
 
     async fn on_shared(&self, event: &InvalidationEvent) -> Result<(), HandlerError> {
@@ -140,6 +144,90 @@ async fn signed_events_apply_and_bad_ones_are_dead_lettered_with_the_reason() {
             "{stats:?}"
         );
         bus.shutdown().await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rules_announcement_reaches_every_instance_and_one_naming_items_is_dead_lettered() {
+    isolated(isolated_settings("rules"), |settings| async move {
+        let key = SigningKey::new("0123456789abcdef0123").expect("key");
+        let policy = ValidationPolicy::production(
+            key.clone(),
+            std::time::Duration::from_secs(300),
+            Timestamp::now(),
+        );
+        let mut instances = Vec::new();
+        for id in ["a", "b"] {
+            let applied = Arc::new(Applied::default());
+            let handler = Arc::new(DecodingHandler::new(
+                Arc::clone(&applied) as Arc<dyn EventHandler>,
+                policy.clone(),
+            ));
+            let bus = AmqpBus::start(instance(&settings, id), handler, CancellationToken::new())
+                .expect("settings");
+            wait_until("bus to connect", || bus.is_ready()).await;
+            instances.push((bus, applied));
+        }
+        let publisher = AmqpEventPublisher::new(instances[0].0.publisher(), Some(key.clone()));
+
+        let announcement =
+            InvalidationEvent::rules_changed(EventId::generate(), 12, Timestamp::now())
+                .expect("valid announcement");
+        publisher
+            .publish(&announcement)
+            .await
+            .expect("publish the announcement");
+        // Correctly signed, but naming items: refused by the decoder on both queues it reaches.
+        let body = String::from_utf8(encode_event(&announcement))
+            .expect("utf-8")
+            .replace(r#""version""#, r#""item_ids":["1"],"version""#);
+        instances[0]
+            .0
+            .publish_bytes(
+                &routing_key(&announcement),
+                body.as_bytes(),
+                Some(&sign(body.as_bytes(), &key)),
+            )
+            .await
+            .expect("publish the announcement with items");
+
+        wait_until("the announcement reached every instance", || {
+            instances.iter().all(|(_, applied)| {
+                *applied.broadcast_kinds.lock().unwrap() == [EventKind::RulesChanged]
+                    && *applied.broadcast.lock().unwrap() == [12]
+            })
+        })
+        .await;
+        let dead_lettered = || {
+            instances
+                .iter()
+                .map(|(bus, _)| bus.stats().dead_lettered)
+                .sum::<u64>()
+        };
+        wait_until("the announcement with items dead-lettered", || {
+            dead_lettered() == 3
+        })
+        .await;
+        let shared: Vec<u64> = instances
+            .iter()
+            .flat_map(|(_, applied)| applied.shared.lock().unwrap().clone())
+            .collect();
+        assert_eq!(shared, [12], "one instance took the shared delivery");
+
+        let dead = drain_dead_letters(&settings).await;
+        assert_eq!(dead.len(), 3, "{dead:?}");
+        for letter in &dead {
+            assert_eq!(letter.code, "field_not_allowed", "{letter:?}");
+            assert_eq!(
+                letter.reason,
+                "`item_ids` is not allowed on a rules_changed event: it names no items"
+            );
+            assert_eq!(letter.original_routing_key, "invalidate.all.rules_changed");
+        }
+        for (bus, _) in instances {
+            bus.shutdown().await;
+        }
     })
     .await;
 }

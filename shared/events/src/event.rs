@@ -87,7 +87,6 @@ impl<'de> Deserialize<'de> for EventId {
 
 /// What changed upstream. The kind decides which cached parts become stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case", expecting = "an event kind")]
 pub enum EventKind {
     /// The commission rate changed.
@@ -102,15 +101,20 @@ pub enum EventKind {
     /// The item left the platform: its product row changed status (and version). The item then
     /// answers 404 from its product part; its other parts are unchanged.
     ItemDelisted,
+    /// A live-rules set reached a new version (the event's `version`): every instance re-reads
+    /// its rules from the store now rather than at its next poll. It names no platform and no
+    /// item and touches no cache. Only the service announces it, never an operator.
+    RulesChanged,
 }
 
 impl EventKind {
-    pub const ALL: [EventKind; 5] = [
+    pub const ALL: [EventKind; 6] = [
         EventKind::RateChanged,
         EventKind::ProductChanged,
         EventKind::CouponsChanged,
         EventKind::ItemCreated,
         EventKind::ItemDelisted,
+        EventKind::RulesChanged,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -120,7 +124,14 @@ impl EventKind {
             EventKind::CouponsChanged => "coupons_changed",
             EventKind::ItemCreated => "item_created",
             EventKind::ItemDelisted => "item_delisted",
+            EventKind::RulesChanged => "rules_changed",
         }
+    }
+
+    /// Whether events of this kind name a platform and 1 to [`MAX_ITEMS_PER_EVENT`] items.
+    /// Every kind does but `rules_changed`, which names neither (and operators may not publish).
+    pub const fn names_items(self) -> bool {
+        !matches!(self, EventKind::RulesChanged)
     }
 
     /// The cached parts this kind makes stale, i.e. what the consumer must fence.
@@ -130,6 +141,7 @@ impl EventKind {
             EventKind::ProductChanged | EventKind::ItemDelisted => &[PartKind::Product],
             EventKind::CouponsChanged => &[PartKind::Coupons],
             EventKind::ItemCreated => &[PartKind::Product, PartKind::Rate, PartKind::Extras],
+            EventKind::RulesChanged => &[],
         }
     }
 
@@ -157,25 +169,60 @@ impl fmt::Display for EventKind {
     }
 }
 
+/// The schema lists the kinds operators may publish (the admin API's request is its only use):
+/// `rules_changed` is the service's own announcement, refused from operators.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for EventKind {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+        ObjectBuilder::new()
+            .schema_type(SchemaType::Type(Type::String))
+            .description(Some(
+                "What changed upstream. The kind decides which cached parts become stale.",
+            ))
+            .enum_values(Some(
+                EventKind::ALL
+                    .into_iter()
+                    .filter(|kind| kind.names_items())
+                    .map(EventKind::as_str),
+            ))
+            .into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for EventKind {}
+
 /// A validated invalidation event. Every value of this type satisfies the contract: a valid id,
-/// 1 to [`MAX_ITEMS_PER_EVENT`] distinct item ids, a version in `1 ..=` [`MAX_VERSION`] and an
-/// `occurred_at`
-/// with whole-second precision (the wire carries seconds, so encode/decode round-trips exactly).
+/// a version in `1 ..=` [`MAX_VERSION`], an `occurred_at` with whole-second precision (the wire
+/// carries seconds, so encode/decode round-trips exactly), and
+/// - for a kind that [names items](EventKind::names_items): one platform and 1 to
+///   [`MAX_ITEMS_PER_EVENT`] distinct item ids;
+/// - for `rules_changed`: neither platform nor items; its version is the rule set's.
 ///
-/// Build one with [`InvalidationEvent::new`] or receive one from [`crate::decode_event`];
-/// turn it into bytes with [`crate::encode_event`].
+/// Build one with [`InvalidationEvent::new`] or [`InvalidationEvent::rules_changed`], or receive
+/// one from [`crate::decode_event`]; turn it into bytes with [`crate::encode_event`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidationEvent {
     event_id: EventId,
     kind: EventKind,
-    platform: Platform,
-    item_ids: Vec<ItemId>,
+    /// `None` exactly when the kind names no items.
+    items: Option<Items>,
     version: u64,
     occurred_at: Timestamp,
 }
 
+/// The items an item event is about: all of one platform.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Items {
+    platform: Platform,
+    /// 1 to [`MAX_ITEMS_PER_EVENT`], distinct.
+    ids: Vec<ItemId>,
+}
+
 impl InvalidationEvent {
-    /// Validates and builds an event; `occurred_at` is truncated to whole seconds.
+    /// Validates and builds an event about items; `occurred_at` is truncated to whole seconds.
+    /// A kind that names no items is refused: build those with their own constructor.
     pub fn new(
         event_id: EventId,
         kind: EventKind,
@@ -184,6 +231,9 @@ impl InvalidationEvent {
         version: u64,
         occurred_at: Timestamp,
     ) -> Result<Self, Rejection> {
+        if !kind.names_items() {
+            return Err(Rejection::FieldNotAllowed("platform"));
+        }
         if item_ids.is_empty() {
             return Err(Rejection::NoItems);
         }
@@ -196,21 +246,33 @@ impl InvalidationEvent {
         if let Some(duplicate) = item_ids.iter().find(|item_id| !seen.insert(**item_id)) {
             return Err(Rejection::DuplicateItemId(*duplicate));
         }
-        if version == 0 {
-            return Err(Rejection::VersionZero);
-        }
-        if version > MAX_VERSION {
-            return Err(Rejection::VersionTooLarge { version });
-        }
-        let millis = occurred_at.as_millis();
-        let whole_seconds = Timestamp::from_millis(millis - millis.rem_euclid(1_000));
+        check_version(version)?;
         Ok(Self {
             event_id,
             kind,
-            platform,
-            item_ids,
+            items: Some(Items {
+                platform,
+                ids: item_ids,
+            }),
             version,
-            occurred_at: whole_seconds,
+            occurred_at: whole_seconds(occurred_at),
+        })
+    }
+
+    /// The announcement that the live-rules set reached `version`; `occurred_at` is truncated
+    /// to whole seconds. Names no platform and no item.
+    pub fn rules_changed(
+        event_id: EventId,
+        version: u64,
+        occurred_at: Timestamp,
+    ) -> Result<Self, Rejection> {
+        check_version(version)?;
+        Ok(Self {
+            event_id,
+            kind: EventKind::RulesChanged,
+            items: None,
+            version,
+            occurred_at: whole_seconds(occurred_at),
         })
     }
 
@@ -222,16 +284,20 @@ impl InvalidationEvent {
         self.kind
     }
 
-    pub fn platform(&self) -> Platform {
-        self.platform
+    /// The platform of the items; `None` for a kind that names no items.
+    pub fn platform(&self) -> Option<Platform> {
+        self.items.as_ref().map(|items| items.platform)
     }
 
-    /// Distinct, in the order the publisher gave them.
+    /// Distinct, in the order the publisher gave them; empty for a kind that names no items.
     pub fn item_ids(&self) -> &[ItemId] {
-        &self.item_ids
+        self.items
+            .as_ref()
+            .map_or(&[], |items| items.ids.as_slice())
     }
 
-    /// The upstream data version after the change; compared to skip out-of-order events.
+    /// The upstream data version after the change (for `rules_changed`, the rule set's
+    /// version); compared to skip out-of-order events.
     pub fn version(&self) -> u64 {
         self.version
     }
@@ -240,11 +306,14 @@ impl InvalidationEvent {
         self.occurred_at
     }
 
-    /// The cache keys this event is about.
-    pub fn keys(&self) -> impl ExactSizeIterator<Item = ItemKey> + '_ {
-        self.item_ids
-            .iter()
-            .map(|item_id| ItemKey::new(self.platform, *item_id))
+    /// The cache keys this event is about (none for a kind that names no items).
+    pub fn keys(&self) -> impl Iterator<Item = ItemKey> + '_ {
+        self.items.iter().flat_map(|items| {
+            items
+                .ids
+                .iter()
+                .map(|item_id| ItemKey::new(items.platform, *item_id))
+        })
     }
 
     /// Shorthand for `self.kind().affected_parts()`.
@@ -259,7 +328,8 @@ impl InvalidationEvent {
     /// - for `item_created`: the product at the event's version, the rate at
     ///   [`FIRST_VERSION`] (past the not-found answer cached before the row existed, version 0),
     ///   and the extras at `applied_at` in milliseconds (extras carry the time they were
-    ///   fetched: anything fetched before the event is refused).
+    ///   fetched: anything fetched before the event is refused);
+    /// - for `rules_changed`: none.
     pub fn fences(&self, applied_at: Timestamp) -> impl Iterator<Item = Fence> + '_ {
         let fetched_before = u64::try_from(applied_at.as_millis()).unwrap_or(0);
         self.affected_parts().iter().map(move |part| Fence {
@@ -271,6 +341,23 @@ impl InvalidationEvent {
             },
         })
     }
+}
+
+/// Every event's version is in `1 ..=` [`MAX_VERSION`].
+fn check_version(version: u64) -> Result<(), Rejection> {
+    if version == 0 {
+        return Err(Rejection::VersionZero);
+    }
+    if version > MAX_VERSION {
+        return Err(Rejection::VersionTooLarge { version });
+    }
+    Ok(())
+}
+
+/// The wire carries whole seconds; so does every event, so that it round-trips exactly.
+fn whole_seconds(occurred_at: Timestamp) -> Timestamp {
+    let millis = occurred_at.as_millis();
+    Timestamp::from_millis(millis - millis.rem_euclid(1_000))
 }
 
 /// The lowest version of a stored row or upstream document; version 0 is what a part records
@@ -344,8 +431,86 @@ mod tests {
         assert!(EventKind::ItemCreated.adds_to_bloom_filter());
         assert!(!EventKind::ItemDelisted.adds_to_bloom_filter());
         assert_eq!(EventKind::ItemDelisted.affected_parts(), &[Product]);
+        assert_eq!(EventKind::RulesChanged.affected_parts(), &[]);
+        assert!(!EventKind::RulesChanged.adds_to_bloom_filter());
         for kind in EventKind::ALL {
             assert_eq!(kind.as_str().parse::<EventKind>().unwrap(), kind);
+            assert_eq!(
+                kind.names_items(),
+                kind != EventKind::RulesChanged,
+                "{kind}"
+            );
+        }
+    }
+
+    #[cfg(feature = "openapi")]
+    #[test]
+    fn the_openapi_schema_lists_only_the_kinds_operators_may_publish() {
+        let schema = serde_json::to_value(<EventKind as utoipa::PartialSchema>::schema()).unwrap();
+        assert_eq!(
+            schema,
+            serde_json::json!({
+                "description": "What changed upstream. The kind decides which cached parts become stale.",
+                "enum": ["rate_changed", "product_changed", "coupons_changed", "item_created", "item_delisted"],
+                "type": "string"
+            })
+        );
+    }
+
+    #[test]
+    fn a_rules_announcement_names_no_items_and_sets_no_fence() {
+        let event = InvalidationEvent::rules_changed(
+            EventId::parse("rules-7").unwrap(),
+            7,
+            Timestamp::from_millis(1_700_000_000_999),
+        )
+        .unwrap();
+        assert_eq!(event.kind(), EventKind::RulesChanged);
+        assert_eq!(event.version(), 7);
+        assert_eq!(event.occurred_at().as_millis(), 1_700_000_000_000);
+        assert_eq!(event.platform(), None);
+        assert!(event.item_ids().is_empty());
+        assert_eq!(event.keys().count(), 0);
+        assert_eq!(event.fences(Timestamp::from_millis(0)).count(), 0);
+
+        let rules = |version| {
+            InvalidationEvent::rules_changed(EventId::generate(), version, Timestamp::default())
+        };
+        assert_eq!(rules(0), Err(Rejection::VersionZero));
+        assert_eq!(
+            rules(MAX_VERSION + 1),
+            Err(Rejection::VersionTooLarge {
+                version: MAX_VERSION + 1
+            })
+        );
+        // Items (or a platform) cannot be given to it through the item events' constructor.
+        let with_items = InvalidationEvent::new(
+            EventId::generate(),
+            EventKind::RulesChanged,
+            Platform::Jd,
+            ids(&[1]),
+            7,
+            Timestamp::default(),
+        );
+        assert_eq!(with_items, Err(Rejection::FieldNotAllowed("platform")));
+        assert_eq!(
+            with_items.unwrap_err().to_string(),
+            "`platform` is not allowed on a rules_changed event: it names no items"
+        );
+    }
+
+    #[test]
+    fn every_item_kind_still_requires_its_items() {
+        for kind in EventKind::ALL.into_iter().filter(|kind| kind.names_items()) {
+            let event = InvalidationEvent::new(
+                EventId::generate(),
+                kind,
+                Platform::Pdd,
+                vec![],
+                1,
+                Timestamp::default(),
+            );
+            assert_eq!(event, Err(Rejection::NoItems), "{kind}");
         }
     }
 

@@ -2,11 +2,14 @@
 //!
 //! Contract: an event is versioned JSON (schema 1) naming what changed (`kind`), for which
 //! items of one platform, at which data version (`1 ..=` [`MAX_VERSION`], i.e. 2^53 − 1, so that
-//! every JSON reader sees the exact number) and when. Decoding is strict and total: any
-//! bytes yield either a valid [`InvalidationEvent`] or a [`Rejection`] whose text is the
-//! dead-letter reason, never a panic. In production a [`ValidationPolicy`] also requires an
-//! HMAC-SHA256 signature (carried beside the body) and refuses stale events. Duplicates and
-//! out-of-order events are harmless; [`Deduplicator`] and [`VersionGate`] merely save work.
+//! every JSON reader sees the exact number) and when. One kind names no items: `rules_changed`,
+//! the service's announcement that its live-rules set reached a version, which carries neither
+//! platform nor items and is otherwise signed, checked and delivered as any event. Decoding is
+//! strict and total: any bytes yield either a valid [`InvalidationEvent`] or a [`Rejection`]
+//! whose text is the dead-letter reason, never a panic. In production a [`ValidationPolicy`] also
+//! requires an HMAC-SHA256 signature (carried beside the body) and refuses stale events.
+//! Duplicates and out-of-order events are harmless; [`Deduplicator`] and [`VersionGate`] merely
+//! save work.
 //! This crate does no network I/O and knows nothing of RabbitMQ, HTTP or the cache tiers:
 //! broker adapters implement [`EventPublisher`] and drive [`EventHandler`]s; the embedded
 //! default is the [`InProcessBus`], which validates and delivers with the same semantics.

@@ -34,7 +34,7 @@ pub enum Rejection {
     #[error("{0}")]
     InvalidEventId(&'static str),
     #[error(
-        "unknown event kind {0:?}; expected one of rate_changed, product_changed, coupons_changed, item_created, item_delisted"
+        "unknown event kind {0:?}; expected one of rate_changed, product_changed, coupons_changed, item_created, item_delisted, rules_changed"
     )]
     UnknownKind(String),
     #[error("platform: {0}")]
@@ -47,6 +47,9 @@ pub enum Rejection {
     TooManyItems { count: usize },
     #[error("duplicate item id {0}")]
     DuplicateItemId(ItemId),
+    /// `platform` or `item_ids` on a `rules_changed` event, the one kind that names no items.
+    #[error("`{0}` is not allowed on a rules_changed event: it names no items")]
+    FieldNotAllowed(&'static str),
     #[error("version must be at least 1")]
     VersionZero,
     /// Above [`MAX_VERSION`] (2^53 − 1): JSON readers that use doubles would round it.
@@ -88,6 +91,7 @@ impl Rejection {
             Rejection::NoItems => "no_items",
             Rejection::TooManyItems { .. } => "too_many_items",
             Rejection::DuplicateItemId(_) => "duplicate_item_id",
+            Rejection::FieldNotAllowed(_) => "field_not_allowed",
             Rejection::VersionZero => "version_zero",
             Rejection::VersionTooLarge { .. } => "version_too_large",
             Rejection::InvalidOccurredAt(_) => "invalid_occurred_at",

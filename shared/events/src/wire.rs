@@ -4,6 +4,13 @@
 //! {"schema":1,"event_id":"…","kind":"rate_changed","platform":"taobao","item_ids":["100001"],"version":42,"occurred_at":"2026-11-30T12:00:00Z"}
 //! ```
 //!
+//! `rules_changed`, the one kind that names no items, carries neither `platform` nor `item_ids`
+//! (either one present is refused); every other kind requires both:
+//!
+//! ```json
+//! {"schema":1,"event_id":"…","kind":"rules_changed","version":7,"occurred_at":"2026-11-30T12:00:00Z"}
+//! ```
+//!
 //! The signature travels beside the body (an AMQP header or HTTP header, chosen by the adapter)
 //! as `sha256=<lowercase hex of HMAC-SHA256(secret, body bytes)>`, computed over the exact bytes.
 
@@ -145,8 +152,11 @@ struct OutgoingWireEvent<'a> {
     schema: u64,
     event_id: &'a EventId,
     kind: EventKind,
-    platform: Platform,
-    item_ids: &'a [ItemId],
+    /// Both absent exactly when the kind names no items.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    platform: Option<Platform>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    item_ids: Option<&'a [ItemId]>,
     version: u64,
     occurred_at: Timestamp,
 }
@@ -167,10 +177,24 @@ struct IncomingWireEvent {
     schema: u64,
     event_id: String,
     kind: String,
-    platform: String,
-    item_ids: Vec<String>,
+    /// Required of every kind but `rules_changed`, which refuses it (absent: `None`).
+    #[serde(default, deserialize_with = "present")]
+    platform: Option<String>,
+    /// As `platform`.
+    #[serde(default, deserialize_with = "present")]
+    item_ids: Option<Vec<String>>,
     version: u64,
     occurred_at: String,
+}
+
+/// A field that may be absent but, when present, holds a value: `null` is a wrong type, as it
+/// is for the fields every event requires.
+fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
 }
 
 /// The JSON body for `event` (schema [`SCHEMA_VERSION`], compact, no trailing newline).
@@ -180,7 +204,7 @@ pub fn encode_event(event: &InvalidationEvent) -> Vec<u8> {
         event_id: event.event_id(),
         kind: event.kind(),
         platform: event.platform(),
-        item_ids: event.item_ids(),
+        item_ids: event.kind().names_items().then(|| event.item_ids()),
         version: event.version(),
         occurred_at: event.occurred_at(),
     };
@@ -214,33 +238,59 @@ pub fn decode_event(
 
     let event_id = EventId::parse(&wire.event_id)?;
     let kind: EventKind = wire.kind.parse()?;
-    let platform: Platform = wire.platform.parse().map_err(Rejection::InvalidPlatform)?;
-    if wire.item_ids.len() > MAX_ITEMS_PER_EVENT {
+    let parse_occurred_at = |text: &str| {
+        Timestamp::parse_rfc3339(text)
+            .map_err(|error| Rejection::InvalidOccurredAt(error.to_string()))
+    };
+    let event = if kind.names_items() {
+        let platform = wire
+            .platform
+            .ok_or_else(|| Rejection::MissingField(String::from("platform")))?;
+        let item_ids = wire
+            .item_ids
+            .ok_or_else(|| Rejection::MissingField(String::from("item_ids")))?;
+        let (platform, item_ids) = parse_items(&platform, &item_ids)?;
+        let occurred_at = parse_occurred_at(&wire.occurred_at)?;
+        InvalidationEvent::new(
+            event_id,
+            kind,
+            platform,
+            item_ids,
+            wire.version,
+            occurred_at,
+        )?
+    } else {
+        if wire.platform.is_some() {
+            return Err(Rejection::FieldNotAllowed("platform"));
+        }
+        if wire.item_ids.is_some() {
+            return Err(Rejection::FieldNotAllowed("item_ids"));
+        }
+        let occurred_at = parse_occurred_at(&wire.occurred_at)?;
+        InvalidationEvent::rules_changed(event_id, wire.version, occurred_at)?
+    };
+
+    check_freshness(event.occurred_at(), policy)?;
+    Ok(event)
+}
+
+/// The platform and item ids of an item event, each parsed (their count checked first, so that
+/// an oversized list is not parsed at all).
+fn parse_items(platform: &str, item_ids: &[String]) -> Result<(Platform, Vec<ItemId>), Rejection> {
+    let platform: Platform = platform.parse().map_err(Rejection::InvalidPlatform)?;
+    if item_ids.len() > MAX_ITEMS_PER_EVENT {
         return Err(Rejection::TooManyItems {
-            count: wire.item_ids.len(),
+            count: item_ids.len(),
         });
     }
-    let item_ids = wire
-        .item_ids
+    let item_ids = item_ids
         .iter()
         .enumerate()
         .map(|(index, text)| {
             ItemId::parse(text).map_err(|error| Rejection::InvalidItemId { index, error })
         })
         .collect::<Result<Vec<ItemId>, Rejection>>()?;
-    let occurred_at = Timestamp::parse_rfc3339(&wire.occurred_at)
-        .map_err(|error| Rejection::InvalidOccurredAt(error.to_string()))?;
-    let event = InvalidationEvent::new(
-        event_id,
-        kind,
-        platform,
-        item_ids,
-        wire.version,
-        occurred_at,
-    )?;
-
-    check_freshness(event.occurred_at(), policy)?;
-    Ok(event)
+    Ok((platform, item_ids))
 }
 
 fn check_freshness(occurred_at: Timestamp, policy: &ValidationPolicy) -> Result<(), Rejection> {
@@ -307,6 +357,7 @@ mod tests {
     use serde_json::{Value, json};
 
     const SAMPLE_WIRE: &str = r#"{"schema":1,"event_id":"evt-1","kind":"rate_changed","platform":"taobao","item_ids":["100001"],"version":42,"occurred_at":"2026-11-30T12:00:00Z"}"#;
+    const RULES_WIRE: &str = r#"{"schema":1,"event_id":"rules-7","kind":"rules_changed","version":7,"occurred_at":"2026-11-30T12:00:00Z"}"#;
 
     fn at(text: &str) -> Timestamp {
         Timestamp::parse_rfc3339(text).unwrap()
@@ -332,9 +383,27 @@ mod tests {
         SigningKey::new("0123456789abcdef-shared-secret").unwrap()
     }
 
+    fn rules_sample() -> InvalidationEvent {
+        InvalidationEvent::rules_changed(
+            EventId::parse("rules-7").unwrap(),
+            7,
+            at("2026-11-30T12:00:00Z"),
+        )
+        .unwrap()
+    }
+
     /// The sample body with one change applied to its JSON.
     fn body_with(change: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Vec<u8> {
-        let mut value: Value = serde_json::from_str(SAMPLE_WIRE).unwrap();
+        changed(SAMPLE_WIRE, change)
+    }
+
+    /// The sample rules announcement with one change applied to its JSON.
+    fn rules_body_with(change: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Vec<u8> {
+        changed(RULES_WIRE, change)
+    }
+
+    fn changed(wire: &str, change: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Vec<u8> {
+        let mut value: Value = serde_json::from_str(wire).unwrap();
         change(value.as_object_mut().unwrap());
         serde_json::to_vec(&value).unwrap()
     }
@@ -348,6 +417,35 @@ mod tests {
         let body = encode_event(&sample());
         assert_eq!(std::str::from_utf8(&body).unwrap(), SAMPLE_WIRE);
         assert_eq!(decode_event(&body, None, &permissive()).unwrap(), sample());
+    }
+
+    #[test]
+    fn a_rules_announcement_travels_without_platform_or_items_and_round_trips() {
+        let body = encode_event(&rules_sample());
+        assert_eq!(std::str::from_utf8(&body).unwrap(), RULES_WIRE);
+        let decoded = decode_event(&body, None, &permissive()).unwrap();
+        assert_eq!(decoded, rules_sample());
+        assert_eq!(decoded.platform(), None);
+        assert!(decoded.item_ids().is_empty());
+
+        // Signed, and judged for freshness, like any event.
+        let signature = sign(&body, &key());
+        let policy =
+            |now: &str| ValidationPolicy::production(key(), Duration::from_secs(300), at(now));
+        assert_eq!(
+            decode_event(&body, Some(&signature), &policy("2026-11-30T12:01:00Z")).unwrap(),
+            rules_sample()
+        );
+        assert_eq!(
+            decode_event(&body, None, &policy("2026-11-30T12:01:00Z")),
+            Err(Rejection::SignatureMissing)
+        );
+        assert_eq!(
+            decode_event(&body, Some(&signature), &policy("2026-11-30T12:15:00Z"))
+                .unwrap_err()
+                .code(),
+            "too_old"
+        );
     }
 
     #[test]
@@ -411,7 +509,7 @@ mod tests {
                 body_with(|map| {
                     map.insert("kind".into(), json!("price_changed"));
                 }),
-                "unknown event kind \"price_changed\"; expected one of rate_changed, product_changed, coupons_changed, item_created, item_delisted",
+                "unknown event kind \"price_changed\"; expected one of rate_changed, product_changed, coupons_changed, item_created, item_delisted, rules_changed",
                 "unknown_kind",
             ),
             (
@@ -434,6 +532,65 @@ mod tests {
                 }),
                 "item_ids is empty",
                 "no_items",
+            ),
+            (
+                body_with(|map| {
+                    map.remove("item_ids");
+                }),
+                "missing field `item_ids`",
+                "missing_field",
+            ),
+            (
+                body_with(|map| {
+                    map.remove("platform");
+                }),
+                "missing field `platform`",
+                "missing_field",
+            ),
+            (
+                body_with(|map| {
+                    map.insert("kind".into(), json!("item_created"));
+                    map.remove("platform");
+                    map.remove("item_ids");
+                }),
+                "missing field `platform`",
+                "missing_field",
+            ),
+            (
+                rules_body_with(|map| {
+                    map.insert("platform".into(), json!("jd"));
+                    map.insert("item_ids".into(), json!(["100001"]));
+                }),
+                "`platform` is not allowed on a rules_changed event: it names no items",
+                "field_not_allowed",
+            ),
+            (
+                rules_body_with(|map| {
+                    map.insert("item_ids".into(), json!(["100001"]));
+                }),
+                "`item_ids` is not allowed on a rules_changed event: it names no items",
+                "field_not_allowed",
+            ),
+            (
+                rules_body_with(|map| {
+                    map.insert("item_ids".into(), json!([]));
+                }),
+                "`item_ids` is not allowed on a rules_changed event: it names no items",
+                "field_not_allowed",
+            ),
+            (
+                rules_body_with(|map| {
+                    map.insert("version".into(), json!(0));
+                }),
+                "version must be at least 1",
+                "version_zero",
+            ),
+            (
+                rules_body_with(|map| {
+                    map.insert("rule_set".into(), json!("default"));
+                }),
+                "unknown field `rule_set`",
+                "unknown_field",
             ),
             (
                 body_with(|map| {
@@ -503,7 +660,21 @@ mod tests {
         let as_string = body_with(|map| {
             map.insert("item_ids".into(), json!("100001"));
         });
-        for body in [negative, as_string, b"[]".to_vec(), b"42".to_vec()] {
+        // Null is not absence: a wrong type for an item event and for a rules announcement.
+        let null_platform = body_with(|map| {
+            map.insert("platform".into(), Value::Null);
+        });
+        let null_items = rules_body_with(|map| {
+            map.insert("item_ids".into(), Value::Null);
+        });
+        for body in [
+            negative,
+            as_string,
+            null_platform,
+            null_items,
+            b"[]".to_vec(),
+            b"42".to_vec(),
+        ] {
             assert_eq!(rejection_of(&body).code(), "wrong_type");
         }
         assert!(
@@ -636,6 +807,7 @@ mod tests {
         assert!(decode_event(&body, None, &permissive().at(at("2030-01-01T00:00:00Z"))).is_ok());
     }
 
+    /// Events of every kind; a kind that names no items ignores the platform and items drawn.
     fn valid_event() -> impl Strategy<Value = InvalidationEvent> {
         (
             "[A-Za-z0-9._:-]{1,64}",
@@ -646,13 +818,19 @@ mod tests {
             0i64..4_102_444_800,
         )
             .prop_map(|(event_id, kind, platform, item_ids, version, seconds)| {
+                let event_id = EventId::parse(&event_id).unwrap();
+                let occurred_at = Timestamp::from_millis(seconds * 1_000);
+                if !kind.names_items() {
+                    return InvalidationEvent::rules_changed(event_id, version, occurred_at)
+                        .unwrap();
+                }
                 InvalidationEvent::new(
-                    EventId::parse(&event_id).unwrap(),
+                    event_id,
                     kind,
                     platform,
                     item_ids.into_iter().map(ItemId::from_u64).collect(),
                     version,
-                    Timestamp::from_millis(seconds * 1_000),
+                    occurred_at,
                 )
                 .unwrap()
             })

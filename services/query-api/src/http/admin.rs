@@ -384,6 +384,7 @@ pub(super) async fn force_shedding(
     expecting = "an object with `kind`, `platform`, `item_ids` and `version`"
 )]
 pub(super) struct EventRequest {
+    #[serde(deserialize_with = "operator_kind")]
     kind: EventKind,
     platform: String,
     item_ids: Vec<String>,
@@ -391,6 +392,20 @@ pub(super) struct EventRequest {
     version: u64,
     #[serde(default)]
     event_id: Option<String>,
+}
+
+/// A kind an operator may publish: any but `rules_changed`, which only the service announces
+/// (a rule set is changed through the service, which tells every instance itself). Refused as
+/// soon as `kind` is read, so the answer names `kind` whatever else the body lacks.
+fn operator_kind<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<EventKind, D::Error> {
+    let kind = EventKind::deserialize(deserializer)?;
+    if !kind.names_items() {
+        return Err(serde::de::Error::custom(format_args!(
+            "`{kind}` is announced by the service itself when a rule set changes; operators \
+             cannot publish it"
+        )));
+    }
+    Ok(kind)
 }
 
 /// A non-negative whole number written as an integer or with a zero fraction (`411.0`): JSON
@@ -743,6 +758,38 @@ mod tests {
         for refused in ["411.5", "-1", "-1.0", "1e300", "\"7\"", "null"] {
             assert!(version(refused).is_err(), "{refused}");
         }
+    }
+
+    #[test]
+    fn operators_cannot_publish_a_rules_announcement() {
+        for body in [
+            r#"{"kind":"rules_changed","version":3}"#,
+            r#"{"kind":"rules_changed","platform":"jd","item_ids":["1"],"version":3}"#,
+        ] {
+            let rejection =
+                axum::Json::<EventRequest>::from_bytes(body.as_bytes()).expect_err("refused");
+            // What `ApiJson` answers as a 400 `invalid_body` with this text.
+            assert!(
+                matches!(
+                    rejection,
+                    axum::extract::rejection::JsonRejection::JsonDataError(_)
+                ),
+                "{body}"
+            );
+            let message = rejection.body_text();
+            assert!(
+                message.contains(
+                    "kind: `rules_changed` is announced by the service itself when a rule set \
+                     changes; operators cannot publish it"
+                ),
+                "{body}: {message}"
+            );
+        }
+        let item_event = serde_json::from_str::<EventRequest>(
+            r#"{"kind":"item_delisted","platform":"jd","item_ids":["1"],"version":3}"#,
+        )
+        .expect("an item kind is accepted");
+        assert_eq!(item_event.kind, EventKind::ItemDelisted);
     }
 
     #[test]

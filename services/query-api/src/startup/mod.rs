@@ -191,6 +191,7 @@ impl Application {
             tasks.clone(),
             shutdown.clone(),
         );
+        let rules_announcements = invalidator.rules_announcements();
         let (events, events_subscription) =
             EventBus::start(&settings.events, invalidator, shutdown.child_token())?;
         metrics.collect_from(StateCollector::new(
@@ -225,6 +226,7 @@ impl Application {
             observer: Arc::new(request_observer(&settings, &metrics, &slow_log, ticker)),
             slow_log,
             events,
+            rules_announcements,
             limits: Arc::new(http_limits(&settings)),
             metrics,
             lifecycle: Arc::new(Lifecycle::default()),

@@ -453,3 +453,61 @@ async fn the_dead_letter_ring_is_bounded() {
     assert_eq!(bodies, [b"b".to_vec(), b"c".to_vec()]);
     assert_eq!(bus.stats().dead_lettered, 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_signed_rules_announcement_reaches_every_subscriber_and_one_shared_handler() {
+    let progress = Arc::new(Notify::new());
+    let key = SigningKey::new("0123456789abcdef-shared-secret").unwrap();
+    let settings = BusConfig {
+        policy: ValidationPolicy::production(key, Duration::from_secs(300), Timestamp::default()),
+        ..BusConfig::default()
+    };
+    let (bus, _shutdown) = start(settings);
+    let handlers: Vec<Arc<RecordingHandler>> =
+        (0..3).map(|_| RecordingHandler::new(&progress)).collect();
+    let _subscriptions: Vec<Subscription> = handlers
+        .iter()
+        .map(|handler| bus.subscribe(Arc::clone(handler) as Arc<dyn EventHandler>))
+        .collect();
+
+    let announcement =
+        InvalidationEvent::rules_changed(EventId::parse("rules-3").unwrap(), 3, Timestamp::now())
+            .unwrap();
+    bus.publish(&announcement).await.unwrap();
+    bus.settled().await;
+
+    for handler in &handlers {
+        assert_eq!(handler.broadcasts(), ["rules-3"]);
+    }
+    let shared: Vec<String> = handlers
+        .iter()
+        .flat_map(|handler| handler.shared_successes())
+        .collect();
+    assert_eq!(shared, ["rules-3"], "exactly one shared delivery");
+    assert!(bus.dead_letters().is_empty(), "{:?}", bus.dead_letters());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rules_announcement_naming_items_is_dead_lettered_with_its_reason() {
+    let progress = Arc::new(Notify::new());
+    let (bus, _shutdown) = start(BusConfig::default());
+    let handler = RecordingHandler::new(&progress);
+    let _subscription = bus.subscribe(Arc::clone(&handler) as Arc<dyn EventHandler>);
+
+    let body = br#"{"schema":1,"event_id":"rules-4","kind":"rules_changed","platform":"jd","item_ids":["1"],"version":4,"occurred_at":"2026-11-30T12:00:00Z"}"#;
+    bus.publish_raw(body.to_vec(), None).unwrap();
+    bus.settled().await;
+
+    assert!(handler.broadcasts().is_empty());
+    let dead_letters = bus.dead_letters();
+    assert_eq!(dead_letters.len(), 1);
+    assert_eq!(dead_letters[0].code, "field_not_allowed");
+    assert_eq!(
+        dead_letters[0].reason,
+        "`platform` is not allowed on a rules_changed event: it names no items"
+    );
+    assert_eq!(
+        bus.stats().rejected_by_reason.get("field_not_allowed"),
+        Some(&1)
+    );
+}
