@@ -6,16 +6,21 @@
 //! optional per-item limit, [`HotItemLimit`]), so the part degrades to stale data or template
 //! text with the reason in the answer instead of waiting. The guard's own refusals are never
 //! recorded as the dependency's failures.
+//!
+//! Its values change in place ([`DependencyGuard::reconfigure`],
+//! [`DependencyGuard::reconfigure_hot_items`]): each part keeps its state (the breaker's state
+//! and window, the calls in flight, the tokens held, the retry budget's savings) and reads the
+//! new values at its next decision, one relaxed atomic load each.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use rebate_cache::{FailureKind, ItemKey, LoadContext, LoadFailure};
 use rebate_resilience::{
-    Backoff, BreakerConfig, BreakerSnapshot, BreakerState, Bulkhead, BulkheadSnapshot,
-    CircuitBreaker, RateConfig, RetryBudget, RetryConfig, Ticker,
+    BreakerConfig, BreakerSnapshot, BreakerState, Bulkhead, BulkheadSnapshot, CircuitBreaker,
+    RateConfig, RestartOnly, RetryBudget, RetryConfig, Ticker,
 };
 use rebate_telemetry::record_stage;
 use serde::Serialize;
@@ -116,21 +121,34 @@ pub struct DependencyGuard {
     bulkhead: Bulkhead,
     quota: Option<Quota>,
     hot_items: Option<HotItemLimit>,
-    retry: Option<(RetryConfig, RetryBudget, Backoff)>,
-    timeout: Option<Duration>,
+    /// The retry budget, which holds the per-request allowance and the back-off too.
+    retry: Option<RetryBudget>,
+    /// The attempt timeout in nanoseconds; [`NO_TIMEOUT`] when the client enforces its own.
+    timeout_nanos: AtomicU64,
     ticker: Arc<dyn Ticker>,
     counters: Counters,
     refusals: Refusals,
     observer: Option<Arc<dyn CallObserver>>,
+    /// Held by a reconfiguration, so that concurrent ones apply whole, one after the other.
+    reconfiguring: Mutex<()>,
 }
+
+/// `timeout_nanos` of a guard without an attempt timeout.
+const NO_TIMEOUT: u64 = u64::MAX;
 
 /// The details of the guard's own refusals, built once: refusing must cost no allocation, since
 /// an open breaker refuses every call.
 #[derive(Debug)]
 struct Refusals {
     breaker_open: Arc<str>,
-    bulkhead_full: Arc<str>,
+    /// Names the bound, so it is rebuilt when the bound changes; a full bulkhead's refusal
+    /// takes the read lock (no call that gets a slot does).
+    bulkhead_full: RwLock<Arc<str>>,
     quota: Arc<str>,
+}
+
+fn bulkhead_full(name: &str, max_concurrent: u32) -> Arc<str> {
+    format!("{name}: all {max_concurrent} slots for concurrent calls taken").into()
 }
 
 #[derive(Debug, Default)]
@@ -166,23 +184,94 @@ impl DependencyGuard {
                 .quota
                 .map(|rate| Quota::new(rate, settings.fleet_quota, name)),
             hot_items: None,
-            retry: settings
-                .retry
-                .map(|config| (config, RetryBudget::new(&config), Backoff::from(&config))),
-            timeout: settings.timeout,
+            retry: settings.retry.as_ref().map(RetryBudget::new),
+            timeout_nanos: AtomicU64::new(timeout_nanos(settings.timeout)),
             ticker,
             counters: Counters::default(),
             refusals: Refusals {
                 breaker_open: format!("{name}: circuit breaker open").into(),
-                bulkhead_full: format!(
-                    "{name}: all {} slots for concurrent calls taken",
-                    settings.max_concurrent
-                )
-                .into(),
+                bulkhead_full: RwLock::new(bulkhead_full(name, settings.max_concurrent)),
                 quota: format!("{name}: outbound quota spent").into(),
             },
             observer: None,
+            reconfiguring: Mutex::new(()),
         }
+    }
+
+    /// Applies `config` to the running guard; each part keeps its state and takes the new
+    /// values at its next decision:
+    /// - the breaker's thresholds, slow-call limit, cool-downs and probe stages
+    ///   ([`CircuitBreaker::reconfigure`]: its state, deadline and window are kept);
+    /// - the bulkhead's bound (`max_concurrent`, [`Bulkhead::resize`]: the calls in flight keep
+    ///   their slots, and above the new bound new calls are refused until enough end);
+    /// - the quota's rate: this instance's bucket keeps the tokens it holds; a fleet quota asks
+    ///   the fleet's bucket at the new rate from its next grant;
+    /// - the retry budget, the retries per request and the back-off
+    ///   ([`RetryBudget::reconfigure`]);
+    /// - the attempt timeout, for the attempts that start after the change.
+    ///
+    /// Restart-only, kept and named in the answer when `config` asks for another: the breaker's
+    /// `buckets` (a fixed array); whether the guard has a quota, draws it from the fleet, or
+    /// retries at all (`quota`, `fleet_quota`, `retry`: they give the guard its parts, which a
+    /// new guard would have to be built with); a fleet quota's lease settings and fleet handle
+    /// (`fleet_quota.max_lease`, `.retry_after_failure`, `.lease_ahead`, `.lease_ttl`,
+    /// `.tokens`). `config` should have passed the same validation as the one the guard was
+    /// built with.
+    pub fn reconfigure(&self, config: DependencyConfig) -> RestartOnly {
+        let _reconfiguring = self
+            .reconfiguring
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut restart_only = RestartOnly::default();
+        restart_only.nest("breaker", self.breaker.reconfigure(config.breaker));
+        self.resize_bulkhead(config.max_concurrent);
+        let fleet_asked = config
+            .fleet_quota
+            .as_ref()
+            .filter(|_| config.quota.is_some());
+        let fleet_in_force = self.quota.as_ref().and_then(Quota::fleet_config);
+        restart_only.note("quota", &self.quota.is_some(), &config.quota.is_some());
+        restart_only.note(
+            "fleet_quota",
+            &fleet_in_force.is_some(),
+            &fleet_asked.is_some(),
+        );
+        if let (Some(in_force), Some(asked)) = (fleet_in_force, fleet_asked) {
+            note_fleet_settings(&mut restart_only, in_force, asked);
+        }
+        if let (Some(quota), Some(rate)) = (&self.quota, config.quota) {
+            quota.set_rate(rate, self.ticker.now_nanos());
+        }
+        restart_only.note("retry", &self.retry.is_some(), &config.retry.is_some());
+        if let (Some(budget), Some(retry)) = (&self.retry, &config.retry) {
+            budget.reconfigure(retry);
+        }
+        self.timeout_nanos
+            .store(timeout_nanos(config.timeout), Ordering::Relaxed);
+        restart_only
+    }
+
+    /// Applies `config` to the per-item limit ([`HotItemLimit::reconfigure`]: every item keeps
+    /// its tokens; `max_items` is restart-only). A guard built without a per-item limit keeps
+    /// having none: `hot_items` is named in the answer.
+    pub fn reconfigure_hot_items(&self, config: HotItemConfig) -> RestartOnly {
+        let mut restart_only = RestartOnly::default();
+        match &self.hot_items {
+            Some(limit) => restart_only.nest("hot_items", limit.reconfigure(config)),
+            None => restart_only.fields.push("hot_items".to_owned()),
+        }
+        restart_only
+    }
+
+    /// Resizes the bulkhead and its refusal's text together.
+    fn resize_bulkhead(&self, max_concurrent: u32) {
+        let mut refusal = self
+            .refusals
+            .bulkhead_full
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.bulkhead.resize(max_concurrent);
+        *refusal = bulkhead_full(self.name, self.bulkhead.max());
     }
 
     /// Reports every attempt and refusal to `observer` (metrics).
@@ -294,9 +383,20 @@ impl DependencyGuard {
     /// the request's shed level. Measured from the attempt's start, not from the request's: a
     /// load shared by later callers must not be cut off by its starter's deadline.
     fn attempt_budget(&self, context: Option<&LoadContext>) -> Option<Duration> {
-        match (self.timeout, context.and_then(LoadContext::attempt_timeout)) {
+        match (
+            self.timeout(),
+            context.and_then(LoadContext::attempt_timeout),
+        ) {
             (Some(timeout), Some(part)) => Some(timeout.min(part)),
             (timeout, part) => timeout.or(part),
+        }
+    }
+
+    /// The attempt timeout in force.
+    fn timeout(&self) -> Option<Duration> {
+        match self.timeout_nanos.load(Ordering::Relaxed) {
+            NO_TIMEOUT => None,
+            nanos => Some(Duration::from_nanos(nanos)),
         }
     }
 
@@ -368,9 +468,13 @@ impl DependencyGuard {
         let _slot = self.bulkhead.try_acquire().map_err(|_| {
             bump(&counters.rejected_bulkhead);
             self.observe(CallOutcome::BulkheadFull, Duration::ZERO);
+            let detail = refusals
+                .bulkhead_full
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
             AttemptFailure::permanent(LoadFailure::new(
                 FailureKind::BulkheadFull,
-                Arc::clone(&refusals.bulkhead_full),
+                Arc::clone(&detail),
             ))
         })?;
         if let Some(quota) = &self.quota
@@ -383,7 +487,7 @@ impl DependencyGuard {
                 Arc::clone(&refusals.quota),
             )));
         }
-        if first && let Some((_, budget, _)) = &self.retry {
+        if first && let Some(budget) = &self.retry {
             budget.deposit();
         }
         bump(&counters.attempts);
@@ -430,11 +534,11 @@ impl DependencyGuard {
         budget: Option<Duration>,
         context: Option<&LoadContext>,
     ) -> Option<Duration> {
-        let (config, global, backoff) = self.retry.as_ref()?;
-        if !failure.retryable || retries >= config.max_per_request {
+        let global = self.retry.as_ref()?;
+        if !failure.retryable || retries >= global.max_per_request() {
             return None;
         }
-        let delay = backoff.delay(retries + 1);
+        let delay = global.backoff().delay(retries + 1);
         let deadline = context.and_then(LoadContext::deadline);
         // The retry must be able to start before the deadline; it may then take its own budget,
         // capped by the load's timeout like any attempt.
@@ -476,7 +580,8 @@ impl DependencyGuard {
             bulkhead: self.bulkhead.snapshot(),
             quota: self.quota.as_ref().map(Quota::snapshot),
             hot_items: self.hot_items.as_ref().map(HotItemLimit::snapshot),
-            retry: self.retry.as_ref().map(|(config, budget, _)| {
+            retry: self.retry.as_ref().map(|budget| {
+                let config = budget.config();
                 let (first_attempts, retries, refused) = budget.counts();
                 RetrySnapshot {
                     max_per_request: config.max_per_request,
@@ -486,7 +591,7 @@ impl DependencyGuard {
                     refused,
                 }
             }),
-            timeout_ms: self.timeout.map(millis),
+            timeout_ms: self.timeout().map(millis),
             attempts: read(&counters.attempts),
             successes: read(&counters.successes),
             failures: read(&counters.failures),
@@ -497,6 +602,45 @@ impl DependencyGuard {
             rejected_hot_item: read(&counters.rejected_hot_item),
         }
     }
+}
+
+fn timeout_nanos(timeout: Option<Duration>) -> u64 {
+    timeout.map_or(NO_TIMEOUT, |timeout| {
+        u64::try_from(timeout.as_nanos()).map_or(NO_TIMEOUT - 1, |nanos| nanos.min(NO_TIMEOUT - 1))
+    })
+}
+
+/// Notes each lease setting of a fleet quota that `asked` would change.
+fn note_fleet_settings(
+    restart_only: &mut RestartOnly,
+    in_force: &FleetQuotaConfig,
+    asked: &FleetQuotaConfig,
+) {
+    restart_only.note(
+        "fleet_quota.max_lease",
+        &in_force.max_lease,
+        &asked.max_lease,
+    );
+    restart_only.note(
+        "fleet_quota.retry_after_failure",
+        &in_force.retry_after_failure,
+        &asked.retry_after_failure,
+    );
+    restart_only.note(
+        "fleet_quota.lease_ahead",
+        &in_force.lease_ahead,
+        &asked.lease_ahead,
+    );
+    restart_only.note(
+        "fleet_quota.lease_ttl",
+        &in_force.lease_ttl,
+        &asked.lease_ttl,
+    );
+    restart_only.note(
+        "fleet_quota.tokens",
+        &true,
+        &Arc::ptr_eq(&in_force.tokens, &asked.tokens),
+    );
 }
 
 fn bump(counter: &AtomicU64) {

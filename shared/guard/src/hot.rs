@@ -15,12 +15,16 @@
 //! with L2 and its rebuild leases one instance rebuilds a key for the fleet, so the fleet's cost
 //! of a viral item stays near one instance's limit; a bucket in Redis would put a round trip on
 //! every load.
+//!
+//! The rate changes in place ([`HotItemLimit::reconfigure`]): every item's bucket keeps its
+//! tokens and refills at the new rate, and items are kept for the new refill time.
+//! `max_items` sizes the map and is restart-only.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rebate_cache::{FailureKind, ItemKey, LoadFailure};
-use rebate_resilience::{KeyedLimiter, RateConfig, Ticker};
+use rebate_resilience::{KeyedLimiter, RateConfig, RestartOnly, Ticker};
 use serde::Serialize;
 
 /// How many loads each item may cause toward one dependency.
@@ -43,7 +47,9 @@ impl HotItemConfig {
 /// One dependency's per-item buckets; see the module documentation.
 #[derive(Debug)]
 pub struct HotItemLimit {
-    config: HotItemConfig,
+    /// The configuration in force, for the snapshot; only [`Self::reconfigure`] takes the lock
+    /// (loads read the buckets' rate, lock-free).
+    config: Mutex<HotItemConfig>,
     buckets: KeyedLimiter,
     refusal: Arc<str>,
 }
@@ -53,10 +59,28 @@ impl HotItemLimit {
     pub fn new(dependency: &'static str, config: HotItemConfig, ticker: Arc<dyn Ticker>) -> Self {
         Self {
             buckets: KeyedLimiter::new(config.rate, config.max_items, config.idle(), ticker),
-            config,
+            config: Mutex::new(config),
             refusal: format!("{dependency}: this item's own share of loads is spent (hot item)")
                 .into(),
         }
+    }
+
+    /// Applies `config.rate` to every item, in place: each item's bucket keeps the tokens it
+    /// holds (at most the new burst) and refills at the new rate from now, and an unused item
+    /// is kept until its bucket would be full at the new rate. `max_items` is restart-only (it
+    /// sizes the map): kept, and named in the answer when `config` asks for another.
+    pub fn reconfigure(&self, config: HotItemConfig) -> RestartOnly {
+        let mut in_force = self.config.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut restart_only = RestartOnly::default();
+        restart_only.note("max_items", &in_force.max_items, &config.max_items);
+        let config = HotItemConfig {
+            max_items: in_force.max_items,
+            ..config
+        };
+        self.buckets.set_rate(config.rate);
+        self.buckets.set_idle(config.idle());
+        *in_force = config;
+        restart_only
     }
 
     /// Takes a token of `key`'s bucket for one load, or refuses it (instant, allocation-free).
@@ -72,10 +96,11 @@ impl HotItemLimit {
 
     pub fn snapshot(&self) -> HotItemSnapshot {
         let (items_tracked, refused) = self.buckets.stats();
+        let config = *self.config.lock().unwrap_or_else(PoisonError::into_inner);
         HotItemSnapshot {
-            per_second: self.config.rate.per_second,
-            burst: self.config.rate.burst,
-            max_items: self.config.max_items,
+            per_second: config.rate.per_second,
+            burst: config.rate.burst,
+            max_items: config.max_items,
             items_tracked,
             refused,
         }
@@ -167,6 +192,45 @@ mod tests {
         }
         // The burst at 0 s, then one at each of 1 s … 9 s (the last reload is at 9.99 s).
         assert_eq!(admitted, 3 + 9);
+    }
+
+    #[test]
+    fn a_new_rate_keeps_each_items_tokens_and_its_idle_time_follows() {
+        let ticker = ManualTicker::new();
+        let limit = limit(&ticker);
+        let viral = item("100001");
+        let warm = item("100002");
+        for _ in 0..3 {
+            limit.admit(viral).unwrap();
+        }
+        limit.admit(warm).unwrap();
+        let slower = HotItemConfig {
+            rate: RateConfig {
+                per_second: 0.1,
+                burst: 2,
+            },
+            max_items: 50,
+        };
+        assert_eq!(limit.reconfigure(slower).fields, ["max_items"]);
+        let snapshot = limit.snapshot();
+        assert_eq!(
+            (snapshot.per_second, snapshot.burst, snapshot.max_items),
+            (0.1, 2, 1_000)
+        );
+        assert!(limit.admit(viral).is_err(), "it held no token");
+        limit
+            .admit(warm)
+            .expect("it held two, capped at the new burst of 2");
+        limit.admit(warm).unwrap();
+        assert!(limit.admit(warm).is_err());
+
+        // At 0.1 a second, an empty bucket is full again after 20 s: the items are kept that
+        // long (not the 3 s of the old rate), so a forgotten item cannot start full early.
+        ticker.advance(Duration::from_secs(10));
+        assert!(limit.ready(viral));
+        limit.admit(viral).unwrap();
+        assert!(!limit.ready(viral));
+        assert_eq!(limit.snapshot().items_tracked, 2);
     }
 
     #[test]

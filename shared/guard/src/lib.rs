@@ -6,7 +6,9 @@
 //! [`RetryBudget`](rebate_resilience::RetryBudget). Its own refusals are instant and typed
 //! (breaker open, bulkhead full, quota, hot item), so a part degrades with the reason in the
 //! answer instead of waiting, and they are never recorded as the dependency's failures. Every
-//! attempt and refusal is reported to an optional [`CallObserver`] (the metrics).
+//! attempt and refusal is reported to an optional [`CallObserver`] (the metrics). Its limits
+//! change in place while calls go on ([`DependencyGuard::reconfigure`]), each part keeping its
+//! state; what only a new guard can change is named in the answer.
 //!
 //! # Layout
 //! - [`dependency`]: [`DependencyGuard`], its settings, snapshot and [`CallObserver`].

@@ -16,6 +16,11 @@
 //! The same bucket serves a per-client limit that holds for the fleet ([`FleetKeyedLimiter`]):
 //! one bucket per client, each grant taking `lease_ahead` tokens more for the client's next
 //! requests, kept for `lease_ttl`.
+//!
+//! The rate changes in place: a fleet quota reads it from a [`LiveRate`] on each grant (a
+//! per-client limit's buckets share one), so the next grant asks the fleet's bucket at the new
+//! rate, and the instance's share follows it the next time it is used. The lease settings of a
+//! [`FleetQuotaConfig`] are fixed when the quota is built.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -23,7 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rebate_resilience::{KeyedSlots, RateConfig, Ticker, TokenBucket};
+use rebate_resilience::{KeyedSlots, LiveRate, RateConfig, Ticker, TokenBucket};
 use serde::Serialize;
 
 /// Grants tokens of fleet-wide buckets: Redis in the service, an in-process fake in tests.
@@ -84,10 +89,7 @@ impl FleetQuotaConfig {
 #[derive(Debug)]
 pub(crate) enum Quota {
     /// This instance's own bucket.
-    Local {
-        rate: RateConfig,
-        bucket: TokenBucket,
-    },
+    Local(TokenBucket),
     Fleet(FleetQuota),
 }
 
@@ -98,18 +100,36 @@ impl Quota {
         name: &'static str,
     ) -> Self {
         match fleet {
-            None => Quota::Local {
-                rate,
-                bucket: TokenBucket::new(rate),
-            },
-            Some(config) => Quota::Fleet(FleetQuota::new(Arc::from(name), rate, config)),
+            None => Quota::Local(TokenBucket::new(rate)),
+            Some(config) => Quota::Fleet(FleetQuota::new(
+                Arc::from(name),
+                Arc::new(LiveRate::new(rate)),
+                config,
+            )),
+        }
+    }
+
+    /// Makes `rate` the quota's rate at `now_nanos`: this instance's bucket keeps the tokens it
+    /// holds; a fleet quota's next grant asks at the new rate.
+    pub(crate) fn set_rate(&self, rate: RateConfig, now_nanos: u64) {
+        match self {
+            Quota::Local(bucket) => bucket.set_rate_at(rate, now_nanos),
+            Quota::Fleet(fleet) => fleet.rate.set(rate),
+        }
+    }
+
+    /// The fleet quota's settings; `None` for this instance's own bucket.
+    pub(crate) fn fleet_config(&self) -> Option<&FleetQuotaConfig> {
+        match self {
+            Quota::Local(_) => None,
+            Quota::Fleet(fleet) => Some(&fleet.config),
         }
     }
 
     /// Takes a token for a call starting at `now_nanos`; false when the quota is spent.
     pub(crate) async fn acquire(&self, ticker: &dyn Ticker) -> bool {
         match self {
-            Quota::Local { bucket, .. } => bucket.try_acquire_at(ticker.now_nanos()).is_ok(),
+            Quota::Local(bucket) => bucket.try_acquire_at(ticker.now_nanos()).is_ok(),
             Quota::Fleet(fleet) => fleet.acquire(ticker).await.is_ok(),
         }
     }
@@ -117,7 +137,7 @@ impl Quota {
     /// How long from `now_nanos` until a call would get a token (advisory, takes nothing).
     pub(crate) fn wait(&self, now_nanos: u64) -> Duration {
         match self {
-            Quota::Local { bucket, .. } => bucket.wait_at(now_nanos),
+            Quota::Local(bucket) => bucket.wait_at(now_nanos),
             Quota::Fleet(fleet) => fleet.wait(now_nanos),
         }
     }
@@ -125,14 +145,15 @@ impl Quota {
     /// Whether a call starting now would get a token (advisory, takes nothing).
     pub(crate) fn ready(&self, now_nanos: u64) -> bool {
         match self {
-            Quota::Local { bucket, .. } => bucket.has_token_at(now_nanos),
+            Quota::Local(bucket) => bucket.has_token_at(now_nanos),
             Quota::Fleet(fleet) => fleet.ready(now_nanos),
         }
     }
 
     pub(crate) fn snapshot(&self) -> QuotaSnapshot {
         match self {
-            Quota::Local { rate, bucket } => {
+            Quota::Local(bucket) => {
+                let rate = bucket.rate();
                 let (granted, refused) = bucket.counts();
                 QuotaSnapshot {
                     scope: QuotaScope::Instance,
@@ -184,7 +205,8 @@ pub struct FleetSnapshot {
 pub(crate) struct FleetQuota {
     /// The bucket's name in the fleet (an API's, or a client's).
     name: Arc<str>,
-    rate: RateConfig,
+    /// Read on each grant; a per-client limit's buckets share theirs.
+    rate: Arc<LiveRate>,
     config: FleetQuotaConfig,
     /// Tokens of the last grant not yet claimed by the calls that waited for it.
     pool: AtomicU32,
@@ -198,8 +220,8 @@ pub(crate) struct FleetQuota {
     waiting: AtomicU32,
     /// One grant at a time; the calls behind it take its tokens from the pool.
     granting: tokio::sync::Mutex<()>,
-    /// This instance's share and the number of live instances it was cut for.
-    share: Mutex<(u32, Arc<TokenBucket>)>,
+    /// This instance's share, and what it was cut for.
+    share: Mutex<Share>,
     granted: AtomicU64,
     refused: AtomicU64,
     grants: AtomicU64,
@@ -213,19 +235,38 @@ impl fmt::Debug for FleetQuota {
         formatter
             .debug_struct("FleetQuota")
             .field("name", &&*self.name)
-            .field("rate", &self.rate)
+            .field("rate", &self.rate.get())
             .field("max_lease", &self.config.max_lease)
             .finish_non_exhaustive()
     }
 }
 
+/// This instance's share of a fleet quota: the bucket, and the live instances and fleet rate
+/// it was cut for.
+#[derive(Debug)]
+struct Share {
+    live: u32,
+    rate: RateConfig,
+    bucket: Arc<TokenBucket>,
+}
+
+impl Share {
+    fn new(rate: RateConfig, live: u32) -> Self {
+        Self {
+            live,
+            rate,
+            bucket: Arc::new(TokenBucket::new(share_of(rate, live))),
+        }
+    }
+}
+
 impl FleetQuota {
-    pub(crate) fn new(name: Arc<str>, rate: RateConfig, config: FleetQuotaConfig) -> Self {
+    pub(crate) fn new(name: Arc<str>, rate: Arc<LiveRate>, config: FleetQuotaConfig) -> Self {
         let live = config.tokens.live_instances().max(1);
         Self {
             name,
+            share: Mutex::new(Share::new(rate.get(), live)),
             rate,
-            share: Mutex::new((live, Arc::new(TokenBucket::new(share_of(rate, live))))),
             config,
             pool: AtomicU32::new(0),
             pool_expires: AtomicU64::new(0),
@@ -256,7 +297,11 @@ impl FleetQuota {
         let waiting = 1 + self.waiting.load(Ordering::Acquire);
         let want = (waiting + self.config.lease_ahead).min(self.config.max_lease.max(1));
         self.grants.fetch_add(1, Ordering::Relaxed);
-        let grant = self.config.tokens.take(&self.name, self.rate, want).await;
+        let grant = self
+            .config
+            .tokens
+            .take(&self.name, self.rate.get(), want)
+            .await;
         // Stamped after the round trip: the pool lives from when its tokens arrive.
         let now = ticker.now_nanos();
         self.reachable.store(grant.is_ok(), Ordering::Release);
@@ -315,7 +360,7 @@ impl FleetQuota {
             return Duration::ZERO;
         }
         if now < self.unreachable_until.load(Ordering::Acquire) {
-            return self.share().wait_at(now);
+            return self.share(now).wait_at(now);
         }
         Duration::from_nanos(self.empty_until.load(Ordering::Acquire).saturating_sub(now))
     }
@@ -326,7 +371,7 @@ impl FleetQuota {
             return true;
         }
         if now < self.unreachable_until.load(Ordering::Acquire) {
-            return self.share().has_token_at(now);
+            return self.share(now).has_token_at(now);
         }
         now >= self.empty_until.load(Ordering::Acquire)
     }
@@ -343,7 +388,7 @@ impl FleetQuota {
     }
 
     fn take_share(&self, now: u64) -> Result<(), Duration> {
-        match self.share().try_acquire_at(now) {
+        match self.share(now).try_acquire_at(now) {
             Ok(()) => {
                 self.granted.fetch_add(1, Ordering::Relaxed);
                 self.granted_from_share.fetch_add(1, Ordering::Relaxed);
@@ -353,15 +398,20 @@ impl FleetQuota {
         }
     }
 
-    /// This instance's share for the live instances now: the bucket is cut anew (full) when
-    /// their number changes.
-    fn share(&self) -> Arc<TokenBucket> {
+    /// This instance's share for the live instances and the fleet's rate now: the bucket is cut
+    /// anew (full) when their number changes, and follows a new rate at `now` (keeping its
+    /// tokens).
+    fn share(&self, now: u64) -> Arc<TokenBucket> {
         let live = self.config.tokens.live_instances().max(1);
+        let rate = self.rate.get();
         let mut share = self.share.lock().unwrap_or_else(PoisonError::into_inner);
-        if share.0 != live {
-            *share = (live, Arc::new(TokenBucket::new(share_of(self.rate, live))));
+        if share.live != live {
+            *share = Share::new(rate, live);
+        } else if share.rate != rate {
+            share.bucket.set_rate_at(share_of(rate, live), now);
+            share.rate = rate;
         }
-        Arc::clone(&share.1)
+        Arc::clone(&share.bucket)
     }
 
     fn refuse(&self, retry_after: Duration) -> Result<(), Duration> {
@@ -371,10 +421,11 @@ impl FleetQuota {
 
     fn snapshot(&self) -> QuotaSnapshot {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let rate = self.rate.get();
         QuotaSnapshot {
             scope: QuotaScope::Fleet,
-            per_second: self.rate.per_second,
-            burst: self.rate.burst,
+            per_second: rate.per_second,
+            burst: rate.burst,
             granted: read(&self.granted),
             refused: read(&self.refused),
             fleet: Some(FleetSnapshot {
@@ -392,7 +443,8 @@ impl FleetQuota {
 /// forgotten after `idle` without a request (it then starts from its bucket in Redis again).
 #[derive(Debug)]
 pub struct FleetKeyedLimiter {
-    rate: RateConfig,
+    /// Every key's rate, shared by their buckets.
+    rate: Arc<LiveRate>,
     config: FleetQuotaConfig,
     buckets: KeyedSlots<FleetQuota>,
     ticker: Arc<dyn Ticker>,
@@ -408,12 +460,24 @@ impl FleetKeyedLimiter {
         ticker: Arc<dyn Ticker>,
     ) -> Self {
         Self {
-            rate,
+            rate: Arc::new(LiveRate::new(rate)),
             config,
             buckets: KeyedSlots::new(max_keys, idle),
             ticker,
             rejected: AtomicU64::new(0),
         }
+    }
+
+    /// The rate in force.
+    pub fn rate(&self) -> RateConfig {
+        self.rate.get()
+    }
+
+    /// Makes `rate` every key's rate: each key's next grant asks the fleet's bucket at it (the
+    /// bucket in Redis keeps its state), and a key's share, while the fleet is away, follows it
+    /// the next time it is used. Tokens already leased stay usable until their lease ends.
+    pub fn set_rate(&self, rate: RateConfig) {
+        self.rate.set(rate);
     }
 
     /// Takes one token of `key`'s bucket, or says how long until one may be there.
@@ -422,7 +486,7 @@ impl FleetKeyedLimiter {
             .buckets
             .get_or_insert_with(key, self.ticker.now_nanos(), || {
                 let name = Arc::from(format!("client:{key}"));
-                FleetQuota::new(name, self.rate, self.config.clone())
+                FleetQuota::new(name, Arc::clone(&self.rate), self.config.clone())
             });
         let verdict = bucket.acquire(self.ticker.as_ref()).await;
         if verdict.is_err() {
@@ -463,7 +527,7 @@ mod tests {
     use super::*;
 
     /// The fleet's bucket in process: one `TokenBucket` on the test's ticker, with a switch
-    /// that makes it unreachable and a count of round trips.
+    /// that makes it unreachable, a count of round trips and the rate the last one asked at.
     #[derive(Debug)]
     struct FakeFleet {
         bucket: TokenBucket,
@@ -471,6 +535,7 @@ mod tests {
         round_trips: AtomicU64,
         unreachable: AtomicBool,
         live: AtomicU32,
+        asked_rate: Mutex<Option<RateConfig>>,
     }
 
     impl FakeFleet {
@@ -481,7 +546,12 @@ mod tests {
                 round_trips: AtomicU64::new(0),
                 unreachable: AtomicBool::new(false),
                 live: AtomicU32::new(1),
+                asked_rate: Mutex::new(None),
             })
+        }
+
+        fn asked_rate(&self) -> Option<RateConfig> {
+            *self.asked_rate.lock().unwrap()
         }
     }
 
@@ -490,10 +560,11 @@ mod tests {
         async fn take(
             &self,
             _bucket: &str,
-            _rate: RateConfig,
+            rate: RateConfig,
             want: u32,
         ) -> Result<FleetGrant, String> {
             self.round_trips.fetch_add(1, Ordering::SeqCst);
+            *self.asked_rate.lock().unwrap() = Some(rate);
             // A round trip: the callers behind this one queue up meanwhile.
             tokio::task::yield_now().await;
             if self.unreachable.load(Ordering::SeqCst) {
@@ -661,5 +732,70 @@ mod tests {
         assert!(quota.acquire(ticker.as_ref()).await);
         assert_eq!(fleet.round_trips.load(Ordering::SeqCst), 2);
         assert!(quota.snapshot().fleet.unwrap().reachable);
+    }
+
+    #[tokio::test]
+    async fn a_new_rate_is_asked_for_at_the_next_grant_and_the_share_follows_it() {
+        let ticker = Arc::new(ManualTicker::new());
+        let fleet = FakeFleet::new(RATE, &ticker);
+        let quota = instance(&fleet, 1);
+        assert!(quota.acquire(ticker.as_ref()).await);
+        assert_eq!(fleet.asked_rate(), Some(RATE));
+        let slower = RateConfig {
+            per_second: 5.0,
+            burst: 2,
+        };
+        quota.set_rate(slower, ticker.now_nanos());
+        let snapshot = quota.snapshot();
+        assert_eq!((snapshot.per_second, snapshot.burst), (5.0, 2));
+        assert!(quota.acquire(ticker.as_ref()).await);
+        assert_eq!(
+            fleet.asked_rate(),
+            Some(slower),
+            "the next grant asks at it"
+        );
+
+        // While the fleet is away, the share (all of it, for the one instance) follows the rate
+        // when next used, keeping its tokens: full at 4, cut to the new burst of 2.
+        fleet.unreachable.store(true, Ordering::SeqCst);
+        assert_eq!(acquire_at_once(&quota, &ticker, 5).await, 2);
+        quota.set_rate(RATE, ticker.now_nanos());
+        assert_eq!(
+            quota.wait(ticker.now_nanos()),
+            Duration::from_millis(100),
+            "empty, refilled at 10 a second again"
+        );
+        ticker.advance(Duration::from_millis(100));
+        assert!(quota.acquire(ticker.as_ref()).await);
+    }
+
+    #[tokio::test]
+    async fn every_clients_next_grant_asks_at_a_new_rate() {
+        let ticker = Arc::new(ManualTicker::new());
+        let fleet = FakeFleet::new(RATE, &ticker);
+        let limiter = FleetKeyedLimiter::new(
+            RATE,
+            FleetQuotaConfig::for_contract(
+                Arc::clone(&fleet) as Arc<dyn FleetTokens>,
+                1,
+                Duration::from_secs(1),
+            ),
+            100,
+            Duration::from_secs(60),
+            Arc::clone(&ticker) as Arc<dyn Ticker>,
+        );
+        assert_eq!(limiter.try_acquire("app-1").await, Ok(()));
+        assert_eq!(fleet.asked_rate(), Some(RATE));
+        let faster = RateConfig {
+            per_second: 50.0,
+            burst: 8,
+        };
+        limiter.set_rate(faster);
+        assert_eq!(limiter.rate(), faster);
+        for key in ["app-1", "h5-2"] {
+            *fleet.asked_rate.lock().unwrap() = None;
+            assert_eq!(limiter.try_acquire(key).await, Ok(()));
+            assert_eq!(fleet.asked_rate(), Some(faster), "{key}");
+        }
     }
 }

@@ -28,14 +28,17 @@
 //!   epoch resets the slot; a read sums only the slots of the last `buckets` epochs. A slot that
 //!   reaches 65,535 calls halves both counts (the ratio stays, nothing overflows); the epoch
 //!   wraps after 2^32 slices (50 days at the 1 ms minimum, 68 years at the default 500 ms).
+//! - `rules` holds the configuration as calls read it, one relaxed load per value, so
+//!   [`CircuitBreaker::reconfigure`] changes thresholds under running calls (see [`crate::live`]).
 
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::live::{RestartOnly, load_f64, lock, store_f64};
 use crate::ticker::{Ticker, saturating_nanos};
 
 const MAX_BUCKETS: u32 = 1_000;
@@ -174,14 +177,11 @@ pub struct BreakerOpen {
 /// The breaker of one dependency; share it (`Arc`) between every caller of that dependency.
 pub struct CircuitBreaker {
     name: &'static str,
-    config: BreakerConfig,
+    /// The configuration in force, for [`Self::config`]. Only [`Self::reconfigure`] takes the
+    /// lock (while it stores `rules`); calls read `rules`.
+    config: Mutex<BreakerConfig>,
+    rules: Rules,
     ticker: Arc<dyn Ticker>,
-    bucket_nanos: u64,
-    slow_call_nanos: u64,
-    cool_down_nanos: u64,
-    max_cool_down_nanos: u64,
-    /// How long a probe may be out before its stage counts as failed: `max(cool_down, slow_call)`.
-    probe_timeout_nanos: u64,
     /// The state machine, see [`Word`].
     state: AtomicU64,
     /// The current state's deadline, see the module's layout notes.
@@ -197,8 +197,43 @@ impl fmt::Debug for CircuitBreaker {
             .debug_struct("CircuitBreaker")
             .field("name", &self.name)
             .field("state", &self.state())
-            .field("config", &self.config)
+            .field("config", &self.config())
             .finish_non_exhaustive()
+    }
+}
+
+/// The configuration as calls read it: one relaxed load per value.
+#[derive(Debug, Default)]
+struct Rules {
+    /// The length of one slice of the window.
+    bucket_nanos: AtomicU64,
+    failure_ratio_bits: AtomicU64,
+    min_calls: AtomicU32,
+    slow_call_nanos: AtomicU64,
+    cool_down_nanos: AtomicU64,
+    max_cool_down_nanos: AtomicU64,
+    /// How long a probe may be out before its stage counts as failed: `max(cool_down, slow_call)`.
+    probe_timeout_nanos: AtomicU64,
+    probe_stages: AtomicU32,
+}
+
+impl Rules {
+    /// `config` is clamped; `buckets` is the window's slot count.
+    fn store(&self, config: &BreakerConfig, buckets: u64) {
+        let relaxed = Ordering::Relaxed;
+        let cool_down_nanos = saturating_nanos(config.cool_down);
+        let slow_call_nanos = saturating_nanos(config.slow_call);
+        self.bucket_nanos
+            .store((saturating_nanos(config.window) / buckets).max(1), relaxed);
+        store_f64(&self.failure_ratio_bits, config.failure_ratio);
+        self.min_calls.store(config.min_calls, relaxed);
+        self.slow_call_nanos.store(slow_call_nanos, relaxed);
+        self.cool_down_nanos.store(cool_down_nanos, relaxed);
+        self.max_cool_down_nanos
+            .store(saturating_nanos(config.max_cool_down), relaxed);
+        self.probe_timeout_nanos
+            .store(cool_down_nanos.max(slow_call_nanos), relaxed);
+        self.probe_stages.store(config.probe_stages, relaxed);
     }
 }
 
@@ -207,21 +242,17 @@ impl CircuitBreaker {
     /// range are clamped rather than trusted, and [`Self::config`] reports the values in force.
     pub fn new(name: &'static str, config: BreakerConfig, ticker: Arc<dyn Ticker>) -> Self {
         let config = config.clamped();
-        let cool_down_nanos = saturating_nanos(config.cool_down);
-        let slow_call_nanos = saturating_nanos(config.slow_call);
+        let rules = Rules::default();
+        rules.store(&config, u64::from(config.buckets));
         Self {
             name,
-            bucket_nanos: (saturating_nanos(config.window) / u64::from(config.buckets)).max(1),
-            slow_call_nanos,
-            cool_down_nanos,
-            max_cool_down_nanos: saturating_nanos(config.max_cool_down),
-            probe_timeout_nanos: cool_down_nanos.max(slow_call_nanos),
+            rules,
             state: AtomicU64::new(Word::INITIAL.pack()),
             deadline: AtomicU64::new(0),
             buckets: (0..config.buckets).map(|_| AtomicU64::new(0)).collect(),
             trips: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
-            config,
+            config: Mutex::new(config),
             ticker,
         }
     }
@@ -230,8 +261,37 @@ impl CircuitBreaker {
         self.name
     }
 
-    pub fn config(&self) -> &BreakerConfig {
-        &self.config
+    /// The configuration in force: the last [`Self::reconfigure`]'s (or [`Self::new`]'s),
+    /// clamped, with the bucket count the breaker was built with.
+    pub fn config(&self) -> BreakerConfig {
+        lock(&self.config).clone()
+    }
+
+    /// Applies `config` to the running breaker, from the next decision on: the failure ratio,
+    /// `min_calls`, the slow-call limit, the cool-downs and the probe stages. The state is kept
+    /// (closed, open or half-open, the trips in a row, the deadline already set: an open breaker
+    /// waits out the cool-down it opened with, the next trip gets the new one), and so are the
+    /// window's counts while the slices keep their length. A `window` that changes the slices'
+    /// length clears the counts, which were taken in slices of the old length; the state stays.
+    ///
+    /// `buckets` is restart-only (the slices are a fixed array): the count in force is kept,
+    /// and named in the answer when `config` asks for another. Out-of-range values are clamped
+    /// as by [`Self::new`].
+    pub fn reconfigure(&self, config: BreakerConfig) -> RestartOnly {
+        let buckets = self.buckets.len() as u32;
+        let mut restart_only = RestartOnly::default();
+        restart_only.note("buckets", &buckets, &config.buckets);
+        let config = BreakerConfig { buckets, ..config }.clamped();
+        let mut in_force = lock(&self.config);
+        let old_bucket_nanos = self.rules.bucket_nanos.load(Ordering::Relaxed);
+        self.rules.store(&config, u64::from(buckets));
+        if self.rules.bucket_nanos.load(Ordering::Relaxed) != old_bucket_nanos {
+            for slot in self.buckets.iter() {
+                slot.store(0, Ordering::Relaxed);
+            }
+        }
+        *in_force = config;
+        restart_only
     }
 
     /// Asks to make one call. Refused while open, and while half-open once the stage's probe
@@ -281,10 +341,7 @@ impl CircuitBreaker {
                     }
                     // Raised before the slot is taken, so whoever sees the new probe also sees
                     // that it has a full timeout ahead of it.
-                    self.raise_deadline(
-                        word.generation,
-                        now.saturating_add(self.probe_timeout_nanos),
-                    );
+                    self.raise_deadline(word.generation, now.saturating_add(self.probe_timeout()));
                     word.with_admitted(word.admitted + 1)
                 }
             };
@@ -298,7 +355,7 @@ impl CircuitBreaker {
                     if word.state == BreakerState::Open {
                         self.raise_deadline(
                             next.generation,
-                            now.saturating_add(self.probe_timeout_nanos),
+                            now.saturating_add(self.probe_timeout()),
                         );
                         tracing::info!(breaker = self.name, "circuit breaker half-open");
                     }
@@ -351,7 +408,8 @@ impl CircuitBreaker {
     /// The outcome of a permit admitted in `generation` at `started`.
     fn on_outcome(&self, generation: u32, started: u64, ok: bool) {
         let now = self.ticker.now_nanos();
-        let failed = !ok || now.saturating_sub(started) > self.slow_call_nanos;
+        let failed =
+            !ok || now.saturating_sub(started) > self.rules.slow_call_nanos.load(Ordering::Relaxed);
         let mut bits = self.state.load(Ordering::Acquire);
         loop {
             let word = Word::unpack(bits);
@@ -373,7 +431,7 @@ impl CircuitBreaker {
                         word.opened()
                     } else if word.successes + 1 < word.probe_capacity() {
                         word.with_successes(word.successes + 1)
-                    } else if word.stage + 1 < self.config.probe_stages {
+                    } else if word.stage + 1 < self.rules.probe_stages.load(Ordering::Relaxed) {
                         word.half_open(word.stage + 1)
                     } else {
                         word.closed()
@@ -408,10 +466,7 @@ impl CircuitBreaker {
                 tracing::info!(breaker = self.name, "circuit breaker closed");
             }
             BreakerState::HalfOpen if after.generation != before.generation => {
-                self.raise_deadline(
-                    after.generation,
-                    now.saturating_add(self.probe_timeout_nanos),
-                );
+                self.raise_deadline(after.generation, now.saturating_add(self.probe_timeout()));
                 tracing::debug!(
                     breaker = self.name,
                     stage = after.stage,
@@ -425,7 +480,7 @@ impl CircuitBreaker {
     /// Adds a call to the window and, for a failure, opens the breaker if the window now holds
     /// enough failures. Successes never look at the whole window.
     fn record_closed_call(&self, generation: u32, now: u64, failed: bool) {
-        let epoch = now / self.bucket_nanos;
+        let epoch = now / self.rules.bucket_nanos.load(Ordering::Relaxed);
         let slot = &self.buckets[(epoch % self.buckets.len() as u64) as usize];
         let epoch_tag = epoch as u32;
         let mut current = slot.load(Ordering::Relaxed);
@@ -433,8 +488,12 @@ impl CircuitBreaker {
             let bucket = Bucket::unpack(current);
             let mut counts = if bucket.epoch_tag == epoch_tag {
                 bucket
-            } else if is_ahead(bucket.epoch_tag, epoch_tag) {
-                // The slot already holds a later slice: this call ended a whole window ago.
+            } else if is_ahead(bucket.epoch_tag, epoch_tag)
+                && bucket.epoch_tag.wrapping_sub(epoch_tag) <= self.buckets.len() as u32
+            {
+                // The slot already holds the next window's slice: this call ended a window ago.
+                // (A slot further ahead holds a slice of another length, written by a call that
+                // raced a new `window`: it is overwritten.)
                 return;
             } else {
                 Bucket {
@@ -467,8 +526,8 @@ impl CircuitBreaker {
 
     fn trip_if_failing(&self, generation: u32, now: u64) {
         let (calls, failures) = self.window_counts(now);
-        if calls < u64::from(self.config.min_calls)
-            || (failures as f64) < self.config.failure_ratio * calls as f64
+        if calls < u64::from(self.rules.min_calls.load(Ordering::Relaxed))
+            || (failures as f64) < load_f64(&self.rules.failure_ratio_bits) * calls as f64
         {
             return;
         }
@@ -545,14 +604,20 @@ impl CircuitBreaker {
     /// `cool_down × 2^(consecutive_trips − 1)`, capped.
     fn cool_down_nanos_for(&self, consecutive_trips: u32) -> u64 {
         let doublings = consecutive_trips.saturating_sub(1).min(63);
-        self.cool_down_nanos
+        self.rules
+            .cool_down_nanos
+            .load(Ordering::Relaxed)
             .saturating_mul(1 << doublings)
-            .min(self.max_cool_down_nanos)
+            .min(self.rules.max_cool_down_nanos.load(Ordering::Relaxed))
+    }
+
+    fn probe_timeout(&self) -> u64 {
+        self.rules.probe_timeout_nanos.load(Ordering::Relaxed)
     }
 
     /// Calls and failures in the window ending at `now`.
     fn window_counts(&self, now: u64) -> (u64, u64) {
-        let current = (now / self.bucket_nanos) as u32;
+        let current = (now / self.rules.bucket_nanos.load(Ordering::Relaxed)) as u32;
         let span = self.buckets.len() as u32;
         let (mut calls, mut failures) = (0, 0);
         for slot in self.buckets.iter() {
@@ -1480,6 +1545,188 @@ mod tests {
         assert_eq!(breaker.config().validate(), Ok(()));
         record(&breaker, false, 1);
         assert_eq!(breaker.snapshot().trips, 1);
+    }
+
+    #[test]
+    fn an_open_breaker_keeps_its_deadline_across_a_threshold_change_and_trips_with_the_new_one() {
+        let (breaker, ticker) = tripped(quiet_config());
+        ticker.advance(Duration::from_secs(2));
+        let kept = breaker.reconfigure(BreakerConfig {
+            failure_ratio: 0.9,
+            min_calls: 50,
+            cool_down: Duration::from_secs(30),
+            ..quiet_config()
+        });
+        assert!(kept.is_empty(), "{kept}");
+        let snapshot = breaker.snapshot();
+        assert_eq!(snapshot.state, BreakerState::Open);
+        assert_eq!(
+            snapshot.open_for_ms,
+            Some(3_000),
+            "the cool-down it opened with"
+        );
+        assert_eq!(
+            (snapshot.calls, snapshot.failures, snapshot.trips),
+            (5, 5, 1)
+        );
+        assert_eq!(breaker.config().cool_down, Duration::from_secs(30));
+
+        ticker.advance(Duration::from_secs(3));
+        assert_eq!(breaker.state(), BreakerState::HalfOpen);
+        breaker.try_acquire().unwrap().failure();
+        let snapshot = breaker.snapshot();
+        assert_eq!(snapshot.consecutive_trips, 2);
+        assert_eq!(
+            snapshot.open_for_ms,
+            Some(60_000),
+            "the new 30 s, doubled for the second trip in a row"
+        );
+    }
+
+    #[test]
+    fn a_closed_breaker_opens_at_the_next_failure_once_its_threshold_drops_and_keeps_its_window() {
+        type Change = fn(&mut BreakerConfig);
+        let cases: [(BreakerConfig, Change); 2] = [
+            (
+                BreakerConfig {
+                    failure_ratio: 0.9,
+                    ..BreakerConfig::default()
+                },
+                |config| config.failure_ratio = 0.5,
+            ),
+            (
+                BreakerConfig {
+                    min_calls: 40,
+                    ..BreakerConfig::default()
+                },
+                |config| config.min_calls = 20,
+            ),
+        ];
+        for (before, change) in cases {
+            let (breaker, _ticker) = breaker_with(before.clone());
+            record(&breaker, true, 10);
+            record(&breaker, false, 10);
+            assert_eq!(breaker.state(), BreakerState::Closed, "{before:?}");
+            let mut after = before;
+            change(&mut after);
+            assert!(breaker.reconfigure(after.clone()).is_empty());
+            assert_eq!(breaker.config(), after);
+            let snapshot = breaker.snapshot();
+            assert_eq!(
+                snapshot.state,
+                BreakerState::Closed,
+                "successes judge nothing"
+            );
+            assert_eq!(
+                (snapshot.calls, snapshot.failures),
+                (20, 10),
+                "the window is kept"
+            );
+
+            record(&breaker, false, 1);
+            let snapshot = breaker.snapshot();
+            assert_eq!(snapshot.state, BreakerState::Open, "{after:?}");
+            assert_eq!(
+                (snapshot.calls, snapshot.failures, snapshot.trips),
+                (21, 11, 1)
+            );
+        }
+    }
+
+    #[test]
+    fn a_new_window_clears_the_counts_but_keeps_an_open_breaker_open() {
+        let (breaker, ticker) = tripped(quiet_config());
+        let longer = BreakerConfig {
+            window: Duration::from_secs(20),
+            ..quiet_config()
+        };
+        assert!(breaker.reconfigure(longer.clone()).is_empty());
+        let snapshot = breaker.snapshot();
+        assert_eq!((snapshot.calls, snapshot.failures), (0, 0));
+        assert_eq!(snapshot.state, BreakerState::Open);
+        assert_eq!((snapshot.open_for_ms, snapshot.trips), (Some(5_000), 1));
+
+        ticker.advance(Duration::from_secs(5));
+        for stage in 0..3 {
+            pass_stage(&breaker, stage);
+        }
+        record(&breaker, true, 3);
+        ticker.advance(Duration::from_secs(15));
+        record(&breaker, true, 1);
+        assert_eq!(
+            breaker.snapshot().calls,
+            4,
+            "15 s back is within the new 20 s window"
+        );
+        ticker.advance(Duration::from_secs(6));
+        assert_eq!(breaker.snapshot().calls, 1, "slices of a second each");
+        assert!(
+            breaker.reconfigure(longer).is_empty(),
+            "the same window keeps the counts"
+        );
+        assert_eq!(breaker.snapshot().calls, 1);
+    }
+
+    #[test]
+    fn a_slot_left_far_ahead_by_a_call_racing_a_new_window_is_taken_over() {
+        let (breaker, ticker) = breaker_with(quiet_config());
+        let epoch = ticker.now_nanos() / breaker.rules.bucket_nanos.load(Ordering::SeqCst);
+        let slots = breaker.buckets.len() as u64;
+        // What a call that read the old slice length writes after the new window cleared the
+        // counts: a tag in another numbering, here three windows ahead.
+        let stale = Bucket {
+            epoch_tag: (epoch + 3 * slots) as u32,
+            failures: 1,
+            calls: 1,
+        };
+        breaker.buckets[(epoch % slots) as usize].store(stale.pack(), Ordering::SeqCst);
+        record(&breaker, false, 1);
+        let snapshot = breaker.snapshot();
+        assert_eq!(
+            (snapshot.calls, snapshot.failures),
+            (1, 1),
+            "counted, not dropped"
+        );
+    }
+
+    #[test]
+    fn buckets_are_restart_only_and_the_rest_applies() {
+        let (breaker, _ticker) = breaker_with(quiet_config());
+        record(&breaker, false, 3);
+        let kept = breaker.reconfigure(BreakerConfig {
+            buckets: 40,
+            failure_ratio: 0.8,
+            ..quiet_config()
+        });
+        assert_eq!(kept.fields, ["buckets"]);
+        let config = breaker.config();
+        assert_eq!((config.buckets, config.failure_ratio), (20, 0.8));
+        assert_eq!(breaker.snapshot().failures, 3, "the slices are the same");
+    }
+
+    #[test]
+    fn probe_stages_and_slow_calls_apply_to_the_decision_after_the_change() {
+        let (breaker, ticker) = tripped(quiet_config());
+        ticker.advance(Duration::from_secs(5));
+        pass_stage(&breaker, 0);
+        let fewer_stages = BreakerConfig {
+            probe_stages: 2,
+            slow_call: Duration::from_millis(100),
+            ..quiet_config()
+        };
+        assert!(breaker.reconfigure(fewer_stages).is_empty());
+        assert_eq!(breaker.snapshot().probe_stage, Some(1), "the stage is kept");
+        pass_stage(&breaker, 1);
+        assert_eq!(
+            breaker.state(),
+            BreakerState::Closed,
+            "stage 1 is now the last"
+        );
+
+        let slow = breaker.try_acquire().unwrap();
+        ticker.advance(Duration::from_millis(150));
+        slow.success();
+        assert_eq!(breaker.snapshot().failures, 1, "slow by the new limit");
     }
 
     #[derive(Debug, Clone)]

@@ -2,6 +2,9 @@
 //!
 //! Queueing in front of a slow dependency only turns its slowness into ours: when every slot is
 //! taken the caller degrades immediately (stale data or template text) instead of waiting.
+//!
+//! The bound can change while calls are in flight ([`Bulkhead::resize`]): it is one atomic the
+//! acquiring caller reads, so nothing held is revoked and nothing is rebuilt.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -17,7 +20,8 @@ pub struct BulkheadFull {
 #[derive(Debug)]
 pub struct Bulkhead {
     name: &'static str,
-    max: u32,
+    /// The bound in force; one relaxed load per acquisition.
+    max: AtomicU32,
     in_flight: AtomicU32,
     peak: AtomicU32,
     rejected: AtomicU64,
@@ -28,7 +32,7 @@ impl Bulkhead {
     pub fn new(name: &'static str, max: u32) -> Self {
         Self {
             name,
-            max: max.max(1),
+            max: AtomicU32::new(max.max(1)),
             in_flight: AtomicU32::new(0),
             peak: AtomicU32::new(0),
             rejected: AtomicU64::new(0),
@@ -40,18 +44,25 @@ impl Bulkhead {
     }
 
     pub fn max(&self) -> u32 {
-        self.max
+        self.max.load(Ordering::Relaxed)
+    }
+
+    /// Changes the bound to `max` (at least 1) in place. The permits held stay valid: above the
+    /// new bound, acquisitions are refused until enough of them are released to get below it.
+    pub fn resize(&self, max: u32) {
+        self.max.store(max.max(1), Ordering::Relaxed);
     }
 
     /// A slot for one call, held until the permit drops.
     pub fn try_acquire(&self) -> Result<BulkheadPermit<'_>, BulkheadFull> {
+        let max = self.max();
         let mut current = self.in_flight.load(Ordering::Relaxed);
         loop {
-            if current >= self.max {
+            if current >= max {
                 self.rejected.fetch_add(1, Ordering::Relaxed);
                 return Err(BulkheadFull {
                     name: self.name,
-                    max: self.max,
+                    max,
                 });
             }
             match self.in_flight.compare_exchange_weak(
@@ -75,7 +86,7 @@ impl Bulkhead {
     pub fn snapshot(&self) -> BulkheadSnapshot {
         BulkheadSnapshot {
             name: self.name,
-            max: self.max,
+            max: self.max(),
             in_flight: self.in_flight(),
             peak: self.peak.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
@@ -130,6 +141,42 @@ mod tests {
         assert_eq!(
             (snapshot.in_flight, snapshot.peak, snapshot.rejected),
             (1, 2, 1)
+        );
+    }
+
+    #[test]
+    fn a_resize_keeps_the_permits_held_and_refuses_until_below_the_new_bound() {
+        let bulkhead = Bulkhead::new("coupon", 4);
+        let mut held: Vec<_> = (0..4).map(|_| bulkhead.try_acquire().unwrap()).collect();
+        bulkhead.resize(2);
+        assert_eq!(bulkhead.snapshot().max, 2);
+        assert_eq!(bulkhead.in_flight(), 4, "nothing in flight is dropped");
+        assert_eq!(
+            bulkhead.try_acquire().unwrap_err(),
+            BulkheadFull {
+                name: "coupon",
+                max: 2
+            }
+        );
+        held.truncate(2);
+        assert!(bulkhead.try_acquire().is_err(), "2 in flight of 2");
+        held.pop();
+        held.push(bulkhead.try_acquire().expect("1 in flight of 2"));
+
+        bulkhead.resize(3);
+        held.push(
+            bulkhead
+                .try_acquire()
+                .expect("the larger bound applies at once"),
+        );
+        assert!(bulkhead.try_acquire().is_err());
+        drop(held);
+        bulkhead.resize(0);
+        assert_eq!(bulkhead.max(), 1, "at least one slot");
+        let snapshot = bulkhead.snapshot();
+        assert_eq!(
+            (snapshot.in_flight, snapshot.peak, snapshot.rejected),
+            (0, 4, 3)
         );
     }
 

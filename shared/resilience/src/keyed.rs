@@ -11,7 +11,8 @@
 //! Idle keys are swept lazily: the first lookup after `idle / 4` has passed since the last sweep
 //! removes every key unused for `idle` (one pass over at most `max_keys` entries, one shard locked
 //! at a time). A key's state is thus dropped between `idle` and `1.25 × idle` after its last use,
-//! or earlier when more than `max_keys` keys are live.
+//! or earlier when more than `max_keys` keys are live. `idle` can change while the map is in
+//! use ([`KeyedSlots::set_idle`]); `max_keys` sizes the map and is fixed.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -39,8 +40,8 @@ impl<V> Deref for Slot<V> {
 #[derive(Debug)]
 pub struct KeyedSlots<V> {
     slots: Cache<Arc<str>, Arc<Slot<V>>>,
-    idle_nanos: u64,
-    sweep_every_nanos: u64,
+    idle_nanos: AtomicU64,
+    sweep_every_nanos: AtomicU64,
     /// Ticker nanoseconds at or after which the next lookup sweeps.
     next_sweep: AtomicU64,
 }
@@ -48,14 +49,22 @@ pub struct KeyedSlots<V> {
 impl<V> KeyedSlots<V> {
     /// At most `max_keys` keys (at least one), each forgotten after `idle` unused.
     pub fn new(max_keys: u64, idle: Duration) -> Self {
-        let idle_nanos = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
-        let sweep_every_nanos = (idle_nanos / 4).max(1);
+        let (idle_nanos, sweep_every_nanos) = idle_and_sweep_nanos(idle);
         Self {
             slots: Cache::new(usize::try_from(max_keys.max(1)).unwrap_or(usize::MAX)),
-            idle_nanos,
-            sweep_every_nanos,
+            idle_nanos: AtomicU64::new(idle_nanos),
+            sweep_every_nanos: AtomicU64::new(sweep_every_nanos),
             next_sweep: AtomicU64::new(sweep_every_nanos),
         }
+    }
+
+    /// Forgets keys after `idle` unused from the next sweep on (the sweep already scheduled
+    /// keeps its time). The keys tracked keep their state.
+    pub fn set_idle(&self, idle: Duration) {
+        let (idle_nanos, sweep_every_nanos) = idle_and_sweep_nanos(idle);
+        self.idle_nanos.store(idle_nanos, Ordering::Relaxed);
+        self.sweep_every_nanos
+            .store(sweep_every_nanos, Ordering::Relaxed);
     }
 
     /// `key`'s slot at ticker time `now_nanos`, made by `make` on first sight (or after the key
@@ -96,6 +105,14 @@ impl<V> KeyedSlots<V> {
         self.slots.get(key)
     }
 
+    /// Visits every key's value, as tracked when the visit reaches it: a key made meanwhile may
+    /// or may not be visited. Takes each shard's read lock in turn, as a lookup does.
+    pub fn for_each(&self, mut visit: impl FnMut(&V)) {
+        for (_, slot) in self.slots.iter() {
+            visit(&slot.value);
+        }
+    }
+
     /// Keys tracked now.
     pub fn len(&self) -> usize {
         self.slots.len()
@@ -108,7 +125,7 @@ impl<V> KeyedSlots<V> {
 
     /// Removes every key unused for `idle` at `now_nanos`.
     pub fn forget_idle(&self, now_nanos: u64) {
-        let idle = self.idle_nanos;
+        let idle = self.idle_nanos.load(Ordering::Relaxed);
         self.slots.retain(|_, slot| {
             now_nanos.saturating_sub(slot.last_seen.load(Ordering::Relaxed)) < idle
         });
@@ -119,7 +136,7 @@ impl<V> KeyedSlots<V> {
         if now_nanos < due {
             return;
         }
-        let next = now_nanos.saturating_add(self.sweep_every_nanos);
+        let next = now_nanos.saturating_add(self.sweep_every_nanos.load(Ordering::Relaxed));
         // One caller sweeps; the others go on.
         if self
             .next_sweep
@@ -129,6 +146,12 @@ impl<V> KeyedSlots<V> {
             self.forget_idle(now_nanos);
         }
     }
+}
+
+/// `idle` in nanoseconds, and how often to sweep for it: every quarter of it.
+fn idle_and_sweep_nanos(idle: Duration) -> (u64, u64) {
+    let idle_nanos = u64::try_from(idle.as_nanos()).unwrap_or(u64::MAX);
+    (idle_nanos, (idle_nanos / 4).max(1))
 }
 
 #[cfg(test)]
@@ -178,6 +201,35 @@ mod tests {
         assert_eq!(slots.len(), 2);
         slots.get_or_insert_with("b", 61 * SECOND, || ());
         assert_eq!(slots.len(), 1);
+    }
+
+    #[test]
+    fn a_shorter_idle_applies_from_the_next_sweep_and_keeps_the_keys_in_use() {
+        let slots = KeyedSlots::new(100, Duration::from_secs(60));
+        slots.get_or_insert_with("quiet", SECOND, || 1u32);
+        slots.get_or_insert_with("busy", SECOND, || 2u32);
+        slots.set_idle(Duration::from_secs(8));
+        // The sweep scheduled for 15 s still runs then; from it on, every 2 s.
+        slots.get_or_insert_with("busy", 14 * SECOND, || 0u32);
+        assert_eq!(slots.len(), 2);
+        slots.get_or_insert_with("busy", 16 * SECOND, || 0u32);
+        assert_eq!(
+            slots.len(),
+            1,
+            "quiet was unused for 15 s, over the new 8 s"
+        );
+        assert_eq!(**slots.get_or_insert_with("busy", 17 * SECOND, || 0u32), 2);
+    }
+
+    #[test]
+    fn every_key_is_visited() {
+        let slots = KeyedSlots::new(100, Duration::from_secs(60));
+        for n in 0..10u64 {
+            slots.get_or_insert_with(&format!("key-{n}"), SECOND, || AtomicU64::new(n));
+        }
+        let mut sum = 0;
+        slots.for_each(|value| sum += value.load(Ordering::Relaxed));
+        assert_eq!(sum, 45);
     }
 
     #[test]

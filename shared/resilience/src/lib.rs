@@ -15,11 +15,17 @@
 //!   when the service is at its limit (atomics while nobody waits; one mutex for those who do).
 //!
 //! Time comes from a [`Ticker`], so tests move it by hand instead of sleeping.
+//!
+//! Every guard can be reconfigured while calls go through it, keeping its state (`reconfigure`,
+//! [`Bulkhead::resize`], [`TokenBucket::set_rate_at`], [`KeyedLimiter::set_rate`]): calls read
+//! each tunable with one relaxed atomic load, and what can only change at a restart is kept and
+//! named in the [`RestartOnly`] answer (see `live.rs`).
 
 mod breaker;
 mod bulkhead;
 mod class;
 mod keyed;
+mod live;
 mod quota;
 mod retry;
 mod shedder;
@@ -32,7 +38,8 @@ pub use breaker::{
 pub use bulkhead::{Bulkhead, BulkheadFull, BulkheadPermit, BulkheadSnapshot};
 pub use class::RequestClass;
 pub use keyed::{KeyedSlots, Slot};
-pub use quota::{KeyedLimiter, QuotaExceeded, RateConfig, TokenBucket};
+pub use live::RestartOnly;
+pub use quota::{KeyedLimiter, LiveRate, QuotaExceeded, RateConfig, TokenBucket};
 pub use retry::{Backoff, Jitter, RetryBudget, RetryConfig};
 pub use shedder::{
     Admission, AdmissionTicket, LevelController, LoadShedder, ShedConfig, ShedLevel, ShedSnapshot,

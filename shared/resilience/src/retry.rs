@@ -5,12 +5,19 @@
 //! [`RetryBudget`] has a token: every first attempt deposits `ratio` of a token, every retry
 //! withdraws a whole one, so retries never exceed `ratio` of calls, however hard a dependency
 //! fails. The back-off between attempts grows exponentially with jitter ([`Backoff`]).
+//!
+//! The budget also holds the per-request allowance and the back-off in force, so that one
+//! [`RetryBudget::reconfigure`] changes every retry knob under running calls.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use rand::Rng;
 use serde::Serialize;
+
+use crate::live::lock;
+use crate::ticker::saturating_nanos;
 
 /// The retry knobs of one dependency.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -62,11 +69,20 @@ impl RetryConfig {
 /// Milli-tokens, so a 10 % ratio deposits 100 per call without floating point on the hot path.
 const TOKEN: i64 = 1_000;
 
-/// The process-wide share of calls that may be retries.
+/// The process-wide share of calls that may be retries, with the per-request allowance and the
+/// back-off in force.
 #[derive(Debug)]
 pub struct RetryBudget {
-    deposit: i64,
-    cap: i64,
+    /// The configuration in force, for [`Self::config`]; only [`Self::reconfigure`] takes the
+    /// lock (while it stores the atomics below, which calls read).
+    config: Mutex<RetryConfig>,
+    /// Milli-tokens a first attempt deposits.
+    deposit: AtomicI64,
+    /// The most milli-tokens the balance saves.
+    cap: AtomicI64,
+    max_per_request: AtomicU32,
+    base_backoff_nanos: AtomicU64,
+    max_backoff_nanos: AtomicU64,
     balance: AtomicI64,
     first_attempts: AtomicU64,
     retries: AtomicU64,
@@ -76,23 +92,76 @@ pub struct RetryBudget {
 impl RetryBudget {
     /// Starts empty: the first retries are earned by first attempts.
     pub fn new(config: &RetryConfig) -> Self {
-        Self {
-            deposit: (config.ratio.clamp(0.0, 1.0) * TOKEN as f64).round() as i64,
-            cap: i64::from(config.max_saved.max(1)) * TOKEN,
+        let budget = Self {
+            config: Mutex::new(*config),
+            deposit: AtomicI64::new(0),
+            cap: AtomicI64::new(0),
+            max_per_request: AtomicU32::new(0),
+            base_backoff_nanos: AtomicU64::new(0),
+            max_backoff_nanos: AtomicU64::new(0),
             balance: AtomicI64::new(0),
             first_attempts: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+        };
+        budget.store(config);
+        budget
+    }
+
+    /// Applies `config` from the next call on: the ratio (what a first attempt deposits), the
+    /// tokens saved at most (the balance is cut to the new cap at once), the retries a request
+    /// may spend and the back-off. The balance saved and the counts are kept.
+    pub fn reconfigure(&self, config: &RetryConfig) {
+        let mut in_force = lock(&self.config);
+        self.store(config);
+        let cap = self.cap.load(Ordering::Relaxed);
+        self.balance.fetch_min(cap, Ordering::Relaxed);
+        *in_force = *config;
+    }
+
+    fn store(&self, config: &RetryConfig) {
+        let relaxed = Ordering::Relaxed;
+        self.deposit.store(
+            (config.ratio.clamp(0.0, 1.0) * TOKEN as f64).round() as i64,
+            relaxed,
+        );
+        self.cap
+            .store(i64::from(config.max_saved.max(1)) * TOKEN, relaxed);
+        self.max_per_request.store(config.max_per_request, relaxed);
+        self.base_backoff_nanos
+            .store(saturating_nanos(config.base_backoff), relaxed);
+        self.max_backoff_nanos
+            .store(saturating_nanos(config.max_backoff), relaxed);
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> RetryConfig {
+        *lock(&self.config)
+    }
+
+    /// Retries one request may spend across all its calls.
+    pub fn max_per_request(&self) -> u32 {
+        self.max_per_request.load(Ordering::Relaxed)
+    }
+
+    /// The back-off in force (equal jitter, as [`Backoff::from`] a [`RetryConfig`]).
+    pub fn backoff(&self) -> Backoff {
+        Backoff {
+            base: Duration::from_nanos(self.base_backoff_nanos.load(Ordering::Relaxed)),
+            max: Duration::from_nanos(self.max_backoff_nanos.load(Ordering::Relaxed)),
+            jitter: Jitter::Equal,
         }
     }
 
     /// Records a first attempt.
     pub fn deposit(&self) {
         self.first_attempts.fetch_add(1, Ordering::Relaxed);
+        let deposit = self.deposit.load(Ordering::Relaxed);
+        let cap = self.cap.load(Ordering::Relaxed);
         let _ = self
             .balance
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |balance| {
-                Some((balance + self.deposit).min(self.cap))
+                Some((balance + deposit).min(cap))
             });
     }
 
@@ -241,6 +310,51 @@ mod tests {
         }
         let granted = (0..10).filter(|_| budget.try_withdraw()).count();
         assert_eq!(granted, 3);
+    }
+
+    #[test]
+    fn a_reconfigured_budget_caps_its_savings_and_deposits_at_the_new_ratio() {
+        let budget = RetryBudget::new(&RetryConfig::default());
+        for _ in 0..200 {
+            budget.deposit();
+        }
+        let tighter = RetryConfig {
+            max_per_request: 1,
+            ratio: 0.5,
+            max_saved: 4,
+            base_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(50),
+        };
+        budget.reconfigure(&tighter);
+        assert_eq!(budget.config(), tighter);
+        assert_eq!(budget.max_per_request(), 1);
+        assert_eq!(
+            budget.backoff(),
+            Backoff {
+                base: Duration::from_millis(20),
+                max: Duration::from_millis(50),
+                jitter: Jitter::Equal
+            }
+        );
+        assert_eq!(
+            (0..10).filter(|_| budget.try_withdraw()).count(),
+            4,
+            "the ten saved, cut to the new cap"
+        );
+        for _ in 0..4 {
+            budget.deposit();
+        }
+        assert_eq!(
+            (0..10).filter(|_| budget.try_withdraw()).count(),
+            2,
+            "half a token per first attempt"
+        );
+        assert_eq!(budget.counts(), (204, 6, 14), "the counts are kept");
+        budget.reconfigure(&RetryConfig::default());
+        for _ in 0..10 {
+            budget.deposit();
+        }
+        assert!(budget.try_withdraw() && !budget.try_withdraw());
     }
 
     #[test]

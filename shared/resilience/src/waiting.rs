@@ -30,6 +30,10 @@
 //! one relaxed load, [`AdmissionQueue::ahead`] one load per class. Joining, polling, leaving and
 //! notifying a non-empty queue take one mutex around a few `VecDeque` operations; only waiting
 //! requests pay them.
+//!
+//! The bounds change in place ([`AdmissionQueue::reconfigure`]): each class's are two atomics,
+//! stored under the queue's mutex (so joins, which check the bound under it, see them whole) and
+//! read lock-free by [`AdmissionQueue::may_wait`] and [`AdmissionQueue::max_wait`].
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -165,7 +169,8 @@ pub struct QueueFull {
 
 /// Bounded per-class queues of requests waiting for admission (see the module's contract).
 pub struct AdmissionQueue {
-    config: WaitConfig,
+    /// Each class's bounds in force, lowest class first.
+    bounds: [ClassBounds; 3],
     ticker: Arc<dyn Ticker>,
     /// Waiters in all classes, for the lock-free empty check of [`AdmissionQueue::notify`].
     total: AtomicU32,
@@ -185,6 +190,28 @@ struct Queues {
 struct Slot {
     id: u64,
     waker: Option<Waker>,
+}
+
+/// One class's [`ClassWait`] in force: written under the queue's lock, read lock-free.
+#[derive(Debug, Default)]
+struct ClassBounds {
+    max_waiters: AtomicU32,
+    max_wait_nanos: AtomicU64,
+}
+
+impl ClassBounds {
+    fn store(&self, wait: ClassWait) {
+        self.max_waiters.store(wait.max_waiters, Ordering::Relaxed);
+        self.max_wait_nanos
+            .store(saturating_nanos(wait.max_wait), Ordering::Relaxed);
+    }
+
+    fn load(&self) -> ClassWait {
+        ClassWait {
+            max_waiters: self.max_waiters.load(Ordering::Relaxed),
+            max_wait: Duration::from_nanos(self.max_wait_nanos.load(Ordering::Relaxed)),
+        }
+    }
 }
 
 /// One class's counters; written under the lock or with relaxed atomics, read lock-free.
@@ -222,8 +249,12 @@ impl AdmissionQueue {
     /// `config` must have passed [`WaitConfig::validate`].
     pub fn new(config: WaitConfig, ticker: Arc<dyn Ticker>) -> Self {
         debug_assert!(config.validate().is_ok(), "{:?}", config.validate());
+        let bounds: [ClassBounds; 3] = Default::default();
+        for (class, wait) in bounds.iter().zip(config.classes) {
+            class.store(wait);
+        }
         Self {
-            config,
+            bounds,
             ticker,
             total: AtomicU32::new(0),
             stats: Default::default(),
@@ -231,18 +262,41 @@ impl AdmissionQueue {
         }
     }
 
-    pub fn config(&self) -> &WaitConfig {
-        &self.config
+    /// The configuration in force.
+    pub fn config(&self) -> WaitConfig {
+        WaitConfig {
+            classes: self.bounds.each_ref().map(ClassBounds::load),
+        }
     }
 
-    /// Whether requests of `class` wait here rather than being refused.
+    /// Applies `config` in place. The waiters already queued keep their places and their
+    /// turns, however many there are: a class whose bound falls below its waiters refuses new
+    /// joins until enough have left to get below it, and a class set to 0 stops taking new
+    /// waiters while its queued ones still wait their turn. The new `max_wait` applies to the
+    /// waits that begin after the change (the caller reads [`Self::max_wait`] as a waiter starts
+    /// its timer; a running timer keeps the wait it started with). `config` must have passed
+    /// [`WaitConfig::validate`].
+    pub fn reconfigure(&self, config: WaitConfig) {
+        debug_assert!(config.validate().is_ok(), "{:?}", config.validate());
+        let _queues = self.lock();
+        for (class, wait) in self.bounds.iter().zip(config.classes) {
+            class.store(wait);
+        }
+    }
+
+    /// Whether requests of `class` wait here rather than being refused. One relaxed load, on
+    /// every request's path: inlined into the caller.
+    #[inline]
     pub fn may_wait(&self, class: RequestClass) -> bool {
-        self.config.of(class).max_waiters > 0
+        self.bounds[class as usize]
+            .max_waiters
+            .load(Ordering::Relaxed)
+            > 0
     }
 
     /// The longest a waiter of `class` waits (before the caller's cap by its deadline).
     pub fn max_wait(&self, class: RequestClass) -> Duration {
-        self.config.of(class).max_wait
+        self.bounds[class as usize].load().max_wait
     }
 
     /// Whether anyone of `class` or a higher class is waiting: a new request of `class` must
@@ -261,9 +315,11 @@ impl AdmissionQueue {
     /// Queues a request of `class`, or refuses it at once when the class's queue is full (or the
     /// class does not wait). The waiter starts with the turn when it is the head.
     pub fn join(&self, class: RequestClass) -> Result<Waiter<'_>, QueueFull> {
-        let max_waiters = self.config.of(class).max_waiters;
         let stats = &self.stats[class as usize];
         let mut queues = self.lock();
+        let max_waiters = self.bounds[class as usize]
+            .max_waiters
+            .load(Ordering::Relaxed);
         let queue_len = queues.waiting[class as usize].len();
         if queue_len >= max_waiters as usize {
             drop(queues);
@@ -305,11 +361,12 @@ impl AdmissionQueue {
         }
     }
 
+    /// The classes that wait, and those that no longer do but still have waiters.
     pub fn snapshot(&self) -> AdmissionQueueSnapshot {
         AdmissionQueueSnapshot {
             classes: RequestClass::ALL
                 .into_iter()
-                .filter(|class| self.may_wait(*class))
+                .filter(|class| self.may_wait(*class) || self.depth(*class) > 0)
                 .map(|class| self.class_snapshot(class))
                 .collect(),
         }
@@ -319,7 +376,7 @@ impl AdmissionQueue {
         let stats = &self.stats[class as usize];
         let outcome =
             |outcome: WaitOutcome| stats.outcomes[outcome as usize].load(Ordering::Relaxed);
-        let wait = self.config.of(class);
+        let wait = self.bounds[class as usize].load();
         let wait_buckets: Vec<u64> = stats
             .wait_buckets
             .iter()
@@ -403,7 +460,7 @@ impl fmt::Debug for AdmissionQueue {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter
             .debug_struct("AdmissionQueue")
-            .field("config", &self.config)
+            .field("config", &self.config())
             .field("waiting", &self.total.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
@@ -773,6 +830,46 @@ mod tests {
             .map(|class| class.admitted + class.timed_out + class.cancelled + class.refused_full)
             .sum();
         assert_eq!(ended, 2_000, "every attempt has exactly one outcome");
+    }
+
+    #[test]
+    fn a_smaller_bound_keeps_the_waiters_and_refuses_joins_until_they_drain_below_it() {
+        let (queue, _) = queue(4, 2);
+        let waker = Arc::new(CountingWaker::default());
+        let mut waiters: Vec<_> = (0..4).map(|_| queue.join(Prefetch).unwrap()).collect();
+        let shorter = ClassWait {
+            max_waiters: 2,
+            max_wait: Duration::from_millis(50),
+        };
+        let smaller = WaitConfig::default()
+            .with(Prefetch, shorter)
+            .with(List, ClassWait::NEVER);
+        queue.reconfigure(smaller);
+        assert_eq!(queue.config(), smaller);
+        assert_eq!(queue.max_wait(Prefetch), Duration::from_millis(50));
+        assert!(!queue.may_wait(List));
+        assert_eq!(queue.depth(Prefetch), 4, "nobody queued is dropped");
+        assert!(has_turn(&mut waiters[0], &waker), "the head keeps its turn");
+        assert_eq!(
+            queue.join(Prefetch).unwrap_err(),
+            QueueFull {
+                class: Prefetch,
+                max_waiters: 2
+            }
+        );
+        waiters.remove(0).admitted();
+        assert!(has_turn(&mut waiters[0], &waker), "the turn is handed on");
+        waiters.remove(0).admitted();
+        assert!(queue.join(Prefetch).is_err(), "2 waiting at a bound of 2");
+        drop(waiters.pop());
+        let joined = queue.join(Prefetch).expect("1 waiting at a bound of 2");
+        assert!(queue.join(List).is_err(), "the list class no longer waits");
+        drop((waiters, joined));
+        let snapshot = queue.snapshot();
+        assert_eq!(snapshot.classes.len(), 1, "only the class that still waits");
+        let prefetch = &snapshot.classes[0];
+        assert_eq!((prefetch.max_waiters, prefetch.max_wait_ms), (2, 50));
+        assert_eq!((prefetch.refused_full, prefetch.admitted), (2, 2));
     }
 
     #[test]

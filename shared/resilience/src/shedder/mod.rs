@@ -79,15 +79,32 @@
 //! The measured level, the operator's forced level and the time the measured level was entered
 //! share one `AtomicU64`, so [`LoadShedder::admit`] reads the level with one load and updates
 //! never tear.
+//!
+//! # Layout
+//! - `mod.rs`: the signals and their evaluation, the packed level, admission;
+//! - `level.rs`: [`LevelController`], the level policy;
+//! - `limit.rs`: the adaptive concurrency limit's step (Gradient2);
+//! - `rules.rs`: the configuration values the evaluation reads, which
+//!   [`LoadShedder::reconfigure`] changes in place.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::live::{RestartOnly, load_f64, lock};
 use crate::ticker::{Ticker, saturating_nanos};
+
+mod level;
+mod limit;
+mod rules;
+
+pub use level::LevelController;
+use level::{sanitize_load, validate_levels};
+use limit::{LONG_LATENCY_ALPHA, next_limit};
+use rules::{Bounds, Rules};
 
 /// How much of its normal work the service gives up to stay responsive. Ordered: a higher level
 /// includes the measures of the lower ones.
@@ -217,129 +234,22 @@ impl ShedConfig {
         }
         Ok(())
     }
+
+    /// The nearest configuration the shedder can run: counts at least 1, the floor within the
+    /// ceiling, the interval at least [`MIN_INTERVAL`].
+    fn clamped(self) -> Self {
+        let max_in_flight = self.max_in_flight.max(1);
+        Self {
+            max_in_flight,
+            min_in_flight: self.min_in_flight.clamp(1, max_in_flight),
+            interval: self.interval.max(MIN_INTERVAL),
+            ..self
+        }
+    }
 }
 
 const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
-fn validate_levels(thresholds: [f64; 3], hysteresis: f64) -> Result<(), String> {
-    if !thresholds
-        .iter()
-        .all(|threshold| threshold.is_finite() && *threshold > 0.0)
-    {
-        return Err(format!(
-            "thresholds must be finite and > 0, got {thresholds:?}"
-        ));
-    }
-    if !(thresholds[0] < thresholds[1] && thresholds[1] < thresholds[2]) {
-        return Err(format!(
-            "thresholds must be strictly increasing, got {thresholds:?}"
-        ));
-    }
-    if !(hysteresis.is_finite() && hysteresis >= 0.0 && hysteresis < thresholds[0]) {
-        return Err(format!(
-            "hysteresis must be in [0, thresholds[0] = {}), got {hysteresis}",
-            thresholds[0]
-        ));
-    }
-    Ok(())
-}
-
-/// The level state machine alone, without clocks or atomics, so its rules can be tested (and
-/// reused) with any load sequence.
-#[derive(Debug, Clone)]
-pub struct LevelController {
-    thresholds: [f64; 3],
-    hysteresis: f64,
-    min_dwell_nanos: u64,
-    level: ShedLevel,
-    /// When `level` was entered, in ticker nanoseconds (0 = at construction).
-    since_nanos: u64,
-}
-
-impl LevelController {
-    /// Starts at [`ShedLevel::Normal`]. The thresholds and hysteresis must satisfy
-    /// [`ShedConfig::validate`].
-    pub fn new(thresholds: [f64; 3], hysteresis: f64, min_dwell: Duration) -> Self {
-        debug_assert!(
-            validate_levels(thresholds, hysteresis).is_ok(),
-            "{:?}",
-            validate_levels(thresholds, hysteresis)
-        );
-        Self {
-            thresholds,
-            hysteresis,
-            min_dwell_nanos: saturating_nanos(min_dwell),
-            level: ShedLevel::Normal,
-            since_nanos: 0,
-        }
-    }
-
-    /// Feeds one load ratio (1.0 = at capacity) measured at `now_nanos`. NaN and negative loads
-    /// count as 0.
-    pub fn observe(&mut self, load: f64, now_nanos: u64) -> ShedLevel {
-        let (level, since_nanos) = self.step(self.level, self.since_nanos, load, now_nanos);
-        self.level = level;
-        self.since_nanos = since_nanos;
-        level
-    }
-
-    pub fn level(&self) -> ShedLevel {
-        self.level
-    }
-
-    /// The transition rule, on state passed in so the shedder can keep it in an atomic.
-    /// Returns the new level and when it was entered.
-    fn step(
-        &self,
-        current: ShedLevel,
-        since_nanos: u64,
-        load: f64,
-        now_nanos: u64,
-    ) -> (ShedLevel, u64) {
-        let load = sanitize_load(load);
-        let reached = self.level_reached_by(load);
-        if reached > current {
-            // Protection never waits.
-            return (reached, now_nanos);
-        }
-        if current == ShedLevel::Normal {
-            return (current, since_nanos);
-        }
-        let leave_below = self.threshold_of(current) - self.hysteresis;
-        let held_nanos = now_nanos.saturating_sub(since_nanos);
-        if load < leave_below && held_nanos >= self.min_dwell_nanos {
-            return (current.lower(), now_nanos);
-        }
-        (current, since_nanos)
-    }
-
-    /// The highest level whose threshold `load` reaches.
-    fn level_reached_by(&self, load: f64) -> ShedLevel {
-        let reached = self
-            .thresholds
-            .iter()
-            .take_while(|threshold| load >= **threshold)
-            .count();
-        ShedLevel::ALL[reached]
-    }
-
-    fn threshold_of(&self, level: ShedLevel) -> f64 {
-        debug_assert!(level > ShedLevel::Normal);
-        self.thresholds[usize::from(level.as_u8()) - 1]
-    }
-}
-
-/// NaN and negative loads count as 0 (`max` returns the other operand when one is NaN).
-fn sanitize_load(load: f64) -> f64 {
-    load.max(0.0)
-}
-
-/// Allowed ratio of short- to long-term latency before the limit shrinks (Gradient2's tolerance).
-const LATENCY_TOLERANCE: f64 = 1.5;
-/// Share of `√limit` the limit grows by per interval while latency is within the tolerance, on
-/// top of the multiplicative step: what lifts a limit at the floor (16) off it quickly. With
-/// both, the floor is back at 512 in about 6 s of baseline latency at 250 ms intervals.
-const RECOVERY_STEP: f64 = 0.5;
 /// Weight of one saturated interval's throughput in the learned saturated rate.
 const SATURATED_ALPHA: f64 = 0.5;
 /// Level 3 is held on the saturated rate for at most this many dwells before a step down
@@ -365,26 +275,20 @@ const OFFERED_WINDOW: usize = 4;
 /// Share of an interval the runtime's workers must have been busy for in-flight overload to
 /// count as saturation (rather than requests waiting on a slow dependency, which idles them).
 pub(crate) const SATURATED_BUSY: f64 = 0.9;
-/// Weight of one interval in the long-term latency: about 20 intervals (5 s at 250 ms) of memory.
-const LONG_LATENCY_ALPHA: f64 = 0.05;
-/// Share of each new limit estimate taken per interval, so one noisy interval moves it little.
-const LIMIT_SMOOTHING: f64 = 0.2;
-/// The limit shrinks at most by half per estimate, so an outlier cannot collapse it.
-const MIN_GRADIENT: f64 = 0.5;
-/// The limit grows at most by this factor per estimate (before smoothing), reached when latency
-/// is at most `LATENCY_TOLERANCE / MAX_GRADIENT` of the baseline: Envoy's adaptive concurrency
-/// caps its gradient at 2 for the same reason, so that recovery is multiplicative.
-const MAX_GRADIENT: f64 = 2.0;
-
 /// Sheds load in three levels from measured throughput, concurrency and latency.
 ///
 /// One per instance, shared by every request (`Arc<LoadShedder>` or a `static`).
 #[derive(Debug)]
 pub struct LoadShedder {
-    config: ShedConfig,
+    /// The configuration in force, for [`Self::config`]; only [`Self::reconfigure`] takes the
+    /// lock (while it stores `rules`, which the evaluation reads).
+    config: Mutex<ShedConfig>,
+    rules: Rules,
     ticker: Arc<dyn Ticker>,
-    controller: LevelController,
+    /// Restart-only: every measurement is taken over it.
     interval_nanos: u64,
+    /// Restart-only, see [`Self::reconfigure`].
+    adaptive: bool,
     /// A [`PackedLevel`]: what `admit` reads, with one load.
     level_word: AtomicU64,
     /// When load was last evaluated; the CAS on it elects the evaluator.
@@ -445,16 +349,7 @@ impl LoadShedder {
     /// clamped rather than trusted.
     pub fn new(config: ShedConfig, ticker: Arc<dyn Ticker>) -> Self {
         debug_assert!(config.validate().is_ok(), "{:?}", config.validate());
-        let max_in_flight = config.max_in_flight.max(1);
-        let min_in_flight = config.min_in_flight.clamp(1, max_in_flight);
-        let config = ShedConfig {
-            max_in_flight,
-            min_in_flight,
-            interval: config.interval.max(MIN_INTERVAL),
-            ..config
-        };
-        let controller =
-            LevelController::new(config.thresholds, config.hysteresis, config.min_dwell);
+        let config = config.clamped();
         let now_nanos = ticker.now_nanos();
         let initial = PackedLevel {
             measured: ShedLevel::Normal,
@@ -463,13 +358,14 @@ impl LoadShedder {
         };
         Self {
             interval_nanos: saturating_nanos(config.interval),
-            controller,
+            adaptive: config.adaptive,
+            rules: Rules::new(&config),
             ticker,
             level_word: AtomicU64::new(initial.pack()),
             counters: RequestCounters::default(),
             last_evaluation_nanos: AtomicU64::new(now_nanos),
             // A cold start is not overload: the limit only shrinks on evidence.
-            limit_bits: AtomicU64::new(f64::from(max_in_flight).to_bits()),
+            limit_bits: AtomicU64::new(f64::from(config.max_in_flight).to_bits()),
             short_latency_nanos_bits: AtomicU64::new(0.0_f64.to_bits()),
             long_latency_nanos_bits: AtomicU64::new(0.0_f64.to_bits()),
             load_bits: AtomicU64::new(0.0_f64.to_bits()),
@@ -491,8 +387,64 @@ impl LoadShedder {
             served_rps_bits: AtomicU64::new(0.0_f64.to_bits()),
             calm_streak: AtomicU64::new(0),
             last_full_load_nanos: AtomicU64::new(0),
-            config,
+            config: Mutex::new(config),
         }
+    }
+
+    /// Applies `config` to the running shedder from its next evaluation on. Live: the queue
+    /// delay target, the thresholds, the hysteresis, the dwell, the concurrency limit's floor
+    /// and ceiling (`min_in_flight`, `max_in_flight`: the learned limit is kept, clamped into
+    /// them at once, or set to the ceiling when `adaptive` is off) and `capacity_rps` (0 = none).
+    /// Kept: the level (measured and forced) and when it was entered, the requests in flight,
+    /// and every measurement and learned rate.
+    ///
+    /// Restart-only, kept at their old values and named in the answer when `config` differs:
+    /// - `interval`: every measurement is per interval (the mean concurrency, the two-interval
+    ///   minimums, the one-second windows of four intervals, the latency EWMAs' weights), so a
+    ///   new length would mix intervals the signals are not calibrated for;
+    /// - `queue_probe_every`: the caller's probe task reads it when it starts;
+    /// - `adaptive`: switching it would start a limit pinned at the ceiling adapting from
+    ///   there, or pin an adapted one, where the service was built to run one or the other.
+    ///
+    /// (The service's own `enabled`, `accept_queue`, level-2 timeout factors and `Retry-After`
+    /// range are not the shedder's: whoever holds them applies them.) `config` should have
+    /// passed [`ShedConfig::validate`]; counts are clamped as by [`Self::new`].
+    pub fn reconfigure(&self, config: &ShedConfig) -> RestartOnly {
+        debug_assert!(config.validate().is_ok(), "{:?}", config.validate());
+        let mut in_force = lock(&self.config);
+        let mut restart_only = RestartOnly::default();
+        restart_only.note("interval", &in_force.interval, &config.interval);
+        restart_only.note(
+            "queue_probe_every",
+            &in_force.queue_probe_every,
+            &config.queue_probe_every,
+        );
+        restart_only.note("adaptive", &in_force.adaptive, &config.adaptive);
+        let config = ShedConfig {
+            interval: in_force.interval,
+            queue_probe_every: in_force.queue_probe_every,
+            adaptive: in_force.adaptive,
+            ..config.clone()
+        }
+        .clamped();
+        self.rules.store(&config);
+        self.clamp_limit(self.rules.bounds());
+        *in_force = config;
+        restart_only
+    }
+
+    /// Brings the concurrency limit within `bounds` (to the ceiling when it does not adapt).
+    fn clamp_limit(&self, bounds: Bounds) {
+        let _ = self
+            .limit_bits
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |bits| {
+                let limit = if self.adaptive {
+                    bounds.clamp(f64::from_bits(bits))
+                } else {
+                    f64::from(bounds.max)
+                };
+                Some(limit.to_bits())
+            });
     }
 
     /// Reports one measurement of how long a task waited for a runtime worker (the caller's
@@ -603,11 +555,13 @@ impl LoadShedder {
     pub fn observe_load(&self, load: f64) -> ShedLevel {
         let load = sanitize_load(load);
         self.load_bits.store(load.to_bits(), Ordering::Relaxed);
-        self.apply_load(load, self.ticker.now_nanos())
+        let controller = self.rules.load().controller();
+        self.apply_load(&controller, load, self.ticker.now_nanos())
     }
 
     pub fn snapshot(&self) -> ShedSnapshot {
         let now_nanos = self.ticker.now_nanos();
+        let rules = self.rules.load();
         let packed = PackedLevel::unpack(self.level_word.load(Ordering::Acquire));
         ShedSnapshot {
             level: packed.effective(),
@@ -622,28 +576,35 @@ impl LoadShedder {
             latency_ms: load_f64(&self.short_latency_nanos_bits) / 1e6,
             baseline_latency_ms: load_f64(&self.long_latency_nanos_bits) / 1e6,
             level_since_ms: now_nanos.saturating_sub(packed.since_nanos) / 1_000_000,
-            thresholds: self.config.thresholds,
+            thresholds: rules.thresholds,
             queue_delay_ms: load_f64(&self.standing_queue_delay_nanos_bits) / 1e6,
             interval_queue_delay_ms: load_f64(&self.queue_delay_nanos_bits) / 1e6,
-            queue_delay_target_ms: self.config.queue_delay_target.as_secs_f64() * 1e3,
+            queue_delay_target_ms: Duration::from_nanos(rules.queue_delay_target_nanos)
+                .as_secs_f64()
+                * 1e3,
             saturated_rps: Some(load_f64(&self.saturated_rps_bits)).filter(|rps| *rps > 0.0),
             worker_busy: Some(load_f64(&self.worker_busy_bits)).filter(|busy| *busy >= 0.0),
             served_rps: Some(load_f64(&self.served_rps_bits)).filter(|rps| *rps > 0.0),
-            min_in_flight: self.config.min_in_flight,
-            max_in_flight: self.config.max_in_flight,
-            capacity_rps: Some(self.config.capacity_rps).filter(|cap| *cap > 0),
+            min_in_flight: rules.bounds.min,
+            max_in_flight: rules.bounds.max,
+            capacity_rps: Some(rules.capacity_rps).filter(|cap| *cap > 0),
         }
     }
 
-    pub fn config(&self) -> &ShedConfig {
-        &self.config
+    /// The configuration in force: the last [`Self::reconfigure`]'s (or [`Self::new`]'s),
+    /// clamped, with the restart-only values the shedder was built with.
+    pub fn config(&self) -> ShedConfig {
+        lock(&self.config).clone()
     }
 
     /// Closes the interval `(previous_nanos, now_nanos]`: turns its counters into a load and
     /// feeds the controller. Only the CAS winner runs it, so its plain load/store pairs are
     /// single-writer (a thread paused for a whole interval could overlap the next evaluator and
-    /// lose one limit update, which the next interval repairs).
+    /// lose one limit update, which the next interval repairs). Cold: once per interval, and
+    /// kept out of the admission it is called from.
+    #[cold]
     fn evaluate(&self, previous_nanos: u64, now_nanos: u64) {
+        let rules = self.rules.load();
         let elapsed_nanos = now_nanos.saturating_sub(previous_nanos).max(1);
         let completed = self.counters.completed.swap(0, Ordering::Relaxed);
         let latency_sum_nanos = self.counters.latency_sum_nanos.swap(0, Ordering::Relaxed);
@@ -674,7 +635,10 @@ impl LoadShedder {
             .store(offered_rps.to_bits(), Ordering::Relaxed);
         let mean_offered_rps = self.offered_window.push(offered_rps);
         if completed > 0 {
-            self.update_latency_and_limit(latency_sum_nanos as f64 / completed as f64);
+            self.update_latency_and_limit(
+                latency_sum_nanos as f64 / completed as f64,
+                rules.bounds,
+            );
         }
 
         // The queue delay counts once it held for two intervals, as the mean concurrency does:
@@ -688,18 +652,17 @@ impl LoadShedder {
         let standing_queue_delay_nanos = queue_delay_nanos.min(previous_queue_delay_nanos);
         self.standing_queue_delay_nanos_bits
             .store(standing_queue_delay_nanos.to_bits(), Ordering::Relaxed);
-        let queue_ratio =
-            standing_queue_delay_nanos / saturating_nanos(self.config.queue_delay_target) as f64;
+        let queue_ratio = standing_queue_delay_nanos / rules.queue_delay_target_nanos as f64;
         let concurrency_ratio = standing_in_flight / load_f64(&self.limit_bits);
-        let cap_ratio = if self.config.capacity_rps == 0 {
+        let cap_ratio = if rules.capacity_rps == 0 {
             0.0
         } else {
-            throughput_rps / f64::from(self.config.capacity_rps)
+            throughput_rps / f64::from(rules.capacity_rps)
         };
         let overload = queue_ratio.max(concurrency_ratio);
         let worker_busy = self.interval_worker_busy();
         let packed = PackedLevel::unpack(self.level_word.load(Ordering::Acquire));
-        let full_load = self.config.thresholds[2];
+        let full_load = rules.thresholds[2];
         let saturated_now = queue_ratio >= full_load
             || (concurrency_ratio >= full_load && worker_busy >= SATURATED_BUSY);
         if packed.measured < ShedLevel::CacheOnly && saturated_now && throughput_rps > 0.0 {
@@ -720,7 +683,7 @@ impl LoadShedder {
         let mut load = measured_load;
         // Calm: full work (extras included) and no level would be entered. Its throughput is a
         // rate this instance serves without shedding, whatever its workers' busy share.
-        let calm_below = self.config.thresholds[0] - self.config.hysteresis;
+        let calm_below = rules.thresholds[0] - rules.hysteresis;
         let calm = packed.measured == ShedLevel::Normal
             && load < calm_below
             && mean_in_flight / load_f64(&self.limit_bits) < calm_below;
@@ -744,8 +707,7 @@ impl LoadShedder {
         } else {
             SHORT_HOLD_DWELLS
         };
-        let max_hold_nanos =
-            saturating_nanos(self.config.min_dwell).saturating_mul(u64::from(hold_dwells));
+        let max_hold_nanos = rules.min_dwell_nanos.saturating_mul(u64::from(hold_dwells));
         if packed.measured == ShedLevel::CacheOnly && saturated > 0.0 && held_nanos < max_hold_nanos
         {
             // Cheap answers hide the offered load; the rate that saturated full work does not.
@@ -757,8 +719,8 @@ impl LoadShedder {
             // level 3 itself answers lift the offered load a few per cent above what came
             // before the burst). The served rate wins where the two meet: a rate learned while
             // the instance thrashed must not hold level 3 after the load is back to normal.
-            let hold_above = (saturated * (1.0 - self.config.hysteresis).max(0.0))
-                .max(served * (1.0 + self.config.hysteresis));
+            let hold_above = (saturated * (1.0 - rules.hysteresis).max(0.0))
+                .max(served * (1.0 + rules.hysteresis));
             if mean_offered_rps > hold_above {
                 load = load.max(full_load.max(mean_offered_rps / saturated.max(served)));
             }
@@ -768,7 +730,7 @@ impl LoadShedder {
         // signals at level 3 flicker (in a burst the machine could not even admit, one interval
         // read 0.74 between 1.3 and 1.7 and resumed full work into the burst), and one low
         // interval is no more a reason to resume full work than one high one is to stop it.
-        let leave_cache_only_below = full_load - self.config.hysteresis;
+        let leave_cache_only_below = full_load - rules.hysteresis;
         if measured_load >= leave_cache_only_below {
             self.last_full_load_nanos
                 .fetch_max(now_nanos, Ordering::Relaxed);
@@ -781,7 +743,7 @@ impl LoadShedder {
             load = load.max(leave_cache_only_below);
         }
         self.load_bits.store(load.to_bits(), Ordering::Relaxed);
-        self.apply_load(load, now_nanos);
+        self.apply_load(&rules.controller(), load, now_nanos);
     }
 
     /// The interval's queue delay in nanoseconds: the smallest the probe reported, or the last
@@ -826,8 +788,8 @@ impl LoadShedder {
         share
     }
 
-    /// One Gradient2 step from an interval's mean latency.
-    fn update_latency_and_limit(&self, short_nanos: f64) {
+    /// One Gradient2 step from an interval's mean latency, within `bounds`.
+    fn update_latency_and_limit(&self, short_nanos: f64, bounds: Bounds) {
         let previous_long_nanos = load_f64(&self.long_latency_nanos_bits);
         let cache_only = PackedLevel::unpack(self.level_word.load(Ordering::Acquire)).measured
             == ShedLevel::CacheOnly;
@@ -850,7 +812,7 @@ impl LoadShedder {
             .store(short_nanos.to_bits(), Ordering::Relaxed);
         self.long_latency_nanos_bits
             .store(long_nanos.to_bits(), Ordering::Relaxed);
-        if !self.config.adaptive || cache_only {
+        if !self.adaptive || cache_only {
             // The limit is about full work, which level 3 does not do: what cheap answers (or
             // answers waiting on a slow L2) take says nothing about it. Frozen, the limit meets
             // full work again at the value it had when level 3 began.
@@ -860,21 +822,26 @@ impl LoadShedder {
             load_f64(&self.limit_bits),
             short_nanos,
             long_nanos,
-            f64::from(self.config.min_in_flight),
-            f64::from(self.config.max_in_flight),
+            f64::from(bounds.min),
+            f64::from(bounds.max),
         );
-        self.limit_bits.store(limit.to_bits(), Ordering::Relaxed);
+        self.limit_bits.store(limit.to_bits(), Ordering::SeqCst);
+        // A reconfiguration that moved the bounds since this evaluation read them may have
+        // clamped the limit before the store above: clamp it again (see `Bounds`).
+        let bounds_now = self.rules.bounds();
+        if bounds_now != bounds {
+            self.clamp_limit(bounds_now);
+        }
     }
 
-    /// Runs the controller on the packed state until the CAS sticks (it races only with
+    /// Runs `controller` on the packed state until the CAS sticks (it races only with
     /// [`LoadShedder::force`] and [`LoadShedder::observe_load`]). Returns the effective level.
-    fn apply_load(&self, load: f64, now_nanos: u64) -> ShedLevel {
+    fn apply_load(&self, controller: &LevelController, load: f64, now_nanos: u64) -> ShedLevel {
         let mut word = self.level_word.load(Ordering::Acquire);
         loop {
             let current = PackedLevel::unpack(word);
             let (measured, since_nanos) =
-                self.controller
-                    .step(current.measured, current.since_nanos, load, now_nanos);
+                controller.step(current.measured, current.since_nanos, load, now_nanos);
             if measured == current.measured {
                 // Same level (dwell and since only change with the level): nothing to write.
                 return current.effective();
@@ -943,31 +910,6 @@ struct RequestCounters {
     /// Completions since the last evaluation and the sum of their latencies.
     completed: AtomicU64,
     latency_sum_nanos: AtomicU64,
-}
-
-/// The next adaptive concurrency limit (Gradient2 that recovers): shrinks when the interval's
-/// latency `short` exceeds the tolerated multiple of the baseline `long`, and probes back up by
-/// `√limit / 2` an interval while latency is within it.
-fn next_limit(limit: f64, short_nanos: f64, long_nanos: f64, min: f64, max: f64) -> f64 {
-    let gradient = if short_nanos > 0.0 {
-        (LATENCY_TOLERANCE * long_nanos / short_nanos).clamp(MIN_GRADIENT, MAX_GRADIENT)
-    } else {
-        MAX_GRADIENT
-    };
-    let next = if gradient < 1.0 {
-        let estimate = limit * gradient + limit.sqrt();
-        limit * (1.0 - LIMIT_SMOOTHING) + estimate * LIMIT_SMOOTHING
-    } else {
-        // Within the tolerance: grow by the smoothed share of the gradient's headroom (10 % an
-        // interval at the baseline, 20 % well below it) plus the additive probe, so a limit an
-        // incident cut returns within seconds once latency is back, however small the cut left it.
-        limit * (1.0 + LIMIT_SMOOTHING * (gradient - 1.0)) + limit.sqrt() * RECOVERY_STEP
-    };
-    next.clamp(min, max)
-}
-
-fn load_f64(bits: &AtomicU64) -> f64 {
-    f64::from_bits(bits.load(Ordering::Relaxed))
 }
 
 /// The measured level, the forced level and when the measured level was entered, in one `u64`
@@ -1153,36 +1095,10 @@ pub struct ShedSnapshot {
 mod tests {
     use super::*;
     use crate::ticker::ManualTicker;
-    use proptest::prelude::*;
 
     const SECOND: u64 = 1_000_000_000;
     const DWELL: Duration = Duration::from_secs(2);
     const INTERVAL: Duration = Duration::from_millis(250);
-
-    fn default_controller() -> LevelController {
-        LevelController::new([0.70, 0.85, 1.00], 0.05, DWELL)
-    }
-
-    /// Feeds `(load, nanos)` pairs and returns every level change as `(nanos, level)`, starting
-    /// with the initial level at nanos 0.
-    fn changes(
-        controller: &mut LevelController,
-        inputs: impl IntoIterator<Item = (f64, u64)>,
-    ) -> Vec<(u64, ShedLevel)> {
-        let mut history = vec![(0, controller.level())];
-        for (load, now_nanos) in inputs {
-            let before = controller.level();
-            let after = controller.observe(load, now_nanos);
-            if after != before {
-                history.push((now_nanos, after));
-            }
-        }
-        history
-    }
-
-    fn levels(changes: &[(u64, ShedLevel)]) -> Vec<ShedLevel> {
-        changes.iter().map(|(_, level)| *level).collect()
-    }
 
     use ShedLevel::{CacheOnly, DropExtras, Normal, ShortTimeouts};
 
@@ -1194,165 +1110,6 @@ mod tests {
         assert_eq!(ShedLevel::from_u8(4), None);
         assert_eq!(ShortTimeouts.as_str(), "short_timeouts");
         assert!(Normal < DropExtras && ShortTimeouts < CacheOnly);
-    }
-
-    #[test]
-    fn a_rising_load_walks_up_through_every_level_in_order() {
-        let mut controller = default_controller();
-        let ramp = (0..=24_u32).map(|step| {
-            (
-                f64::from(step) * 0.05,
-                SECOND + u64::from(step) * SECOND / 10,
-            )
-        });
-        assert_eq!(
-            levels(&changes(&mut controller, ramp)),
-            [Normal, DropExtras, ShortTimeouts, CacheOnly]
-        );
-    }
-
-    #[test]
-    fn a_falling_load_walks_down_one_level_at_a_time_in_order() {
-        let mut controller = default_controller();
-        controller.observe(1.2, SECOND);
-        let dwell = saturating_nanos(DWELL);
-        let ramp = (1..=24_u32).map(|step| {
-            (
-                1.2 - f64::from(step) * 0.05,
-                SECOND + u64::from(step) * dwell,
-            )
-        });
-        assert_eq!(
-            levels(&changes(&mut controller, ramp)),
-            [CacheOnly, ShortTimeouts, DropExtras, Normal]
-        );
-    }
-
-    #[test]
-    fn a_load_that_collapses_still_steps_down_one_level_per_dwell() {
-        let mut controller = default_controller();
-        controller.observe(1.5, SECOND);
-        let quiet = (1..=100).map(|step| (0.0, SECOND + step * SECOND / 10));
-        let history = changes(&mut controller, quiet);
-        assert_eq!(
-            levels(&history),
-            [CacheOnly, ShortTimeouts, DropExtras, Normal]
-        );
-        let at: Vec<u64> = history.iter().skip(1).map(|(nanos, _)| *nanos).collect();
-        assert_eq!(at, [3 * SECOND, 5 * SECOND, 7 * SECOND]);
-    }
-
-    #[test]
-    fn a_jump_goes_straight_to_the_level_it_reaches() {
-        let mut controller = default_controller();
-        assert_eq!(controller.observe(0.0, SECOND), Normal);
-        assert_eq!(controller.observe(1.3, SECOND + 1), CacheOnly);
-        let mut from_level_two = default_controller();
-        assert_eq!(from_level_two.observe(0.9, SECOND), ShortTimeouts);
-        assert_eq!(
-            from_level_two.observe(0.7, 2 * SECOND),
-            ShortTimeouts,
-            "dwell"
-        );
-    }
-
-    #[test]
-    fn thresholds_are_inclusive_and_leaving_needs_the_hysteresis() {
-        let mut controller = default_controller();
-        assert_eq!(controller.observe(0.70, SECOND), DropExtras);
-        assert_eq!(controller.observe(0.66, 10 * SECOND), DropExtras);
-        assert_eq!(controller.observe(0.64, 10 * SECOND), Normal);
-    }
-
-    #[test]
-    fn a_load_oscillating_across_a_threshold_changes_level_once() {
-        let mut controller = default_controller();
-        let oscillation = (0..600).map(|step| {
-            let load = if step % 2 == 0 { 0.69 } else { 0.71 };
-            (load, SECOND + step * SECOND / 10)
-        });
-        assert_eq!(
-            levels(&changes(&mut controller, oscillation)),
-            [Normal, DropExtras]
-        );
-    }
-
-    #[test]
-    fn a_wide_oscillation_leaves_a_level_only_after_the_dwell() {
-        let mut controller = default_controller();
-        let oscillation = (0..600).map(|step| {
-            let load = if step % 2 == 0 { 0.60 } else { 0.75 };
-            (load, SECOND + step * SECOND / 10)
-        });
-        let history = changes(&mut controller, oscillation);
-        let dwell = saturating_nanos(DWELL);
-        let mut drops = 0;
-        // The first pair is the initial level, whose entry time the controller does not know.
-        for pair in history.windows(2).skip(1) {
-            let ((entered, from), (left, to)) = (pair[0], pair[1]);
-            if to < from {
-                drops += 1;
-                let held = left - entered;
-                assert!(held >= dwell, "{from:?} held {held} ns");
-            }
-        }
-        // Over 60 s: at most one drop per dwell, each followed at once by the rise the load asks
-        // for (going up never waits).
-        assert!((20..=30).contains(&drops), "{drops} drops");
-        assert_eq!(
-            history.len() - 1,
-            2 * drops + 1,
-            "rises and drops alternate"
-        );
-    }
-
-    #[test]
-    fn nan_and_negative_loads_count_as_zero() {
-        let mut controller = default_controller();
-        assert_eq!(controller.observe(f64::NAN, SECOND), Normal);
-        assert_eq!(controller.observe(-3.0, SECOND), Normal);
-        assert_eq!(controller.observe(f64::INFINITY, SECOND), CacheOnly);
-        assert_eq!(controller.observe(f64::NAN, 4 * SECOND), ShortTimeouts);
-    }
-
-    proptest! {
-        #[test]
-        fn the_controller_never_lags_up_skips_down_or_leaves_early(
-            steps in proptest::collection::vec((-0.5f64..1.6, 0u64..3 * SECOND), 1..200),
-        ) {
-            let mut controller = default_controller();
-            let dwell = saturating_nanos(DWELL);
-            let mut now = SECOND;
-            let mut entered = 0;
-            for (load, advance) in steps {
-                now += advance;
-                let before = controller.level();
-                let after = controller.observe(load, now);
-                prop_assert!(after >= controller.level_reached_by(load.max(0.0)));
-                if after < before {
-                    prop_assert_eq!(after.as_u8() + 1, before.as_u8());
-                    prop_assert!(now - entered >= dwell);
-                }
-                if after != before {
-                    entered = now;
-                }
-            }
-        }
-
-        #[test]
-        fn the_adaptive_limit_stays_within_its_bounds(
-            samples in proptest::collection::vec(0u64..10_000_000_000, 1..100),
-        ) {
-            let (min, max) = (16.0, 512.0);
-            let mut limit = max;
-            let mut long = 0.0;
-            for short in samples {
-                let short = short as f64;
-                long = if long > 0.0 { long + LONG_LATENCY_ALPHA * (short - long) } else { short };
-                limit = next_limit(limit, short, long, min, max);
-                prop_assert!((min..=max).contains(&limit), "{}", limit);
-            }
-        }
     }
 
     fn manual_shedder(config: ShedConfig) -> (LoadShedder, ManualTicker) {
@@ -2278,6 +2035,158 @@ mod tests {
         );
         assert_eq!(held.level(), snapshot.level);
         assert_eq!(shedder.level(), snapshot.level);
+    }
+
+    #[test]
+    fn a_reconfiguration_keeps_the_level_and_applies_new_thresholds_hysteresis_and_dwell() {
+        let (shedder, ticker) = manual_shedder(ShedConfig::default());
+        assert_eq!(shedder.observe_load(0.8), DropExtras);
+        shedder.force(Some(ShortTimeouts));
+        ticker.advance(Duration::from_millis(500));
+        let stricter = ShedConfig {
+            thresholds: [0.9, 0.95, 1.0],
+            hysteresis: 0.02,
+            min_dwell: Duration::from_secs(3),
+            ..ShedConfig::default()
+        };
+        assert!(shedder.reconfigure(&stricter).is_empty());
+        assert_eq!(shedder.config(), stricter);
+        let snapshot = shedder.snapshot();
+        assert_eq!(
+            (snapshot.level, snapshot.forced, snapshot.level_since_ms),
+            (ShortTimeouts, Some(ShortTimeouts), 500),
+            "the forced and the measured level are kept"
+        );
+        assert_eq!(snapshot.thresholds, [0.9, 0.95, 1.0]);
+        shedder.force(None);
+        assert_eq!(shedder.level(), DropExtras);
+
+        // 2 s at level 1: the old 1 s dwell is met, the new 3 s one is not.
+        ticker.advance(Duration::from_millis(1_500));
+        assert_eq!(shedder.observe_load(0.87), DropExtras, "the new dwell");
+        ticker.advance(Duration::from_secs(1));
+        assert_eq!(
+            shedder.observe_load(0.87),
+            Normal,
+            "below 0.9 − 0.02, where the old thresholds made 0.87 level 2"
+        );
+        assert_eq!(shedder.observe_load(0.92), DropExtras);
+    }
+
+    #[test]
+    fn a_new_cap_or_queue_target_judges_the_next_interval_and_the_measurements_are_kept() {
+        // Two intervals of 50 requests (200 rps) whose probe waited 4 ms: a standing queue at
+        // 0.8 of the 5 ms target, level 1 without a change.
+        let next_level = |change: Option<ShedConfig>| {
+            let config = ShedConfig {
+                interval: INTERVAL,
+                ..ShedConfig::default()
+            };
+            let (shedder, ticker) = manual_shedder(config);
+            for _ in 0..50 {
+                drop(shedder.admit());
+            }
+            shedder.record_queue_delay(Duration::from_millis(4));
+            ticker.advance(INTERVAL);
+            drop(shedder.admit());
+            let before = shedder.snapshot();
+            assert_eq!((before.level, before.throughput_rps), (Normal, 200.0));
+            if let Some(change) = change {
+                assert!(shedder.reconfigure(&change).is_empty());
+                let after = shedder.snapshot();
+                let live = ShedSnapshot {
+                    capacity_rps: after.capacity_rps,
+                    queue_delay_target_ms: after.queue_delay_target_ms,
+                    ..before
+                };
+                assert_eq!(after, live, "only the rules changed");
+            }
+            for _ in 0..49 {
+                drop(shedder.admit());
+            }
+            shedder.record_queue_delay(Duration::from_millis(4));
+            ticker.advance(INTERVAL);
+            shedder.admit().level()
+        };
+        let with = |capacity_rps, target_ms| ShedConfig {
+            capacity_rps,
+            queue_delay_target: Duration::from_millis(target_ms),
+            interval: INTERVAL,
+            ..ShedConfig::default()
+        };
+        assert_eq!(next_level(None), DropExtras);
+        assert_eq!(
+            next_level(Some(with(100, 5))),
+            CacheOnly,
+            "200 rps at a cap of 100"
+        );
+        assert_eq!(
+            next_level(Some(with(0, 2))),
+            CacheOnly,
+            "4 ms at a 2 ms target"
+        );
+        assert_eq!(
+            next_level(Some(with(0, 20))),
+            Normal,
+            "4 ms at a 20 ms target"
+        );
+    }
+
+    #[test]
+    fn new_in_flight_bounds_clamp_the_learned_limit_and_keep_the_requests_in_flight() {
+        let (shedder, _ticker) = manual_shedder(ShedConfig::default());
+        let bounds = |min_in_flight, max_in_flight| ShedConfig {
+            min_in_flight,
+            max_in_flight,
+            ..ShedConfig::default()
+        };
+        let held: Vec<_> = (0..8).map(|_| shedder.admit()).collect();
+        assert!(shedder.reconfigure(&bounds(4, 6)).is_empty());
+        let snapshot = shedder.snapshot();
+        assert_eq!((snapshot.concurrency_limit, snapshot.in_flight), (6, 8));
+        assert_eq!((snapshot.min_in_flight, snapshot.max_in_flight), (4, 6));
+        assert!(!shedder.has_room(), "8 in flight over a limit of 6");
+        drop(held);
+        assert!(shedder.has_room());
+        assert_eq!(shedder.snapshot().in_flight, 0);
+        assert!(shedder.reconfigure(&bounds(100, 300)).is_empty());
+        assert_eq!(
+            shedder.snapshot().concurrency_limit,
+            100,
+            "the learned 6, raised to the floor rather than reset"
+        );
+    }
+
+    #[test]
+    fn interval_probe_and_adaptive_are_restart_only() {
+        let built = ShedConfig {
+            adaptive: false,
+            max_in_flight: 10,
+            min_in_flight: 1,
+            ..ShedConfig::default()
+        };
+        let (shedder, _ticker) = manual_shedder(built.clone());
+        let asked = ShedConfig {
+            interval: Duration::from_secs(1),
+            queue_probe_every: Duration::from_millis(50),
+            adaptive: true,
+            max_in_flight: 20,
+            ..built.clone()
+        };
+        let kept = shedder.reconfigure(&asked);
+        assert_eq!(kept.fields, ["interval", "queue_probe_every", "adaptive"]);
+        assert_eq!(
+            shedder.config(),
+            ShedConfig {
+                max_in_flight: 20,
+                ..built
+            }
+        );
+        assert_eq!(
+            shedder.snapshot().concurrency_limit,
+            20,
+            "not adaptive: at the new ceiling"
+        );
     }
 
     #[test]
