@@ -56,8 +56,9 @@ pub struct WarmupPlan {
     /// How many hot keys follow them: learned from traffic first (`crate::hot_keys`), then the
     /// store's `hot_items` (the seed).
     pub hot_items_limit: u32,
-    /// Upper bound on quotes per second, so warm-up never crowds out live traffic.
-    pub rate_per_sec: u32,
+    /// Upper bound on quotes per second, so warm-up never crowds out live traffic; read at
+    /// the start of each round (`warmup.rate_per_sec` is live).
+    pub rate_per_sec: Arc<crate::rules::apply::LiveKnobs>,
     pub interval: Duration,
     /// Deadline of each warm-up quote, as for a client request.
     pub deadline: Duration,
@@ -205,7 +206,8 @@ pub async fn warm_up(
     loop {
         let started = Instant::now();
         let keys = plan.keys(hot_keys.as_deref(), store.as_ref()).await;
-        let mut ticks = tokio::time::interval(Duration::from_secs(1) / plan.rate_per_sec.max(1));
+        let rate = plan.rate_per_sec.warmup_rate();
+        let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
         ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut warmed = 0u64;
         let mut skipped = 0u64;

@@ -195,6 +195,21 @@ impl Answers {
     }
 }
 
+/// Items answered since start, shared with [`Metrics`].
+#[derive(Debug, Clone)]
+pub struct AnswerCounters(Answers);
+
+impl AnswerCounters {
+    /// (complete, degraded, failed).
+    pub fn totals(&self) -> (u64, u64, u64) {
+        (
+            self.0.complete.get(),
+            self.0.degraded.get(),
+            self.0.failed.get(),
+        )
+    }
+}
+
 /// The success ratio, derived from the answer counters at scrape time.
 #[derive(Debug)]
 struct SuccessRatio(Answers);
@@ -287,13 +302,9 @@ impl Metrics {
         Arc::clone(&self.window)
     }
 
-    /// Items answered since start: (complete, degraded, failed).
-    pub fn answer_totals(&self) -> (u64, u64, u64) {
-        (
-            self.answers.complete.get(),
-            self.answers.degraded.get(),
-            self.answers.failed.get(),
-        )
+    /// A handle on the answer counters (live rules' canary figures read them every second).
+    pub fn answer_counters(&self) -> AnswerCounters {
+        AnswerCounters(self.answers.clone())
     }
 
     /// Adds live rules' version and apply counters, read at scrape time.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use rebate_guard::{
     CallObserver, DependencyConfig, DependencyGuard, DependencySnapshot, FleetKeyedLimiter,
     FleetQuotaConfig, FleetTokens, QuotaScope,
@@ -34,12 +35,21 @@ pub struct Protection {
     /// its limit (`[resilience.admission_wait]`); `None` when shedding is off or no class waits.
     pub admission_queue: Option<AdmissionQueue>,
     pub clients: Option<ClientLimiter>,
-    /// Level 3's `Retry-After` range, in seconds.
-    pub retry_after_secs: (u32, u32),
+    /// Level 3's `Retry-After` range in seconds, packed (min in the high half) so a rule set
+    /// swaps both at once.
+    retry_after_secs: AtomicU64,
     /// Requests refused outright by their class's place at the shed level, per class (lowest
     /// first, as [`RequestClass::ALL`]).
     refused_by_class: [AtomicU64; 3],
-    settings: ResilienceSettings,
+    /// The settings in force (a rule set replaces them, `Protection::reconfigure`).
+    settings: ArcSwap<ResilienceSettings>,
+    /// The fleet's quota handle the external APIs' guards were built with, for their new
+    /// configurations.
+    fleet_quota: Option<FleetQuotaConfig>,
+}
+
+fn pack(min: u32, max: u32) -> u64 {
+    (u64::from(min) << 32) | u64::from(max)
 }
 
 /// The per-client token buckets and how a client is identified.
@@ -209,10 +219,78 @@ impl Protection {
                     trusted_proxy_hops: client.trusted_proxy_hops,
                 }
             }),
-            retry_after_secs: (shedding.retry_after_min_secs, shedding.retry_after_max_secs),
+            retry_after_secs: AtomicU64::new(pack(
+                shedding.retry_after_min_secs,
+                shedding.retry_after_max_secs,
+            )),
             refused_by_class: Default::default(),
-            settings: settings.clone(),
+            settings: ArcSwap::from_pointee(settings.clone()),
+            fleet_quota,
         }
+    }
+
+    /// Puts a rule set's values in force in every guard, keeping their state: breakers keep
+    /// their state (and window, unless its length changes), bulkheads and quotas resize in
+    /// place, the shedder keeps its level and measurements, waiters keep their place.
+    /// `settings` must have passed [`ResilienceSettings::validate`] and differ from the file's
+    /// only in live keys (`crate::rules`); whatever a guard cannot change at runtime is logged.
+    pub fn reconfigure(&self, settings: &ResilienceSettings, timeouts: DependencyTimeouts) {
+        for (guard, timeout) in [
+            (&self.mysql, Some(timeouts.mysql)),
+            (&self.redis, None),
+            (&self.coupons, Some(timeouts.coupons)),
+            (&self.extras, Some(timeouts.extras)),
+        ] {
+            let config = settings.dependency(guard.name());
+            let mut kept = guard.reconfigure(DependencyConfig {
+                breaker: settings.breaker_config(config),
+                max_concurrent: config.max_concurrent,
+                quota: ResilienceSettings::quota(config),
+                fleet_quota: self.fleet_quota.clone(),
+                retry: config.retry.then(|| settings.retry_config()),
+                timeout,
+            });
+            if let Some(hot_items) = ResilienceSettings::hot_items(config) {
+                kept.fields
+                    .extend(guard.reconfigure_hot_items(hot_items).fields);
+            }
+            if !kept.is_empty() {
+                tracing::warn!(dependency = guard.name(), restart_only = ?kept.fields, "these values take a restart");
+            }
+        }
+        if let Some(shedder) = &self.shedder {
+            let kept = shedder.reconfigure(&settings.shed_config());
+            if !kept.is_empty() {
+                tracing::warn!(restart_only = ?kept.fields, "these shedding values take a restart");
+            }
+            shedder.force(
+                settings
+                    .shedding
+                    .pinned_level
+                    .and_then(ShedLevel::from_u8),
+            );
+        }
+        if let Some(queue) = &self.admission_queue {
+            queue.reconfigure(settings.admission_wait.wait_config());
+        }
+        if let Some(clients) = &self.clients {
+            match &clients.limiter {
+                ClientBuckets::Instance(limiter) => limiter.set_rate(settings.client_rate()),
+                ClientBuckets::Fleet(limiter) => limiter.set_rate(settings.client_rate()),
+            }
+        }
+        let shedding = &settings.shedding;
+        self.retry_after_secs.store(
+            pack(shedding.retry_after_min_secs, shedding.retry_after_max_secs),
+            Ordering::Relaxed,
+        );
+        self.settings.store(Arc::new(settings.clone()));
+        self.notify_waiters();
+    }
+
+    fn retry_after_range(&self) -> (u32, u32) {
+        let packed = self.retry_after_secs.load(Ordering::Relaxed);
+        ((packed >> 32) as u32, packed as u32)
     }
 
     /// The level to serve the next request at (Normal when shedding is off).
@@ -225,7 +303,7 @@ impl Protection {
     /// A `Retry-After` for a shed request, jittered so that refused clients do not come back
     /// together.
     pub fn shed_retry_after(&self) -> u32 {
-        let (min, max) = self.retry_after_secs;
+        let (min, max) = self.retry_after_range();
         rand::random_range(min..=max)
     }
 
@@ -257,10 +335,12 @@ impl Protection {
     }
 
     pub fn status(&self) -> ProtectionStatus {
+        let settings = self.settings.load();
+        let retry_after = self.retry_after_range();
         ProtectionStatus {
             shedding: self.shedder.as_ref().map(LoadShedder::snapshot),
             admission_wait: self.admission_queue.as_ref().map(AdmissionQueue::snapshot),
-            shedding_thresholds: self.settings.shedding.clone(),
+            shedding_thresholds: settings.shedding.clone(),
             dependencies: self
                 .dependencies()
                 .iter()
@@ -270,19 +350,19 @@ impl Protection {
                 let (tracked, refused) = clients.limiter.stats();
                 ClientLimitStatus {
                     scope: clients.limiter.scope(),
-                    per_sec: self.settings.client_limit.per_sec,
-                    burst: self.settings.client_limit.burst,
+                    per_sec: settings.client_limit.per_sec,
+                    burst: settings.client_limit.burst,
                     trusted_proxy_hops: clients.trusted_proxy_hops,
                     clients_tracked: tracked,
                     refused,
                 }
             }),
             level2_timeout_factors: [
-                self.settings.shedding.core_timeout_factor,
-                self.settings.shedding.normal_timeout_factor,
-                self.settings.shedding.edge_timeout_factor,
+                settings.shedding.core_timeout_factor,
+                settings.shedding.normal_timeout_factor,
+                settings.shedding.edge_timeout_factor,
             ],
-            shed_retry_after_secs: [self.retry_after_secs.0, self.retry_after_secs.1],
+            shed_retry_after_secs: [retry_after.0, retry_after.1],
             refused_by_class: self
                 .refused_by_class()
                 .into_iter()
@@ -298,6 +378,18 @@ pub struct DependencyTimeouts {
     pub mysql: Duration,
     pub coupons: Duration,
     pub extras: Duration,
+}
+
+impl DependencyTimeouts {
+    /// The parts' timeouts: the store's is the longer of the product's and the rate's.
+    pub fn of(settings: &crate::Settings) -> Self {
+        let timeouts = settings.part_timeouts();
+        Self {
+            mysql: timeouts.product.max(timeouts.rate),
+            coupons: timeouts.coupons,
+            extras: timeouts.extras,
+        }
+    }
 }
 
 /// `GET /admin/v1/status`'s protection section: current values and the thresholds behind them.

@@ -59,6 +59,8 @@ pub struct AppShared {
     /// this instance's event handler: the rules reader wakes on it instead of its next poll.
     pub rules_announcements: tokio::sync::watch::Receiver<u64>,
     pub limits: Arc<HttpLimits>,
+    /// Live rule sets: the version this instance runs, and every change to them.
+    pub rules: Arc<crate::rules::manager::Rules>,
     /// The Prometheus registry: the API middleware records into it, `/metrics` encodes it.
     pub metrics: Arc<Metrics>,
     /// Starting, serving or draining: readiness is false outside serving.
@@ -80,7 +82,8 @@ pub struct AppShared {
 /// The request limits handlers and middleware enforce, resolved once from the settings.
 #[derive(Debug, Clone)]
 pub struct HttpLimits {
-    pub request_deadline: Duration,
+    /// The request deadline and the other live values read outside the guards (`crate::rules`).
+    pub live: Arc<crate::rules::apply::LiveKnobs>,
     pub request_timeout: Duration,
     pub body_limit_bytes: usize,
     pub max_batch_items: usize,

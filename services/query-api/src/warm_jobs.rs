@@ -188,6 +188,8 @@ fn add(counter: &AtomicU64, value: u64) {
 #[derive(Debug)]
 pub struct WarmJobs {
     config: WarmJobConfig,
+    /// Keys a second in force: `config.rate_per_sec` until a rule set changes it.
+    rate_per_sec: std::sync::atomic::AtomicU32,
     backend: Backend,
     counters: Counters,
 }
@@ -230,6 +232,7 @@ impl WarmJobs {
             None => Backend::Local(LocalQueue::default()),
         };
         Self {
+            rate_per_sec: std::sync::atomic::AtomicU32::new(config.rate_per_sec),
             config,
             backend,
             counters: Counters::default(),
@@ -238,6 +241,17 @@ impl WarmJobs {
 
     pub fn config(&self) -> &WarmJobConfig {
         &self.config
+    }
+
+    /// Keys a second in force (`warm_jobs.rate_per_sec`, live).
+    pub fn rate_per_sec(&self) -> u32 {
+        self.rate_per_sec.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A rule set's rate: the next chunk is paced by it.
+    pub fn set_rate_per_sec(&self, rate: u32) {
+        self.rate_per_sec
+            .store(rate, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The keys without repeats, in order of first appearance, and how many repeats there were.
@@ -391,7 +405,7 @@ impl WarmJobs {
         protection: Arc<Protection>,
         shutdown: CancellationToken,
     ) {
-        let mut pacer = Pacer::new(self.config.rate_per_sec);
+        let mut pacer = Pacer::new(self.rate_per_sec());
         // Claims are looked for at start (this consumer's own chunks of a previous life are
         // someone else's by name) and then every half idle time.
         let mut next_claim = Instant::now();
@@ -420,7 +434,7 @@ impl WarmJobs {
                 }
             };
             match self
-                .work(&taken, &engine, &protection, &mut pacer, &shutdown)
+                .work(&taken, &engine, &protection, pacer.at(self.rate_per_sec()), &shutdown)
                 .await
             {
                 Some(tally) => self.complete(&taken, tally).await,
@@ -662,6 +676,7 @@ impl Touch {
 /// previous batches' time (`n / rate` each) has passed.
 #[derive(Debug)]
 struct Pacer {
+    rate_per_sec: u32,
     per_key: Duration,
     next: Instant,
 }
@@ -669,9 +684,19 @@ struct Pacer {
 impl Pacer {
     fn new(rate_per_sec: u32) -> Self {
         Self {
+            rate_per_sec,
             per_key: Duration::from_secs(1) / rate_per_sec.max(1),
             next: Instant::now(),
         }
+    }
+
+    /// The pacer at `rate_per_sec` from now on, the time already owed kept.
+    fn at(&mut self, rate_per_sec: u32) -> &mut Self {
+        if rate_per_sec != self.rate_per_sec {
+            self.rate_per_sec = rate_per_sec;
+            self.per_key = Duration::from_secs(1) / rate_per_sec.max(1);
+        }
+        self
     }
 
     /// Waits for `keys` keys' worth of time; `false` at shutdown.

@@ -4,6 +4,10 @@
 // copy of it (no storage, no cookie, no URL), so reloading or closing the tab forgets it, and a
 // 401 asks for it again. Data only ever becomes text nodes, never markup: a trace id, a path or
 // an error message from the server cannot inject anything into the page.
+//
+// Panels of their own (rules.js, loaded after this file) plug in through `window.rebateDashboard`:
+// they get the helpers below (`api` uses the token without handing it out) and refresh, clear and
+// ask for the token with the board.
 'use strict';
 
 (() => {
@@ -139,9 +143,14 @@
 
   // ----- talking to /admin/v1 ---------------------------------------------------------------
 
-  async function api(path) {
+  /** GETs `path`, or sends `body` as JSON with `method`; resolves to the answer's JSON. */
+  async function api(path, method = 'GET', body = undefined) {
+    const headers = { Authorization: 'Bearer ' + token, Accept: 'application/json' };
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
     const response = await fetch(path, {
-      headers: { Authorization: 'Bearer ' + token, Accept: 'application/json' },
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
       cache: 'no-store',
       credentials: 'omit',
       redirect: 'error',
@@ -155,17 +164,29 @@
       body = null;
     }
     if (!response.ok) {
-      // The service's error body: {"error": {"code", "message"}, "trace_id"}.
+      // The service's error body: {"error": {"code", "message", "field"?}, "trace_id"}.
       const detail = body && typeof body.error === 'object' && body.error ? body.error : {};
       const error = new Error(
         (typeof detail.message === 'string' && detail.message) || 'HTTP ' + response.status,
       );
       error.status = response.status;
       error.code = detail.code;
+      error.field = typeof detail.field === 'string' ? detail.field : null;
       throw error;
     }
     return body;
   }
+
+  // ----- panels of their own ---------------------------------------------------------------
+
+  /**
+   * Registered panels: `{refresh(isCurrent), clear()}`. `refresh` shows its own errors and
+   * resolves when done; `isCurrent()` is false once the token it started with has changed.
+   */
+  const panels = [];
+
+  /** What a refused token does anywhere on the page. */
+  const REFUSED = 'The admin listener refused the token (401). Enter it again.';
 
   // ----- token ------------------------------------------------------------------------------
 
@@ -194,6 +215,7 @@
     byId('detail').hidden = true;
     byId('error').hidden = true;
     selected = null;
+    for (const panel of panels) panel.clear();
   }
 
   function useToken(value) {
@@ -221,6 +243,9 @@
     timer = null;
     if (token === null) return;
     const mine = generation;
+    const isCurrent = () => mine === generation;
+    // Panels show their own errors; the board's refresh waits for them, not on them.
+    const others = Promise.allSettled(panels.map((panel) => panel.refresh(isCurrent)));
     try {
       const [status, slow] = await Promise.all([
         api('/admin/v1/status'),
@@ -233,13 +258,14 @@
     } catch (error) {
       if (mine !== generation) return;
       if (error instanceof Unauthorized) {
-        askForToken('The admin listener refused the token (401). Enter it again.');
+        askForToken(REFUSED);
         return;
       }
       const banner = byId('error');
       banner.textContent = 'Could not refresh (' + error.message + '); trying again every ' + REFRESH_MS / 1000 + ' s.';
       banner.hidden = false;
     }
+    await others;
     if (mine === generation) schedule();
   }
 
@@ -574,7 +600,7 @@
     } catch (error) {
       if (mine !== generation) return;
       if (error instanceof Unauthorized) {
-        askForToken('The admin listener refused the token (401). Enter it again.');
+        askForToken(REFUSED);
         return;
       }
       message.textContent = error.code === 'not_recorded'
@@ -678,6 +704,35 @@
     });
     byId('token').focus();
   }
+
+  window.rebateDashboard = Object.freeze({
+    /** Adds a panel (see `panels`). */
+    register(panel) {
+      panels.push(panel);
+    },
+    /** A 401 anywhere: the token is forgotten and asked for again. */
+    refused() {
+      askForToken(REFUSED);
+    },
+    /** A check that stays true while the token of now is in use (answers to an older one are dropped). */
+    session() {
+      const mine = generation;
+      return () => mine === generation && token !== null;
+    },
+    Unauthorized,
+    api,
+    byId,
+    el,
+    facts,
+    table,
+    badge,
+    emptyNote,
+    isNumber,
+    num,
+    pct,
+    ms,
+    duration,
+  });
 
   start();
 })();

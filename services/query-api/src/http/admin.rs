@@ -44,6 +44,7 @@ pub fn router(state: AppState, auth: AdminAuth, openapi: axum::body::Bytes) -> R
         .route("/warm-jobs/{job_id}", get(warm_job_progress))
         .route("/hot-keys", get(hot_keys))
         .merge(super::slow_requests::routes())
+        .merge(super::rules::routes())
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(
@@ -581,7 +582,7 @@ pub(super) async fn warm(
         .iter()
         .map(|item| parse_key(&item.platform, &item.item_id))
         .collect::<Result<Vec<_>, _>>()?;
-    let deadline = Instant::now() + state.limits.request_deadline;
+    let deadline = Instant::now() + state.limits.live.request_deadline();
     let results = state.engine.quote_many(&keys, deadline).await;
     let warmed = results.iter().filter(|result| result.is_ok()).count();
     Ok(

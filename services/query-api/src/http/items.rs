@@ -203,7 +203,7 @@ pub(super) async fn quote_assembled(
     key: ItemKey,
     accept: Option<HeaderValue>,
 ) -> Result<Response, ApiError> {
-    let deadline = Instant::now() + state.limits.request_deadline;
+    let deadline = Instant::now() + state.limits.live.request_deadline();
     // Boxed: assembling is a large future, and this one is inside every request's.
     let answer = Box::pin(state.engine.answer(key, deadline, level))
         .await
@@ -428,7 +428,7 @@ pub(super) async fn batch_rebate(
         .iter()
         .filter_map(|key| key.as_ref().ok().copied())
         .collect();
-    let deadline = Instant::now() + state.limits.request_deadline;
+    let deadline = Instant::now() + state.limits.live.request_deadline();
     let mut quotes = state
         .engine
         .answer_many(&valid, deadline, level)

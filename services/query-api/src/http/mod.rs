@@ -26,6 +26,7 @@ pub mod middleware;
 pub mod openapi;
 pub mod protect;
 pub mod routes;
+mod rules;
 pub mod schemas;
 pub mod service;
 mod slow_requests;

@@ -20,6 +20,7 @@
 //! - [`manager`]: [`Rules`](manager::Rules): creating, promoting, aborting and rolling back
 //!   versions, the poll, and what the admin API answers.
 
+pub mod apply;
 pub mod canary;
 pub mod document;
 pub mod manager;

@@ -48,7 +48,13 @@ use crate::protection::{DependencyTimeouts, Protection};
 use crate::server::{ConnectionLimits, ConnectionStats};
 use crate::slow::SlowLog;
 use crate::state::{AppShared, AppState, HttpLimits};
+use crate::rules::apply::{BusAnnouncer, LiveKnobs, ServiceTarget};
+use crate::rules::manager::Rules;
 use crate::warm_jobs::{WarmJobConfig, WarmJobs};
+
+/// How long a starting instance waits for the store's live rules before it serves on the
+/// config file's values.
+const RULES_AT_START: Duration = Duration::from_secs(5);
 
 /// A built service bound to its listener, not yet serving.
 #[derive(Debug)]
@@ -92,7 +98,7 @@ impl Application {
         ticker: Arc<dyn Ticker>,
     ) -> anyhow::Result<Self> {
         let shutdown = CancellationToken::new();
-        let store = store::open_store(&settings).await?;
+        let (store, rule_store) = store::open_store(&settings).await?;
         let tier = store::connect_tier(&settings).await?;
         let simulator = simulator::start(&settings, &shutdown).await?;
         let (coupons_url, extras_url) = match &simulator {
@@ -123,7 +129,7 @@ impl Application {
                 extras_url: &extras_url,
             },
             &protection,
-            clock,
+            Arc::clone(&clock),
         )?;
 
         let hot_keys = if settings.hot_keys.enabled {
@@ -137,8 +143,10 @@ impl Application {
             .with_context(|| format!("binding http.listen {}", settings.http.listen))?;
         let connections = Arc::new(ConnectionStats::default());
         let tasks = TaskTracker::new();
+        let knobs = Arc::new(LiveKnobs::new(&settings));
         spawn_background(
             &settings,
+            &knobs,
             &engine,
             &store,
             &protection,
@@ -194,6 +202,37 @@ impl Application {
         let rules_announcements = invalidator.rules_announcements();
         let (events, events_subscription) =
             EventBus::start(&settings.events, invalidator, shutdown.child_token())?;
+        let rules = Arc::new(Rules::new(
+            Arc::new(settings.clone()),
+            settings.instance_id(),
+            rule_store,
+            Arc::clone(&clock),
+            Arc::new(ServiceTarget {
+                engine: engine.clone(),
+                protection: Arc::clone(&protection),
+                knobs: Arc::clone(&knobs),
+                answers: metrics.answer_counters(),
+                warm_jobs: Arc::clone(&warm_jobs),
+            }),
+            Some(Arc::new(BusAnnouncer(events.clone()))),
+            metrics.request_window(),
+        ));
+        metrics.collect_rules(Arc::clone(&rules));
+        // The active version before this instance reports ready; a store that does not answer
+        // in time leaves the file's values in force until the first poll that reads it.
+        match tokio::time::timeout(RULES_AT_START, rules.reconcile()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "live rules unreadable at start; the config file's values are in force until the store answers");
+            }
+            Err(_) => tracing::warn!(
+                timeout_ms = RULES_AT_START.as_millis() as u64,
+                "live rules not read at start in time; the config file's values are in force until the store answers"
+            ),
+        }
+        tasks.spawn(
+            Arc::clone(&rules).run(Some(rules_announcements.clone()), shutdown.clone()),
+        );
         metrics.collect_from(StateCollector::new(
             engine.clone(),
             Arc::clone(&protection),
@@ -227,7 +266,8 @@ impl Application {
             slow_log,
             events,
             rules_announcements,
-            limits: Arc::new(http_limits(&settings)),
+            limits: Arc::new(http_limits(&settings, &knobs)),
+            rules,
             metrics,
             lifecycle: Arc::new(Lifecycle::default()),
             connections,
@@ -361,14 +401,9 @@ fn build_protection(
     metrics: &Metrics,
     fleet: Option<Arc<dyn FleetTokens>>,
 ) -> Arc<Protection> {
-    let timeouts = settings.part_timeouts();
     Arc::new(Protection::new(
         &settings.resilience,
-        DependencyTimeouts {
-            mysql: timeouts.product.max(timeouts.rate),
-            coupons: timeouts.coupons,
-            extras: timeouts.extras,
-        },
+        DependencyTimeouts::of(settings),
         ticker,
         Some(metrics.call_observer()),
         fleet,
@@ -396,6 +431,7 @@ fn accept_wait(listener: &TcpListener, connections: &Arc<ConnectionStats>) -> Op
 )]
 fn spawn_background(
     settings: &Settings,
+    knobs: &Arc<LiveKnobs>,
     engine: &QueryEngine,
     store: &Arc<dyn CatalogRepository>,
     protection: &Arc<Protection>,
@@ -434,7 +470,7 @@ fn spawn_background(
             background::WarmupPlan {
                 items: settings.warmup_items()?,
                 hot_items_limit: settings.warmup.hot_items_limit,
-                rate_per_sec: settings.warmup.rate_per_sec,
+                rate_per_sec: Arc::clone(knobs),
                 interval: Duration::from_secs(settings.warmup.interval_secs),
                 deadline: settings.request_deadline(),
             },
@@ -462,10 +498,10 @@ fn request_observer(
 }
 
 /// The request limits the handlers and the edge enforce.
-fn http_limits(settings: &Settings) -> HttpLimits {
+fn http_limits(settings: &Settings, knobs: &Arc<LiveKnobs>) -> HttpLimits {
     let http = &settings.http;
     HttpLimits {
-        request_deadline: settings.request_deadline(),
+        live: Arc::clone(knobs),
         request_timeout: settings.request_timeout(),
         body_limit_bytes: http.body_limit_bytes,
         max_batch_items: http.max_batch_items,

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig};
-use rebate_store::{CatalogRepository, MySqlConfig, MySqlStore, SqliteConfig, SqliteStore};
+use rebate_store::{
+    CatalogRepository, MySqlConfig, MySqlStore, RuleRepository, SqliteConfig, SqliteStore,
+};
 
 use crate::config::{Settings, StoreBackend};
 
@@ -52,9 +54,12 @@ async fn connect_mysql(settings: &Settings) -> anyhow::Result<MySqlStore> {
         .with_context(|| format!("connecting to MySQL ({options:?})"))
 }
 
-pub(super) async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn CatalogRepository>> {
+/// The catalogue, and the same store's live rule sets (`crate::rules`).
+pub(super) async fn open_store(
+    settings: &Settings,
+) -> anyhow::Result<(Arc<dyn CatalogRepository>, Arc<dyn RuleRepository>)> {
     let seed = settings.store.seed_demo;
-    let (store, report): (Arc<dyn CatalogRepository>, _) = match settings.store.backend {
+    let (store, rules, report): (Arc<dyn CatalogRepository>, Arc<dyn RuleRepository>, _) = match settings.store.backend {
         StoreBackend::Sqlite => {
             let store = open_sqlite(settings).await?;
             let report = if seed {
@@ -62,7 +67,8 @@ pub(super) async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Ca
             } else {
                 None
             };
-            (Arc::new(store), report)
+            let store = Arc::new(store);
+            (Arc::clone(&store) as _, store as _, report)
         }
         StoreBackend::Mysql => {
             let store = connect_mysql(settings).await?;
@@ -71,7 +77,8 @@ pub(super) async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Ca
             } else {
                 None
             };
-            (Arc::new(store), report)
+            let store = Arc::new(store);
+            (Arc::clone(&store) as _, store as _, report)
         }
     };
     if let Some(report) = report {
@@ -82,7 +89,7 @@ pub(super) async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Ca
             "demo catalogue seeded"
         );
     }
-    Ok(store)
+    Ok((store, rules))
 }
 
 /// Connects the Redis L2 tier when enabled. An unreachable Redis at start is an error: an
