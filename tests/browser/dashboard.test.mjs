@@ -8,7 +8,12 @@
 //   CHROMIUM_BIN    the browser (default /usr/bin/chromium)
 //
 // It opens the page, is refused with a wrong token and asked again, enters the right one, waits
-// for the slow request to be listed, opens it, checks its stages are shown, and saves a full-page
+// for the slow request to be listed, opens it and checks its stages are shown. Then the live
+// rules: with a first version stored through the API, the Rules panel shows it and puts its
+// document in the editor; the test edits the coupon quota there, a dry run of 50 (above the
+// ceiling of 45) shows the refusal's field, a dry run of 30 shows the diff line 45 → 30 and stores
+// nothing, Apply (enabled only for the text dry-run) stores a new version, and the page reports it
+// applied once every instance runs it, as GET /admin/v1/rules says. Last it saves a full-page
 // screenshot that it decodes and checks is not blank (many colours, none covering the page), the
 // check itself first held to a blank page's screenshot. Every wait is bounded; the page's own
 // errors (a script error, a Content-Security-Policy violation) fail the test too.
@@ -115,6 +120,18 @@ export function colourSpread({ width, height, channels, pixels }) {
   return { distinct: counts.size, commonestShare: commonest / (width * height) };
 }
 
+/** The admin API, as the test itself (not the page) sees it. */
+async function admin(path, body) {
+  const response = await fetch(base + path, {
+    method: body === undefined ? 'GET' : 'POST',
+    headers: { Authorization: `Bearer ${token}`, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const answer = await response.json();
+  assert.ok(response.ok, `${path}: ${response.status} ${JSON.stringify(answer)}`);
+  return answer;
+}
+
 /** Polls `condition` every 50 ms for at most STEP_TIMEOUT_MS. */
 async function until(condition, what) {
   const deadline = Date.now() + STEP_TIMEOUT_MS;
@@ -141,13 +158,16 @@ async function main() {
     // wrong token, a trace id never recorded) are expected; anything else is a problem.
     const problems = [];
     let expectRefusals = false;
+    // The dry run of a value above its ceiling is answered 400 on purpose.
+    let expectRuleRefusal = false;
     const unknownTraceId = '0123456789abcdef0123456789abcdef';
     page.on('pageerror', (error) => problems.push(`script error: ${error.message}`));
     page.on('console', (message) => {
       if (message.type() !== 'error') return;
       const url = message.location().url || '';
       const expected = url.endsWith('/favicon.ico') || url.endsWith(`/slow-requests/${unknownTraceId}`) ||
-        (expectRefusals && / 401 /.test(message.text()));
+        (expectRefusals && / 401 /.test(message.text())) ||
+        (expectRuleRefusal && url.endsWith('/admin/v1/rules?dry_run=true') && / 400 /.test(message.text()));
       if (!expected) problems.push(`console error: ${message.text()} (${url})`);
     });
     let refused = 0;
@@ -179,9 +199,9 @@ async function main() {
       { timeout: STEP_TIMEOUT_MS },
     );
     assert.equal(await page.locator('#board').isHidden(), true, 'a refused token shows no data');
-    // Both refused calls (status and slow requests) are answered, and their console lines
-    // logged, before refusals count as problems again.
-    await until(() => refused >= 2, 'both calls with the wrong token answered 401');
+    // Every refused call (status, slow requests, the rules and their history) is answered, and
+    // their console lines logged, before refusals count as problems again.
+    await until(() => refused >= 4, 'the four calls with the wrong token answered 401');
     await page.waitForTimeout(250);
     expectRefusals = false;
 
@@ -247,6 +267,10 @@ async function main() {
       traceId,
     );
 
+    await checkRules(page, (expect) => {
+      expectRuleRefusal = expect;
+    });
+
     // Let one more refresh run with the detail open: it must not break anything.
     await page.waitForTimeout(3500);
     assert.deepEqual(problems, [], 'the page raised no error');
@@ -275,6 +299,94 @@ async function main() {
   } finally {
     await browser.close();
   }
+}
+
+/**
+ * The Rules panel: shows a stored version and puts its document in the editor; a dry run shows a
+ * refusal's field or the diff and stores nothing; Apply stores the dry-run text as a new version,
+ * which the page reports applied once GET /admin/v1/rules has every instance on it.
+ */
+async function checkRules(page, expectRuleRefusal) {
+  const QUOTA = 'resilience.coupons.quota_per_sec';
+  // A first version, so the editor has a document to start from (a key the edit leaves alone).
+  const first = await admin('/admin/v1/rules', {
+    document: { warm_jobs: { rate_per_sec: 150 } },
+    author: 'dashboard-test',
+    reason: 'a first version to edit',
+  });
+  const overview = await admin('/admin/v1/rules');
+  const self = overview.this_instance.instance_id;
+  const instanceRow = page.locator(`#rules-instances tr[data-instance="${self}"]`);
+  await instanceRow.waitFor({ state: 'visible' });
+  await page.waitForFunction(
+    (version) => document.getElementById('rules-active').textContent.includes(`Version${version}Active since`) &&
+      document.getElementById('rules-editor').value.includes('"rate_per_sec": 150'),
+    first.version,
+  );
+  assert.match(await page.locator('#rules-document').innerText(), /"rate_per_sec": 150/);
+  assert.equal(await page.locator('#rules-apply').isDisabled(), true, 'no Apply before a dry run');
+
+  const edit = async (quota) => {
+    const documentValue = JSON.parse(await page.inputValue('#rules-editor'));
+    documentValue.resilience = { coupons: { quota_per_sec: quota } };
+    await page.fill('#rules-editor', JSON.stringify(documentValue, null, 2));
+  };
+  await page.fill('#rules-author', 'dashboard-test');
+  await page.fill('#rules-reason', 'the coupon provider asked for less');
+
+  // Above the ceiling: the 400's field is shown, and Apply stays off.
+  expectRuleRefusal(true);
+  await edit(50);
+  await page.click('#rules-dry-run');
+  await page.locator('#rules-field').waitFor({ state: 'visible' });
+  assert.equal(await page.locator('#rules-field').textContent(), QUOTA);
+  assert.match(await page.locator('#rules-outcome').innerText(), /400 invalid_rule.*ceiling/s);
+  assert.equal(await page.locator('#rules-apply').isDisabled(), true, 'no Apply after a refusal');
+  await page.waitForTimeout(250);
+  expectRuleRefusal(false);
+  console.log(`dashboard test: a quota of 50 is refused, naming ${QUOTA}`);
+
+  // 30: the dry run's diff is the one line 45 → 30, and nothing is stored.
+  await edit(30);
+  await page.click('#rules-dry-run');
+  const line = page.locator(`#rules-dry-run-diff li[data-key="${QUOTA}"]`);
+  await line.waitFor({ state: 'visible' });
+  assert.equal(await line.textContent(), `${QUOTA}: 45 → 30`);
+  assert.equal(await page.locator('#rules-dry-run-diff li').count(), 1, 'only the quota changes');
+  assert.equal((await admin('/admin/v1/rules')).active.version, first.version, 'a dry run stores nothing');
+  assert.equal(await page.locator('#rules-apply').isEnabled(), true, 'Apply after a dry run');
+
+  // An edit after the dry run takes Apply away until the text is dry-run again.
+  await page.fill('#rules-reason', 'the coupon provider asked for less (30/s)');
+  assert.equal(await page.locator('#rules-apply').isDisabled(), true, 'no Apply for text not dry-run');
+  await page.click('#rules-dry-run');
+  await line.waitFor({ state: 'visible' });
+  await page.waitForFunction(() => !document.getElementById('rules-apply').disabled);
+
+  await page.click('#rules-apply');
+  const applied = page.locator('#rules-applied');
+  await applied.waitFor({ state: 'visible' });
+  const version = Number(await applied.getAttribute('data-version'));
+  assert.ok(version > first.version, `a new version (${version})`);
+  const after = await admin('/admin/v1/rules');
+  assert.equal(after.active.version, version, 'the new version is active');
+  assert.equal(after.this_instance.applied_version, version, 'this instance runs it');
+  assert.equal(after.effective.resilience.coupons.quota_per_sec, 30);
+  assert.ok(after.instances.every((instance) => instance.applied_version === version), 'every instance runs it');
+  // The page says so in the instance's row and the active version, and the history has the diff.
+  await page.waitForFunction(
+    ([id, expected]) => {
+      const row = document.querySelector(`#rules-instances tr[data-instance="${id}"]`);
+      return row && row.cells[1].textContent === String(expected) &&
+        document.getElementById('rules-active').textContent.includes(`Version${expected}Active since`);
+    },
+    [self, version],
+  );
+  const history = await page.locator('#rules-history').innerText();
+  // Against the version before's document, which left the quota to the config file.
+  assert.ok(history.includes(`${QUOTA}: (config file) → 30`), `the history shows the diff: ${history}`);
+  assert.match(history, /the coupon provider asked for less \(30\/s\)/);
+  console.log(`dashboard test: version ${version} (quota 45 → 30) applied on every instance, as the page shows`);
 }
 
 const watchdog = setTimeout(() => {

@@ -22,5 +22,6 @@ mod observer;
 mod production;
 mod readiness;
 mod resilience;
+mod rules;
 mod strict_http;
 mod warm_jobs;

@@ -10,9 +10,9 @@ use rebate_cache::{Envelope, SharedTier, TierEntry, TierKey};
 use rebate_domain::{ItemKey, PartKind, Product, Timestamp};
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig};
 use rebate_store::CatalogRepository;
+use rebate_tests::amqp::{AmqpFleet, CuttableProxy};
 use rebate_tests::{
-    ProductionEnv, RedisServer, TestApp, event_for, free_port, unique_suffix, wait_until,
-    wait_until_true,
+    ProductionEnv, RedisServer, TestApp, event_for, free_port, wait_until, wait_until_true,
 };
 use serde_json::{Value, json};
 use upstream_sim::Endpoint;
@@ -1054,60 +1054,6 @@ async fn slow_request_summary(app: &TestApp, trace_id: &str) -> String {
     format!(" [{}]", stages.join(", "))
 }
 
-/// Instances of one environment on a private RabbitMQ topology.
-struct AmqpFleet {
-    instances: Vec<TestApp>,
-    amqp_url: String,
-    names: String,
-}
-
-impl AmqpFleet {
-    async fn spawn(
-        env: &ProductionEnv,
-        name: &str,
-        size: usize,
-        customise: impl Fn(usize, &mut query_api::Settings),
-    ) -> Self {
-        let names = format!("test.{name}.{}.{:08x}", std::process::id(), unique_suffix());
-        let amqp_url = std::env::var("AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
-        let mut instances = Vec::new();
-        for index in 0..size {
-            instances.push(
-                env.spawn_instance(|settings| {
-                    let amqp = &mut settings.events.amqp;
-                    settings.events.backend = query_api::config::EventBackend::Amqp;
-                    amqp.url = amqp_url.clone();
-                    amqp.exchange = format!("{names}.events");
-                    amqp.shared_queue = format!("{names}.shared");
-                    amqp.broadcast_queue_prefix = format!("{names}.instance.");
-                    amqp.dead_letter_exchange = format!("{names}.dlx");
-                    amqp.dead_letter_queue = format!("{names}.dead");
-                    amqp.instance_id = format!("i{index}");
-                    customise(index, settings);
-                })
-                .await,
-            );
-        }
-        wait_until("every instance is connected to the broker", || {
-            instances.iter().all(|app| app.state.events.is_ready())
-        })
-        .await;
-        Self {
-            instances,
-            amqp_url,
-            names,
-        }
-    }
-
-    async fn stop(self) {
-        for app in self.instances {
-            app.stop().await;
-        }
-        delete_amqp_topology(&self.amqp_url, &self.names).await;
-    }
-}
-
 /// `item_created` fences past the not-found answers every instance cached before the row
 /// existed, in L1 and in L2: the new item answers 200 everywhere within a second.
 #[tokio::test]
@@ -1247,104 +1193,6 @@ async fn an_event_ahead_of_the_store_leaves_nothing_old_in_l1_l2_or_a_rendering(
     store.close().await;
     fleet.stop().await;
     env.clean_up().await;
-}
-
-/// A TCP proxy the test can cut (every connection closed, new ones refused) and restore: one
-/// instance's broker outage while the broker serves the others. With `late_replies` it also
-/// holds each chunk the server sends for a random time up to that bound (in order), so that a
-/// query the server has already answered reaches the instance late: in front of MariaDB, a
-/// rebuild that read a row before a write can finish after that write's event.
-struct CuttableProxy {
-    address: std::net::SocketAddr,
-    open: Arc<std::sync::atomic::AtomicBool>,
-    cut: tokio::sync::watch::Sender<u64>,
-}
-
-impl CuttableProxy {
-    async fn start(upstream: std::net::SocketAddr) -> Self {
-        Self::with_late_replies(upstream, Duration::ZERO).await
-    }
-
-    async fn with_late_replies(upstream: std::net::SocketAddr, late_replies: Duration) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let open = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let (cut, cuts) = tokio::sync::watch::channel(0u64);
-        let accepting = Arc::clone(&open);
-        tokio::spawn(async move {
-            let mut connections = 0u64;
-            while let Ok((client, _)) = listener.accept().await {
-                if !accepting.load(std::sync::atomic::Ordering::SeqCst) {
-                    continue;
-                }
-                connections += 1;
-                let mut cuts = cuts.clone();
-                // Only cuts after this connection opened end it.
-                cuts.borrow_and_update();
-                tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = relay(client, server, late_replies, connections) => {}
-                        _ = cuts.changed() => {}
-                    }
-                });
-            }
-        });
-        Self { address, open, cut }
-    }
-    fn url(&self) -> String {
-        format!("amqp://guest:guest@{}/%2f", self.address)
-    }
-
-    fn cut(&self) {
-        self.open.store(false, std::sync::atomic::Ordering::SeqCst);
-        self.cut.send_modify(|cuts| *cuts += 1);
-    }
-
-    fn restore(&self) {
-        self.open.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// Copies both ways until either side closes; replies from the server are held for up to
-/// `late_replies` each (seeded per connection), never reordered.
-async fn relay(
-    mut client: tokio::net::TcpStream,
-    mut server: tokio::net::TcpStream,
-    late_replies: Duration,
-    seed: u64,
-) {
-    use rand::rngs::SmallRng;
-    use rand::{Rng, SeedableRng};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    if late_replies.is_zero() {
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-        return;
-    }
-    let (mut client_reads, mut client_writes) = client.split();
-    let (mut server_reads, mut server_writes) = server.split();
-    let requests = tokio::io::copy(&mut client_reads, &mut server_writes);
-    let replies = async {
-        let mut rng = SmallRng::seed_from_u64(0x1a7e + seed);
-        let mut chunk = vec![0u8; 16 * 1024];
-        loop {
-            let read = match server_reads.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(read) => read,
-            };
-            let hold_ms = rng.random_range(0..=late_replies.as_millis() as u64);
-            tokio::time::sleep(Duration::from_millis(hold_ms)).await;
-            if client_writes.write_all(&chunk[..read]).await.is_err() {
-                return;
-            }
-        }
-    };
-    tokio::select! {
-        _ = requests => {}
-        _ = replies => {}
-    }
 }
 
 /// One instance loses the broker while 50 rates change and their events go out through the
@@ -1847,27 +1695,4 @@ async fn rate_of(app: &TestApp, key: ItemKey) -> Option<u64> {
         .await
         .ok()?;
     body["rebate"]["rate_bps"].as_u64()
-}
-
-async fn delete_amqp_topology(url: &str, names: &str) {
-    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
-    let Ok(connection) =
-        lapin::Connection::connect(url, lapin::ConnectionProperties::default()).await
-    else {
-        return;
-    };
-    let Ok(channel) = connection.create_channel().await else {
-        return;
-    };
-    for queue in [format!("{names}.shared"), format!("{names}.dead")] {
-        let _ = channel
-            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-            .await;
-    }
-    for exchange in [format!("{names}.events"), format!("{names}.dlx")] {
-        let _ = channel
-            .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
-            .await;
-    }
-    let _ = connection.close(200, "cleanup".into()).await;
 }

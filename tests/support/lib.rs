@@ -9,6 +9,8 @@
 )]
 
 pub use rebate_testkit::{unique_suffix, wait_until, wait_until_true};
+
+pub mod amqp;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -378,6 +380,17 @@ impl TestApp {
             .text()
             .await
             .expect("the exposition is text")
+    }
+
+    /// `POST` of a JSON body on the admin listener with the bearer token.
+    pub async fn admin_post(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.admin_url))
+            .bearer_auth(&self.admin_token)
+            .json(body)
+            .send()
+            .await
+            .expect("request reaches the admin listener")
     }
 
     /// `PUT` of a JSON body on the admin listener with the bearer token.
