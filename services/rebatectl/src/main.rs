@@ -3,10 +3,22 @@
 //! production fleet (where the instance publishes the event on RabbitMQ for every instance, and
 //! queues a warm job on the Redis stream every instance works through).
 //!
-//! Every command prints the admin API's JSON answer on stdout. `warm --file` also draws the job's
-//! progress on stderr (a bar on a terminal, a line every few seconds otherwise), ends with a
-//! summary line there, and exits non-zero when a key failed to load or the job did not finish.
+//! Every command but `rules` prints the admin API's JSON answer on stdout. `warm --file` also
+//! draws the job's progress on stderr (a bar on a terminal, a line every few seconds otherwise),
+//! ends with a summary line there, and exits non-zero when a key failed to load or the job did not
+//! finish. `rules` ([`rules`]) prints text for people, or the JSON with `--json`.
+//!
+//! Exit codes: 0 done; 1 the admin API refused or could not be reached (the message names its
+//! status, error code and, for a rule set, the key at fault); 2 the command line is incomplete.
+//!
+//! # Layout
+//! - `main.rs`: the command line, the admin API client ([`Admin`]) and its errors, `invalidate`,
+//!   `inspect` and `warm`.
+//! - [`rules`]: `rules get | diff | apply | history | rollback | promote | abort | watch`.
 
+mod rules;
+
+use std::fmt;
 use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -107,18 +119,93 @@ enum Command {
         #[arg(long, default_value_t = 3_600, value_parser = clap::value_parser!(u64).range(1..=604_800))]
         max_wait_secs: u64,
     },
+    /// Live rule sets: what each instance runs, the history, and new versions, canaries,
+    /// rollbacks.
+    Rules(rules::RulesArgs),
 }
+
+/// What a command leaves on stdout.
+#[derive(Debug)]
+enum Output {
+    /// The admin API's JSON answer, pretty-printed.
+    Json(Value),
+    /// Text for people.
+    Text(String),
+    /// Printed as it came (`rules watch`).
+    Printed,
+}
+
+impl Output {
+    #[allow(clippy::print_stdout)] // printing the answer is what a CLI is for
+    fn print(&self) {
+        match self {
+            Output::Json(value) => print_json(value),
+            Output::Text(text) => print!("{text}"),
+            Output::Printed => {}
+        }
+    }
+}
+
+/// A command line that cannot be carried out as given (exit code 2, as clap's own usage errors).
+#[derive(Debug)]
+struct Usage(String);
+
+impl fmt::Display for Usage {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
+/// The admin API's refusal: its status, error code and message, and the key at fault when the
+/// error is about one (`invalid_rule`).
+#[derive(Debug)]
+struct Refused {
+    status: reqwest::StatusCode,
+    code: String,
+    message: String,
+    field: Option<String>,
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Refused {
+            status,
+            code,
+            message,
+            field,
+        } = self;
+        match field {
+            // The service's message starts with the field already ("field: reason").
+            Some(field) => {
+                let reason = message
+                    .strip_prefix(field.as_str())
+                    .and_then(|rest| rest.strip_prefix(": "))
+                    .unwrap_or(message);
+                write!(formatter, "{status} {code}, field {field}: {reason}")
+            }
+            None => write!(formatter, "{status} {code}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for Refused {}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     match run(Cli::parse()).await {
         Ok(output) => {
-            print_json(&output);
+            output.print();
             ExitCode::SUCCESS
         }
         Err(error) => {
             eprintln!("rebatectl: {error:#}");
-            ExitCode::FAILURE
+            if error.downcast_ref::<Usage>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -131,7 +218,7 @@ fn print_json(value: &Value) {
     );
 }
 
-async fn run(cli: Cli) -> anyhow::Result<Value> {
+async fn run(cli: Cli) -> anyhow::Result<Output> {
     let token = match cli.token {
         Some(token) => token,
         None => std::fs::read_to_string(&cli.token_file)
@@ -144,12 +231,15 @@ async fn run(cli: Cli) -> anyhow::Result<Value> {
             .trim()
             .to_owned(),
     };
-    let base = cli.admin.trim_end_matches('/').to_owned();
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(std::time::Duration::from_secs(30))
-        .build()?;
-    let request = match cli.command {
+    let admin = Admin {
+        client: reqwest::Client::builder()
+            .no_proxy()
+            .timeout(std::time::Duration::from_secs(30))
+            .build()?,
+        base: cli.admin.trim_end_matches('/').to_owned(),
+        token,
+    };
+    let answer = match cli.command {
         Command::Invalidate {
             platform,
             items,
@@ -161,10 +251,12 @@ async fn run(cli: Cli) -> anyhow::Result<Value> {
             if let Some(event_id) = event_id {
                 body["event_id"] = json!(event_id);
             }
-            client.post(format!("{base}/admin/v1/events")).json(&body)
+            admin.post("/admin/v1/events", &body).await?
         }
         Command::Inspect { platform, item } => {
-            client.get(format!("{base}/admin/v1/items/{platform}/{item}"))
+            admin
+                .get(&format!("/admin/v1/items/{platform}/{item}"))
+                .await?
         }
         Command::Warm {
             file: Some(file),
@@ -172,18 +264,13 @@ async fn run(cli: Cli) -> anyhow::Result<Value> {
             max_wait_secs,
             ..
         } => {
-            let admin = Admin {
-                client,
-                base,
-                token,
-            };
-            return warm_job(
+            warm_job(
                 &admin,
                 &file,
                 Duration::from_millis(poll_ms),
                 Duration::from_secs(max_wait_secs),
             )
-            .await;
+            .await?
         }
         Command::Warm {
             platform, items, ..
@@ -193,31 +280,13 @@ async fn run(cli: Cli) -> anyhow::Result<Value> {
                 .iter()
                 .map(|item| json!({"platform": platform, "item_id": item}))
                 .collect();
-            client
-                .post(format!("{base}/admin/v1/warm"))
-                .json(&json!({ "items": items }))
+            admin
+                .post("/admin/v1/warm", &json!({ "items": items }))
+                .await?
         }
+        Command::Rules(args) => return rules::run(&admin, args).await,
     };
-    answer(request.bearer_auth(token), &base).await
-}
-
-/// The JSON body of a successful answer, or the admin API's error as the message.
-async fn answer(request: reqwest::RequestBuilder, base: &str) -> anyhow::Result<Value> {
-    let response = request
-        .send()
-        .await
-        .with_context(|| format!("cannot reach the admin API at {base}"))?;
-    let status = response.status();
-    let body: Value = response
-        .json()
-        .await
-        .with_context(|| format!("the admin API answered {status} without JSON"))?;
-    if !status.is_success() {
-        let message = body["error"]["message"].as_str().unwrap_or("no message");
-        let code = body["error"]["code"].as_str().unwrap_or("unknown");
-        bail!("{status} {code}: {message}");
-    }
-    Ok(body)
+    Ok(Output::Json(answer))
 }
 
 /// One instance's admin API.
@@ -225,6 +294,43 @@ struct Admin {
     client: reqwest::Client,
     base: String,
     token: String,
+}
+
+impl Admin {
+    async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        self.answer(self.client.get(format!("{}{path}", self.base)))
+            .await
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        self.answer(self.client.post(format!("{}{path}", self.base)).json(body))
+            .await
+    }
+
+    /// The JSON body of a successful answer, or the admin API's error as [`Refused`].
+    async fn answer(&self, request: reqwest::RequestBuilder) -> anyhow::Result<Value> {
+        let response = request
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the admin API at {}", self.base))?;
+        let status = response.status();
+        let body: Value = response
+            .json()
+            .await
+            .with_context(|| format!("the admin API answered {status} without JSON"))?;
+        if !status.is_success() {
+            let text = |key: &str| body["error"][key].as_str().map(str::to_owned);
+            return Err(Refused {
+                status,
+                code: text("code").unwrap_or_else(|| "unknown".to_owned()),
+                message: text("message").unwrap_or_else(|| "no message".to_owned()),
+                field: text("field"),
+            }
+            .into());
+        }
+        Ok(body)
+    }
 }
 
 /// The platforms an item key may name (the service checks again; this only reports a file's bad
@@ -295,15 +401,9 @@ async fn warm_job(
     if keys.is_empty() {
         bail!("{} names no key", file.display());
     }
-    let receipt = answer(
-        admin
-            .client
-            .post(format!("{}/admin/v1/warm-jobs", admin.base))
-            .bearer_auth(&admin.token)
-            .json(&json!({ "items": keys })),
-        &admin.base,
-    )
-    .await?;
+    let receipt = admin
+        .post("/admin/v1/warm-jobs", &json!({ "items": keys }))
+        .await?;
     let job_id = receipt["job_id"]
         .as_str()
         .context("the admin API answered without a job id")?
@@ -311,14 +411,7 @@ async fn warm_job(
     let mut view = ProgressView::new(std::io::stderr().is_terminal());
     let started = tokio::time::Instant::now();
     let progress = loop {
-        let progress = answer(
-            admin
-                .client
-                .get(format!("{}/admin/v1/warm-jobs/{job_id}", admin.base))
-                .bearer_auth(&admin.token),
-            &admin.base,
-        )
-        .await?;
+        let progress = admin.get(&format!("/admin/v1/warm-jobs/{job_id}")).await?;
         view.show(&progress, started.elapsed());
         if progress["state"] != "running" {
             break progress;

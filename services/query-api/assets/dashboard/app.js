@@ -143,14 +143,14 @@
 
   // ----- talking to /admin/v1 ---------------------------------------------------------------
 
-  /** GETs `path`, or sends `body` as JSON with `method`; resolves to the answer's JSON. */
-  async function api(path, method = 'GET', body = undefined) {
+  /** GETs `path`, or sends `payload` as JSON with `method`; resolves to the answer's JSON. */
+  async function api(path, method = 'GET', payload = undefined) {
     const headers = { Authorization: 'Bearer ' + token, Accept: 'application/json' };
-    if (body !== undefined) headers['Content-Type'] = 'application/json';
+    if (payload !== undefined) headers['Content-Type'] = 'application/json';
     const response = await fetch(path, {
       method,
       headers,
-      body: body === undefined ? undefined : JSON.stringify(body),
+      body: payload === undefined ? undefined : JSON.stringify(payload),
       cache: 'no-store',
       credentials: 'omit',
       redirect: 'error',

@@ -1,10 +1,14 @@
-//! The operator dashboard on the admin listener: `GET /dashboard` (the page),
-//! `/dashboard/app.js` and `/dashboard/app.css`. The page shows what `GET /admin/v1/status` and
-//! the slow-request log say — shed level and load signals, each dependency's breaker, bulkhead
-//! and quota, hit ratio per cache tier, the event bus, the consistency observer, the recent slow
-//! requests and, for one trace id, its stages — refreshed every few seconds.
+//! The operator dashboard on the admin listener: `GET /dashboard` (the page) and its [`ASSETS`]
+//! (`/dashboard/app.js`, `/dashboard/rules.js`, `/dashboard/app.css`). The page shows what
+//! `GET /admin/v1/status` and the slow-request log say — shed level and load signals, each
+//! dependency's breaker, bulkhead and quota, hit ratio per cache tier, the event bus, the
+//! consistency observer, the recent slow requests and, for one trace id, its stages — and, from
+//! `/admin/v1/rules` (`rules.js`), the live rules: the active version and its document, the
+//! version each instance runs, a canary's progress and verdict, the history with diffs, and an
+//! editor that dry-runs a document, shows its diff or the key a refusal names, applies it and
+//! follows it until every instance runs it. Everything is refreshed every few seconds.
 //!
-//! Contract: the three files live in `services/query-api/assets/dashboard/` and are compiled into
+//! Contract: the files live in `services/query-api/assets/dashboard/` and are compiled into
 //! the binary, so an operator runs no build step and the page loads nothing from anywhere but the
 //! admin listener (no CDN, no web font: operators' networks often have no internet). They carry
 //! no data, so they are served without the token; every figure comes from the `/admin/v1` JSON
@@ -13,7 +17,7 @@
 //! else on the machine can read it). Every answer here carries a Content-Security-Policy that
 //! allows this origin's script, style and fetches only, no inline script, no form submission
 //! (so a page whose script failed cannot post the token into a URL) and no framing, plus
-//! `nosniff` and no referrer. The page is revalidated on every load; the script and style sheet
+//! `nosniff` and no referrer. The page is revalidated on every load; the scripts and style sheet
 //! are addressed by a hash of their content (`?v=`), so at that address they are cached for good
 //! and a new binary's page asks for new addresses.
 
@@ -25,15 +29,62 @@ use axum::routing::get;
 use std::sync::LazyLock;
 
 const PAGE: &str = include_str!("../../assets/dashboard/index.html");
-const SCRIPT: &str = include_str!("../../assets/dashboard/app.js");
-const STYLE: &str = include_str!("../../assets/dashboard/app.css");
 
-/// The placeholders in `index.html` that become the assets' versioned addresses.
-const SCRIPT_PLACEHOLDER: &str = "{{app.js}}";
-const STYLE_PLACEHOLDER: &str = "{{app.css}}";
+/// A file the page loads: served at `/dashboard/{name}`, and named in `index.html` by the
+/// placeholder `{{name}}`, which becomes its versioned address.
+#[derive(Debug)]
+struct Asset {
+    name: &'static str,
+    content_type: HeaderValue,
+    body: &'static str,
+    /// A hash of `body`: the `?v=` of its address.
+    version: u64,
+}
 
-const SCRIPT_VERSION: u64 = fnv1a(SCRIPT.as_bytes());
-const STYLE_VERSION: u64 = fnv1a(STYLE.as_bytes());
+impl Asset {
+    const fn new(name: &'static str, content_type: HeaderValue, body: &'static str) -> Self {
+        Self {
+            name,
+            content_type,
+            body,
+            version: fnv1a(body.as_bytes()),
+        }
+    }
+
+    /// Cached for good only when asked for at its current version: the same path with no
+    /// version, or an older page's version, gets today's content revalidated on every use, so no
+    /// cache keeps it under an address that promises other content.
+    fn serve(&self, query: Option<&str>) -> Response {
+        let current = query
+            .and_then(|query| query.strip_prefix("v="))
+            .and_then(|asked| u64::from_str_radix(asked, 16).ok())
+            == Some(self.version);
+        answer(
+            self.content_type.clone(),
+            if current { IMMUTABLE } else { REVALIDATE },
+            self.body,
+        )
+    }
+}
+
+/// The page's scripts (the board, then the live-rules panel that plugs into it) and style sheet.
+static ASSETS: [Asset; 3] = [
+    Asset::new(
+        "app.js",
+        JAVASCRIPT,
+        include_str!("../../assets/dashboard/app.js"),
+    ),
+    Asset::new(
+        "rules.js",
+        JAVASCRIPT,
+        include_str!("../../assets/dashboard/rules.js"),
+    ),
+    Asset::new(
+        "app.css",
+        CSS,
+        include_str!("../../assets/dashboard/app.css"),
+    ),
+];
 
 const HTML: HeaderValue = HeaderValue::from_static("text/html; charset=utf-8");
 const JAVASCRIPT: HeaderValue = HeaderValue::from_static("text/javascript; charset=utf-8");
@@ -55,52 +106,28 @@ const PATH: &str = "/dashboard";
 /// The routes, merged into the admin listener's outer router (beside `/metrics`, outside the
 /// token layer, inside the trace stage and the gate).
 pub(super) fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
-    Router::new()
-        .route(PATH, get(page))
-        .route("/dashboard/app.js", get(script))
-        .route("/dashboard/app.css", get(style))
+    ASSETS
+        .iter()
+        .fold(Router::new().route(PATH, get(page)), |router, asset| {
+            router.route(
+                &format!("{PATH}/{}", asset.name),
+                get(move |RawQuery(query): RawQuery| async move { asset.serve(query.as_deref()) }),
+            )
+        })
 }
 
 /// The page with the assets' versioned addresses filled in, built once.
 static PAGE_WITH_ADDRESSES: LazyLock<String> = LazyLock::new(|| {
-    PAGE.replace(SCRIPT_PLACEHOLDER, &versioned("app.js", SCRIPT_VERSION))
-        .replace(STYLE_PLACEHOLDER, &versioned("app.css", STYLE_VERSION))
+    ASSETS.iter().fold(PAGE.to_owned(), |page, asset| {
+        page.replace(
+            &format!("{{{{{}}}}}", asset.name),
+            &format!("{PATH}/{}?v={:016x}", asset.name, asset.version),
+        )
+    })
 });
-
-fn versioned(name: &str, version: u64) -> String {
-    format!("{PATH}/{name}?v={version:016x}")
-}
 
 async fn page() -> Response {
     answer(HTML, REVALIDATE, PAGE_WITH_ADDRESSES.as_str())
-}
-
-async fn script(RawQuery(query): RawQuery) -> Response {
-    asset(JAVASCRIPT, SCRIPT, SCRIPT_VERSION, query.as_deref())
-}
-
-async fn style(RawQuery(query): RawQuery) -> Response {
-    asset(CSS, STYLE, STYLE_VERSION, query.as_deref())
-}
-
-/// An asset is cached for good only when asked for at its current version: the same path with
-/// no version, or an older page's version, gets today's content revalidated on every use, so no
-/// cache keeps it under an address that promises other content.
-fn asset(
-    content_type: HeaderValue,
-    body: &'static str,
-    version: u64,
-    query: Option<&str>,
-) -> Response {
-    let current = query
-        .and_then(|query| query.strip_prefix("v="))
-        .and_then(|asked| u64::from_str_radix(asked, 16).ok())
-        == Some(version);
-    answer(
-        content_type,
-        if current { IMMUTABLE } else { REVALIDATE },
-        body,
-    )
 }
 
 fn answer(content_type: HeaderValue, cache_control: HeaderValue, body: &'static str) -> Response {
@@ -185,22 +212,25 @@ mod tests {
         assert_eq!(header(&headers, "cache-control"), "no-cache");
         assert!(!page.contains("{{"), "every placeholder is filled in");
         let addresses = asset_addresses(&page);
-        assert_eq!(addresses.len(), 2, "{addresses:?}");
-        for address in addresses {
+        assert_eq!(addresses.len(), ASSETS.len(), "{addresses:?}");
+        for asset in &ASSETS {
+            let named: Vec<&&str> = addresses
+                .iter()
+                .filter(|address| address.starts_with(&format!("/dashboard/{}?v=", asset.name)))
+                .collect();
+            assert_eq!(named.len(), 1, "{} in {addresses:?}", asset.name);
+            let address = *named[0];
             let (status, headers, body) = get(address).await;
             assert_eq!(status, StatusCode::OK, "{address}");
             assert_eq!(
                 header(&headers, "cache-control"),
                 "max-age=31536000, immutable"
             );
-            let expected = if address.starts_with("/dashboard/app.js?v=") {
-                (SCRIPT, "text/javascript; charset=utf-8")
-            } else {
-                assert!(address.starts_with("/dashboard/app.css?v="), "{address}");
-                (STYLE, "text/css; charset=utf-8")
-            };
-            assert_eq!(body, expected.0);
-            assert_eq!(header(&headers, "content-type"), expected.1);
+            assert_eq!(body, asset.body);
+            assert_eq!(
+                header(&headers, "content-type"),
+                asset.content_type.to_str().unwrap()
+            );
         }
     }
 
@@ -209,6 +239,7 @@ mod tests {
         for uri in [
             "/dashboard/app.js",
             "/dashboard/app.js?v=0000000000000000",
+            "/dashboard/rules.js?v=0000000000000000",
             "/dashboard/app.css?v=not-hex",
             "/dashboard/app.css?x=1",
         ] {
@@ -220,7 +251,9 @@ mod tests {
 
     #[tokio::test]
     async fn every_answer_carries_the_security_headers() {
-        for uri in [PATH, "/dashboard/app.js", "/dashboard/app.css"] {
+        let assets = ASSETS.iter().map(|asset| format!("{PATH}/{}", asset.name));
+        for uri in std::iter::once(PATH.to_owned()).chain(assets) {
+            let uri = uri.as_str();
             let (_, headers, _) = get(uri).await;
             let policy = header(&headers, "content-security-policy");
             for directive in [
@@ -267,16 +300,31 @@ mod tests {
             );
             rest = &rest[at + 3..];
         }
-        for text in [PAGE, SCRIPT, STYLE] {
+        for text in std::iter::once(PAGE).chain(ASSETS.iter().map(|asset| asset.body)) {
             assert!(!text.contains("http://") && !text.contains("https://"));
             assert!(!text.contains("@import") && !text.contains("url("));
         }
     }
 
-    /// The script never turns data into markup, and keeps the token out of anything that
+    fn scripts() -> impl Iterator<Item = &'static Asset> {
+        ASSETS
+            .iter()
+            .filter(|asset| asset.content_type == JAVASCRIPT)
+    }
+
+    /// The scripts never turn data into markup, and keep the token out of anything that
     /// outlives the page.
     #[test]
-    fn the_script_builds_text_nodes_and_keeps_the_token_in_memory() {
+    fn the_scripts_build_text_nodes_and_keep_the_token_in_memory() {
+        assert_eq!(scripts().count(), 2);
+        for script in scripts() {
+            check_script(script);
+        }
+    }
+
+    fn check_script(script: &Asset) {
+        let name = script.name;
+        let body = script.body;
         for forbidden in [
             "innerHTML",
             "outerHTML",
@@ -292,15 +340,21 @@ mod tests {
             "history.replaceState",
             "location.hash =",
         ] {
-            assert!(!SCRIPT.contains(forbidden), "app.js uses {forbidden}");
+            assert!(!body.contains(forbidden), "{name} uses {forbidden}");
         }
-        assert!(SCRIPT.contains("textContent") || SCRIPT.contains("createTextNode"));
+        assert!(
+            body.contains("textContent") || body.contains("createTextNode"),
+            "{name}"
+        );
     }
 
     #[test]
     fn a_change_of_content_is_a_change_of_version() {
         assert_ne!(fnv1a(b"a"), fnv1a(b"b"));
-        assert_ne!(SCRIPT_VERSION, STYLE_VERSION);
+        let mut versions: Vec<u64> = ASSETS.iter().map(|asset| asset.version).collect();
+        versions.sort_unstable();
+        versions.dedup();
+        assert_eq!(versions.len(), ASSETS.len());
         // The published FNV-1a 64 test vector.
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
     }
