@@ -3,7 +3,11 @@
 # (docs/openapi.json, served by the admin listener as /openapi.json): schemathesis generates
 # valid and invalid requests for every operation and checks every answer — status documented,
 # content type, body schema, required headers, valid data accepted, invalid data refused, 405
-# with `Allow` for undeclared methods, no 5xx — with every check on and no exclusion.
+# with `Allow` for undeclared methods, no 5xx — with every check on. The only operations left
+# out are those that write live rules (a new version, promote, abort, rollback): a generated
+# rule set would change the timeouts, limits and shed level the rest of the run is checked
+# under, and no schema can say which documents the config file accepts. Their reads are fuzzed;
+# the writes are covered by the rules' own tests.
 #
 # The service is the embedded default debug binary on free loopback ports, in a scratch
 # directory. The run is bounded: each API gets --max-examples per operation and a hard
@@ -48,6 +52,14 @@ curl -fsS "http://127.0.0.1:$admin_port/openapi.json" | cmp -s - docs/openapi.js
   exit 1
 }
 
+# A generated request the edge refuses for its size (413, 414, 431) is refused all the same:
+# schemathesis's default list of refusals lacks those, so a long generated query string (a list
+# for a scalar parameter, say) would count as invalid data accepted.
+cat >"$scratch/schemathesis.toml" <<'TOML'
+[checks.negative_data_rejection]
+expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 414, 415, 422, 428, 429, 431, "5xx"]
+TOML
+
 run() {
   local name=$1 url=$2 tag=$3 seconds=$4
   shift 4
@@ -58,7 +70,8 @@ run() {
   # AST builder's depth counter is one per interpreter, not per thread (see CPython gh-106905).
   # One worker takes about 35 s for both APIs. Run from the scratch directory: schemathesis keeps its cache
   # (.schemathesis/) in the working directory.
-  (cd "$scratch" && timeout --kill-after=10 "$seconds" schemathesis run "$OLDPWD/docs/openapi.json" --url "$url" \
+  (cd "$scratch" && timeout --kill-after=10 "$seconds" schemathesis --config-file schemathesis.toml run \
+    "$OLDPWD/docs/openapi.json" --url "$url" \
     --include-tag "$tag" --checks all --max-examples 100 --seed 17 --workers 1 \
     --request-timeout 10 --no-color "$@")
 }
@@ -67,7 +80,9 @@ run public "http://127.0.0.1:$api_port" public 60 || status=$?
 # The admin API after the public one: its generated drills (forced shed levels, events) must
 # not change what the public run sees.
 run admin "http://127.0.0.1:$admin_port" admin 60 \
-  --header "Authorization: Bearer $(cat "$scratch/admin-token")" || status=$?
+  --header "Authorization: Bearer $(cat "$scratch/admin-token")" \
+  --exclude-operation-id create_rule_set --exclude-operation-id promote_rule_set \
+  --exclude-operation-id abort_rule_set --exclude-operation-id roll_back_to_rule_set || status=$?
 if ((status != 0)); then
   echo "schemathesis failed (status $status); the service's log:" >&2
   tail -n 40 "$scratch/service.log" >&2

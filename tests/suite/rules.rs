@@ -430,7 +430,10 @@ async fn a_bad_canary_is_rolled_back_by_its_figures_and_a_good_one_promoted() {
         json!({"resilience": {"retry": {"ratio": 0.2}}}),
         "more retries for the sale",
     );
-    good["rollout"] = json!({"canary": 1, "observe_secs": 8});
+    // On another instance: the first canary's coupon breaker may still be open on its
+    // cool-down, and those degraded answers would count against this one.
+    let second_canary = instances[2].state.rules.instance_id().to_owned();
+    good["rollout"] = json!({"instances": [second_canary], "observe_secs": 8});
     let good_version = create(instances[0], &good).await;
     let row = decided(instances[0], good_version, Duration::from_secs(60)).await;
     assert_eq!(row["state"], "active", "{row}");

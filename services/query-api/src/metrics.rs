@@ -309,7 +309,8 @@ impl Metrics {
 
     /// Adds live rules' version and apply counters, read at scrape time.
     pub fn collect_rules(&mut self, rules: Arc<crate::rules::manager::Rules>) {
-        self.registry.register_collector(Box::new(RulesCollector(rules)));
+        self.registry
+            .register_collector(Box::new(RulesCollector(rules)));
     }
 
     /// The observer every dependency guard reports its calls to.

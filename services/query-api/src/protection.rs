@@ -263,12 +263,7 @@ impl Protection {
             if !kept.is_empty() {
                 tracing::warn!(restart_only = ?kept.fields, "these shedding values take a restart");
             }
-            shedder.force(
-                settings
-                    .shedding
-                    .pinned_level
-                    .and_then(ShedLevel::from_u8),
-            );
+            shedder.force(settings.shedding.pinned_level.and_then(ShedLevel::from_u8));
         }
         if let Some(queue) = &self.admission_queue {
             queue.reconfigure(settings.admission_wait.wait_config());

@@ -434,7 +434,13 @@ impl WarmJobs {
                 }
             };
             match self
-                .work(&taken, &engine, &protection, pacer.at(self.rate_per_sec()), &shutdown)
+                .work(
+                    &taken,
+                    &engine,
+                    &protection,
+                    pacer.at(self.rate_per_sec()),
+                    &shutdown,
+                )
                 .await
             {
                 Some(tally) => self.complete(&taken, tally).await,

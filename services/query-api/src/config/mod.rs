@@ -187,7 +187,11 @@ impl RulesSettings {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        ensure_in("rules.poll_interval_ms", self.poll_interval_ms, 100..=60_000)?;
+        ensure_in(
+            "rules.poll_interval_ms",
+            self.poll_interval_ms,
+            100..=60_000,
+        )?;
         ensure_in(
             "rules.max_document_bytes",
             self.max_document_bytes,
@@ -206,12 +210,32 @@ impl RulesSettings {
             canary.observe_secs,
             1..=canary.max_observe_secs,
         )?;
-        ensure_in("rules.canary.min_requests", canary.min_requests, 0..=10_000_000)?;
-        ensure_in("rules.canary.max_success_drop", canary.max_success_drop, 0.0..=1.0)?;
-        ensure_in("rules.canary.max_p99_ratio", canary.max_p99_ratio, 1.0..=100.0)?;
+        ensure_in(
+            "rules.canary.min_requests",
+            canary.min_requests,
+            0..=10_000_000,
+        )?;
+        ensure_in(
+            "rules.canary.max_success_drop",
+            canary.max_success_drop,
+            0.0..=1.0,
+        )?;
+        ensure_in(
+            "rules.canary.max_p99_ratio",
+            canary.max_p99_ratio,
+            1.0..=100.0,
+        )?;
         ensure_in("rules.canary.p99_slack_ms", canary.p99_slack_ms, 0..=60_000)?;
-        ensure_in("rules.canary.max_extra_trips", canary.max_extra_trips, 0.0..=1000.0)?;
-        ensure_in("rules.canary.max_shed_level_rise", canary.max_shed_level_rise, 0..=3)
+        ensure_in(
+            "rules.canary.max_extra_trips",
+            canary.max_extra_trips,
+            0.0..=1000.0,
+        )?;
+        ensure_in(
+            "rules.canary.max_shed_level_rise",
+            canary.max_shed_level_rise,
+            0..=3,
+        )
     }
 }
 
@@ -1002,9 +1026,8 @@ impl Settings {
         }
         self.resilience.validate()?;
         self.rules.validate()?;
-        crate::rules::check_ceilings(self, &self.rules.ceilings).map_err(|error| {
-            invalid("rules.ceilings", error.to_string())
-        })?;
+        crate::rules::check_ceilings(self, &self.rules.ceilings)
+            .map_err(|error| invalid("rules.ceilings", error.to_string()))?;
         self.validate_observability()?;
         self.validate_store_and_tiers()
     }

@@ -207,7 +207,11 @@ pub fn render() -> String {
             "| `{}` | `{}` | {} | `{}` | {} |",
             entry.key,
             entry.default.replace('|', "\\|"),
-            if live.contains_key(&entry.key) { "live" } else { "" },
+            if live.contains_key(&entry.key) {
+                "live"
+            } else {
+                ""
+            },
             entry.env(),
             entry.description.replace('|', "\\|"),
         );

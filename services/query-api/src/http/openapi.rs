@@ -25,6 +25,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::admin;
 use super::items;
+use super::rules;
 use super::slow_requests;
 
 /// Response headers only some answers carry: compression's, the shedder's, CORS's (only with
@@ -52,7 +53,8 @@ const ADMIN_TOKEN: &str = "admin_token";
             `http.listen` (127.0.0.1:8080 by default), the admin API (tag `admin`) on \
             `admin.listen` (127.0.0.1:8090); under `/admin/v1` every route, its unknown paths \
             and methods included, needs `Authorization: Bearer <token>`. Every answer carries \
-            `x-trace-id`; every error body is `{\"error\":{\"code\",\"message\"},\"trace_id\"}`. \
+            `x-trace-id`; every error body is `{\"error\":{\"code\",\"message\"},\"trace_id\"}`, \
+            `error.field` added for `invalid_rule`. \
             A method a route does not take is `405 method_not_allowed` with `Allow`; a path no \
             route takes is `404 route_not_found`. A connection over `http.max_connections` or \
             `http.max_connections_per_peer` is answered `503 too_many_connections` (with \
@@ -75,6 +77,13 @@ const ADMIN_TOKEN: &str = "admin_token";
         admin::hot_keys,
         slow_requests::recent,
         slow_requests::by_trace_id,
+        rules::overview,
+        rules::history,
+        rules::version,
+        rules::create,
+        rules::promote,
+        rules::abort,
+        rules::rollback,
     ),
     modifiers(&EdgeResponses),
     tags(
@@ -90,7 +99,7 @@ pub fn render() -> String {
         .expect("an OpenAPI document is plain data and serialises");
     mark_required_headers(&mut document);
     share_headers(&mut document);
-    strip_null_from_parameters(&mut document);
+    strip_null_from_optional_inputs(&mut document);
     // utoipa has no `unique_items`; the service refuses an event naming an item twice.
     if let Some(item_ids) =
         document.pointer_mut("/components/schemas/EventRequest/properties/item_ids")
@@ -131,45 +140,68 @@ fn mark_required(response: &mut Value) {
     }
 }
 
-/// An optional header or query parameter is absent or a value: utoipa writes an `Option`'s
-/// schema as nullable, which would make the text `null` a valid `x-request-class`.
-fn strip_null_from_parameters(document: &mut Value) {
+/// An optional header, query parameter or request body is absent or a value: utoipa writes an
+/// `Option`'s schema as nullable, which would make the text `null` a valid `x-request-class`,
+/// or a valid body of `POST /admin/v1/rules/{version}/promote`.
+fn strip_null_from_optional_inputs(document: &mut Value) {
     let Some(paths) = document.get_mut("paths").and_then(Value::as_object_mut) else {
         return;
     };
-    let parameters = paths
+    for operation in paths
         .values_mut()
         .filter_map(Value::as_object_mut)
         .flat_map(|item| item.values_mut())
-        .filter_map(|operation| operation.get_mut("parameters")?.as_array_mut())
-        .flatten();
-    for parameter in parameters {
-        let Some(schema) = parameter.get_mut("schema").and_then(Value::as_object_mut) else {
-            continue;
-        };
-        if let Some(Value::Array(types)) = schema.get_mut("type") {
-            types.retain(|kind| kind != "null");
-            if let [only] = types.as_slice() {
-                let only = only.clone();
-                schema.insert("type".to_owned(), only);
-            }
+    {
+        if let Some(parameters) = operation
+            .get_mut("parameters")
+            .and_then(Value::as_array_mut)
+        {
+            parameters
+                .iter_mut()
+                .filter_map(|parameter| parameter.get_mut("schema"))
+                .for_each(strip_null);
         }
-        if let Some(Value::Array(choices)) = schema.get("oneOf") {
-            let kept: Vec<Value> = choices
-                .iter()
-                .filter(|choice| choice.get("type").is_none_or(|kind| kind != "null"))
-                .cloned()
-                .collect();
-            schema.remove("oneOf");
-            match <[Value; 1]>::try_from(kept) {
-                Ok([only]) => {
-                    if let Value::Object(only) = only {
-                        schema.extend(only);
-                    }
+        let optional_body = operation
+            .get_mut("requestBody")
+            .filter(|body| body.get("required") != Some(&Value::Bool(true)))
+            .and_then(|body| body.get_mut("content")?.as_object_mut());
+        if let Some(content) = optional_body {
+            content
+                .values_mut()
+                .filter_map(|media| media.get_mut("schema"))
+                .for_each(strip_null);
+        }
+    }
+}
+
+/// [`strip_null_from_optional_inputs`] for one schema: `null` leaves its `type` list and its
+/// `oneOf` choices.
+fn strip_null(schema: &mut Value) {
+    let Some(schema) = schema.as_object_mut() else {
+        return;
+    };
+    if let Some(Value::Array(types)) = schema.get_mut("type") {
+        types.retain(|kind| kind != "null");
+        if let [only] = types.as_slice() {
+            let only = only.clone();
+            schema.insert("type".to_owned(), only);
+        }
+    }
+    if let Some(Value::Array(choices)) = schema.get("oneOf") {
+        let kept: Vec<Value> = choices
+            .iter()
+            .filter(|choice| choice.get("type").is_none_or(|kind| kind != "null"))
+            .cloned()
+            .collect();
+        schema.remove("oneOf");
+        match <[Value; 1]>::try_from(kept) {
+            Ok([only]) => {
+                if let Value::Object(only) = only {
+                    schema.extend(only);
                 }
-                Err(kept) => {
-                    schema.insert("oneOf".to_owned(), Value::Array(kept));
-                }
+            }
+            Err(kept) => {
+                schema.insert("oneOf".to_owned(), Value::Array(kept));
             }
         }
     }
@@ -570,8 +602,8 @@ fn shared_responses() -> Vec<(&'static str, Response)> {
             "AdminUnavailable",
             error_response(
                 "`timeout` (the request hit `admin.request_timeout_ms`), `unavailable` (the \
-                 event broker is unreachable, events only) or `too_many_connections` (then \
-                 closed).",
+                 event broker is unreachable, for events; the rule store failed, for rules) or \
+                 `too_many_connections` (then closed).",
                 vec![
                     ("retry-after", retry_after()),
                     ("connection", connection_close()),
@@ -638,7 +670,7 @@ mod tests {
         let document: Value = serde_json::from_str(&render()).unwrap();
         assert_eq!(document["openapi"], "3.1.0");
         let paths = document["paths"].as_object().unwrap();
-        assert_eq!(paths.len(), 16, "{:?}", paths.keys());
+        assert_eq!(paths.len(), 22, "{:?}", paths.keys());
         for (path, item) in paths {
             for (method, operation) in item.as_object().unwrap() {
                 if method == "servers" {

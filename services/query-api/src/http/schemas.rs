@@ -138,6 +138,11 @@ pub struct ErrorJson {
     pub code: ErrorCode,
     /// For people; never a stack trace or an internal address.
     pub message: String,
+    /// `invalid_rule` only: the key or request field it is about, dotted as in the config file
+    /// (`resilience.coupons.quota_per_sec`, `author`, `rollout.canary`, `schedule.until`).
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub field: Option<String>,
 }
 
 /// Every error's body.
@@ -308,6 +313,7 @@ pub struct ShedAnswer {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EventRequest {
+    #[schema(schema_with = operator_event_kind)]
     pub kind: EventKind,
     pub platform: Platform,
     /// 1–100 distinct item ids.
@@ -325,6 +331,23 @@ pub struct EventRequest {
 #[derive(Debug, Deserialize, ToSchema)]
 #[schema(pattern = "^[0-9]{1,20}$")]
 pub struct ItemId(pub String);
+
+/// The kinds an operator may publish: every [`EventKind`] that names items. `rules_changed` is
+/// the service's own announcement of a new rule set version, never an operator's.
+fn operator_event_kind() -> utoipa::openapi::Object {
+    let kinds = EventKind::ALL
+        .into_iter()
+        .filter(|kind| kind.names_items())
+        .map(EventKind::as_str);
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::schema::Type::String)
+        .enum_values(Some(kinds))
+        .description(Some(
+            "What changed upstream; the kind decides which cached parts become stale. \
+             `rules_changed` is not among them: only the service announces a rule set change.",
+        ))
+        .build()
+}
 
 /// The event as published.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -582,4 +605,483 @@ pub struct SlowRequests {
     pub capacity: u64,
     pub recorded: u64,
     pub requests: Vec<SlowRequest>,
+}
+
+/// Where a rule set stands: `staged` (stored, waiting for an operator), `canary` (on the
+/// rollout's instances while its verdict is out), `active` (the fleet's; at most one),
+/// `rolled_back`, `superseded` (active until another became active), `scheduled` (active
+/// inside its window), `aborted` or `expired` (its window ended before it opened).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleState {
+    Staged,
+    Canary,
+    Active,
+    RolledBack,
+    Superseded,
+    Scheduled,
+    Aborted,
+    Expired,
+}
+
+/// A schedule window (RFC 3339, UTC): the rule set is active from `from` until `until`, then
+/// the version active when it opened comes back. At most 31 days long, opening within a year,
+/// overlapping no other window.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RuleWindow {
+    #[schema(format = DateTime)]
+    pub from: String,
+    /// After `from` and after now.
+    #[schema(format = DateTime)]
+    pub until: String,
+}
+
+/// What a new rule set asks of its canary: a number of instances or named ones (exactly one
+/// of the two), and the observation window.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutRequest {
+    /// How many instances take the canary, chosen at random among the live ones (at most as
+    /// many as are live).
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub canary: Option<u32>,
+    /// The canary instances by id (`instance_id` in `GET /admin/v1/rules`), each live.
+    #[serde(default)]
+    #[schema(min_items = 1, max_items = 1000)]
+    pub instances: Option<Vec<String>>,
+    /// Seconds the canary is observed before it is promoted: 1 to
+    /// `rules.canary.max_observe_secs` (default `rules.canary.observe_secs`).
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub observe_secs: Option<u64>,
+}
+
+/// `POST /admin/v1/rules`'s body: a document, who and why, and either a canary or a schedule
+/// (neither: the version becomes active on the whole fleet at once).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewRules {
+    /// The live keys to set, under the config file's section names
+    /// (`{"resilience": {"coupons": {"quota_per_sec": 10}}}`): only keys marked live in
+    /// docs/CONFIGURATION.md, at least one. A key set to `null` keeps the file's value. Each
+    /// value is checked as the file's is, and may not exceed its ceiling in the file's
+    /// `[rules.ceilings]`; at most `rules.max_document_bytes` as JSON.
+    #[schema(value_type = Object)]
+    pub document: serde_json::Value,
+    /// Who asks (1–128 characters, trimmed).
+    #[schema(min_length = 1, max_length = 128, pattern = "\\S")]
+    pub author: String,
+    /// Why (1–1024 characters, trimmed).
+    #[schema(min_length = 1, max_length = 1024, pattern = "\\S")]
+    pub reason: String,
+    /// Start as a canary on some instances; judged on their figures.
+    #[serde(default)]
+    pub rollout: Option<RolloutRequest>,
+    /// Be active inside a window only (no canary then).
+    #[serde(default)]
+    pub schedule: Option<RuleWindow>,
+}
+
+/// The optional body of promote, abort and rollback (an empty body is `{}`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RuleDecision {
+    /// Who decides (1–128 characters, trimmed); absent or null: `operator`.
+    #[serde(default)]
+    #[schema(min_length = 1, max_length = 128, pattern = "\\S")]
+    pub author: Option<String>,
+    /// Rollback only: added to the new version's reason (`rollback to version N: …`).
+    /// Promote and abort take it and ignore it.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// One live key a rule set changes, dotted as in the config file.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RuleChange {
+    pub key: String,
+    /// The value before; null: the file's value (or unset).
+    #[schema(value_type = Value, required = true)]
+    pub from: serde_json::Value,
+    /// The value after; null: the file's value.
+    #[schema(value_type = Value, required = true)]
+    pub to: serde_json::Value,
+}
+
+/// A canary's instances and observation window, as stored with its version.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Rollout {
+    pub instances: Vec<String>,
+    pub observe_secs: u64,
+    /// When the canary began (Unix ms).
+    pub started_at_ms: i64,
+}
+
+/// What a new version (or a dry run) came to.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreatedRuleSet {
+    /// The new version; null on a dry run.
+    #[schema(required = true, minimum = 1)]
+    pub version: Option<u64>,
+    pub dry_run: bool,
+    /// `active`, `canary` or `scheduled`.
+    pub state: RuleState,
+    /// The live keys it changes against the values in force now (the active version's).
+    pub diff: Vec<RuleChange>,
+    /// The document as stored.
+    #[schema(value_type = Object)]
+    pub document: serde_json::Value,
+    /// With a canary: the instances chosen and the window.
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub rollout: Option<Rollout>,
+    /// With a schedule: its window.
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub schedule: Option<RuleWindow>,
+}
+
+/// What a canary verdict decided.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictDecision {
+    Promote,
+    RollBack,
+    /// Not yet: the window is open and nothing is wrong so far.
+    Wait,
+}
+
+/// What a canary was compared with: the other instances over the same seconds (`fleet`), or,
+/// with no other instance, the canary instances' own span before the change (`before`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictBaseline {
+    Fleet,
+    Before,
+}
+
+/// One side's figures in a verdict.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VerdictSummary {
+    pub requests: u64,
+    /// Items answered with every part live ÷ items answered; null without answers.
+    #[schema(required = true, minimum = 0, maximum = 1)]
+    pub success_ratio: Option<f64>,
+    /// Null without requests.
+    #[schema(required = true, minimum = 0)]
+    pub p99_ms: Option<f64>,
+    #[schema(maximum = 3)]
+    pub max_shed_level: u8,
+    #[schema(minimum = 0)]
+    pub trips_per_instance: f64,
+}
+
+/// A canary's verdict and the figures it was made on.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Verdict {
+    pub decision: VerdictDecision,
+    /// `auto` (judged on the `rules.canary` margins), or the operator who promoted or aborted.
+    pub by: String,
+    pub reasons: Vec<String>,
+    pub baseline: VerdictBaseline,
+    pub canary_instances: Vec<String>,
+    /// The other instances, for a `fleet` baseline.
+    pub baseline_instances: Vec<String>,
+    pub canary: VerdictSummary,
+    pub reference: VerdictSummary,
+    /// Unix ms.
+    pub decided_at_ms: i64,
+}
+
+/// One version.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RuleVersion {
+    #[schema(minimum = 1)]
+    pub version: u64,
+    pub state: RuleState,
+    /// The document as stored: live keys under the config file's section names.
+    #[schema(value_type = Object)]
+    pub document: serde_json::Value,
+    pub author: String,
+    pub reason: String,
+    #[schema(format = DateTime)]
+    pub created_at: String,
+    /// When it last became active; null if it never did.
+    #[schema(required = true, format = DateTime)]
+    pub activated_at: Option<String>,
+    /// The version active when it was created.
+    #[schema(required = true)]
+    pub previous_version: Option<u64>,
+    /// Null unless it was created as a canary.
+    #[schema(required = true)]
+    pub rollout: Option<Rollout>,
+    /// Null unless it was created with a schedule.
+    #[schema(required = true)]
+    pub schedule: Option<RuleWindow>,
+    /// Null until its canary was decided.
+    #[schema(required = true)]
+    pub verdict: Option<Verdict>,
+    /// In the history and `GET /admin/v1/rules/{version}` only: the keys its document sets
+    /// differently from the version before it (null: the file's value).
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub diff: Option<Vec<RuleChange>>,
+}
+
+/// What a span of seconds held on one instance.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WindowFigures {
+    /// Seconds with figures in the span.
+    pub seconds: u64,
+    pub requests: u64,
+    /// Items answered, and those answered with every part live.
+    pub answered: u64,
+    pub complete: u64,
+    /// Breaker trips.
+    pub trips: u64,
+    #[schema(maximum = 3)]
+    pub max_shed_level: u8,
+    /// Request latency histogram: counts in 32 buckets whose upper bounds grow by half from
+    /// 0.1 ms (the last is unbounded).
+    pub latency: Vec<u64>,
+}
+
+/// An instance's own figures for the canary under way.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CanaryFigures {
+    pub version: u64,
+    /// Since the canary began.
+    pub during: WindowFigures,
+    /// Over as long a span before it.
+    pub before: WindowFigures,
+}
+
+/// An instance and the version it runs.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RuleInstance {
+    pub instance_id: String,
+    /// 0: none (the file's values).
+    pub applied_version: u64,
+    /// Its last report (for this instance: when it applied its version).
+    #[schema(format = DateTime)]
+    pub reported_at: String,
+    /// While a canary is under way.
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub canary: Option<CanaryFigures>,
+}
+
+/// `GET /admin/v1/rules`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RulesOverview {
+    #[schema(required = true)]
+    pub active: Option<RuleVersion>,
+    #[schema(required = true)]
+    pub canary: Option<RuleVersion>,
+    pub scheduled: Vec<RuleVersion>,
+    pub this_instance: RuleInstance,
+    /// Instances that reported within three poll intervals (`rules.poll_interval_ms`).
+    pub instances: Vec<RuleInstance>,
+    /// The live values in force on this instance: every live key, under the config file's
+    /// section names.
+    #[schema(value_type = Object)]
+    pub effective: serde_json::Value,
+}
+
+#[cfg(test)]
+mod tests {
+    //! The rule routes' answers, built from the service's own types, read back through their
+    //! mirrors here (the other answers are held to theirs by `tests/suite/contract.rs`).
+
+    use rebate_domain::Timestamp;
+    use serde::de::DeserializeOwned;
+    use serde_json::{Value, json};
+
+    use crate::config::Settings;
+    use crate::rules::canary::{self, Baseline, Decision};
+    use crate::rules::manager::{Created, InstanceView, Overview, VersionView};
+    use crate::rules::schedule::Window;
+    use crate::rules::window::Figures;
+    use crate::rules::{Change, LiveSettings};
+
+    fn conforms<Mirror: DeserializeOwned>(answer: &impl serde::Serialize) {
+        let text = serde_json::to_string(answer).unwrap();
+        if let Err(error) = serde_json::from_str::<Mirror>(&text) {
+            panic!(
+                "{} does not read {text}: {error}",
+                std::any::type_name::<Mirror>()
+            );
+        }
+    }
+
+    fn window() -> Window {
+        Window {
+            from: Timestamp::from_millis(1_767_225_600_000),
+            until: Timestamp::from_millis(1_767_312_000_000),
+        }
+    }
+
+    fn rollout() -> canary::Rollout {
+        canary::Rollout {
+            instances: vec!["query-a".to_owned()],
+            observe_secs: 120,
+            started_at_ms: 1_767_225_600_000,
+        }
+    }
+
+    fn diff() -> Vec<Change> {
+        vec![
+            Change {
+                key: "resilience.coupons.quota_per_sec".to_owned(),
+                from: json!(45.0),
+                to: json!(30.0),
+            },
+            Change {
+                key: "resilience.shedding.thresholds".to_owned(),
+                from: json!([0.7, 0.85, 0.95]),
+                to: Value::Null,
+            },
+        ]
+    }
+
+    fn version(verdict: Option<Value>, diff: Option<Vec<Change>>) -> VersionView {
+        VersionView {
+            version: 3,
+            state: rebate_store::RuleState::Canary,
+            document: json!({"resilience": {"coupons": {"quota_per_sec": 30.0}}}),
+            author: "alice".to_owned(),
+            reason: "a lower quota".to_owned(),
+            created_at: Timestamp::from_millis(1_767_225_600_000),
+            activated_at: None,
+            previous_version: Some(2),
+            rollout: Some(serde_json::to_value(rollout()).unwrap()),
+            schedule: Some(window()),
+            verdict,
+            diff,
+        }
+    }
+
+    #[test]
+    fn the_rule_routes_answers_match_their_mirrors() {
+        let summary = canary::Summary::of(&Figures::default(), 1);
+        let verdict = canary::Verdict {
+            decision: Decision::RollBack,
+            by: "auto".to_owned(),
+            reasons: vec!["p99 above its margin".to_owned()],
+            baseline: Baseline::Fleet,
+            canary_instances: vec!["query-a".to_owned()],
+            baseline_instances: vec!["query-b".to_owned()],
+            canary: summary.clone(),
+            reference: summary,
+            decided_at_ms: 1_767_225_720_000,
+        };
+        let with_verdict = version(Some(serde_json::to_value(&verdict).unwrap()), Some(diff()));
+        conforms::<super::RuleVersion>(&with_verdict);
+        conforms::<Vec<super::RuleVersion>>(&vec![with_verdict, version(None, Some(Vec::new()))]);
+        let mut bare = version(None, None);
+        bare.rollout = None;
+        bare.schedule = None;
+        bare.previous_version = None;
+        bare.activated_at = Some(Timestamp::from_millis(1_767_225_600_000));
+        conforms::<super::RuleVersion>(&bare);
+
+        for (version, rollout, schedule) in [
+            (Some(4), Some(rollout()), None),
+            (None, None, Some(window())),
+            (Some(5), None, None),
+        ] {
+            conforms::<super::CreatedRuleSet>(&Created {
+                version,
+                dry_run: version.is_none(),
+                state: rebate_store::RuleState::Active,
+                diff: diff(),
+                document: json!({"warmup": {"rate_per_sec": 100}}),
+                rollout,
+                schedule,
+            });
+        }
+
+        let settings = Settings::defaults().unwrap();
+        let instance = |canary| InstanceView {
+            instance_id: "query-a".to_owned(),
+            applied_version: 3,
+            reported_at: Timestamp::from_millis(1_767_225_600_000),
+            canary,
+        };
+        conforms::<super::RulesOverview>(&Overview {
+            active: Some(bare),
+            canary: Some(version(None, None)),
+            scheduled: vec![version(None, None)],
+            this_instance: instance(None),
+            instances: vec![
+                instance(None),
+                instance(Some(canary::CanaryFigures {
+                    version: 3,
+                    during: Figures::default(),
+                    before: Figures::default(),
+                })),
+            ],
+            effective: LiveSettings::of(&settings),
+        });
+        conforms::<super::RulesOverview>(&Overview {
+            active: None,
+            canary: None,
+            scheduled: Vec::new(),
+            this_instance: instance(None),
+            instances: Vec::new(),
+            effective: LiveSettings::of(&settings),
+        });
+    }
+
+    /// The names a schema's `enum` lists.
+    fn enum_names<Mirror: utoipa::PartialSchema>() -> Vec<String> {
+        let schema = serde_json::to_value(Mirror::schema()).unwrap();
+        schema["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|name| name.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_rule_states_are_the_stores() {
+        let stored: Vec<String> = rebate_store::RuleState::ALL
+            .iter()
+            .map(|state| state.as_str().to_owned())
+            .collect();
+        assert_eq!(enum_names::<super::RuleState>(), stored);
+        for decision in [Decision::Promote, Decision::RollBack, Decision::Wait] {
+            conforms::<super::VerdictDecision>(&decision);
+        }
+        for baseline in [Baseline::Fleet, Baseline::Before] {
+            conforms::<super::VerdictBaseline>(&baseline);
+        }
+    }
+
+    #[test]
+    fn operators_may_publish_every_kind_but_the_services_own() {
+        let schema = serde_json::to_value(super::operator_event_kind()).unwrap();
+        let kinds: Vec<&str> = schema["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(kinds.contains(&"rate_changed"), "{kinds:?}");
+        assert!(!kinds.contains(&"rules_changed"), "{kinds:?}");
+        assert_eq!(kinds.len(), rebate_events::EventKind::ALL.len() - 1);
+    }
 }

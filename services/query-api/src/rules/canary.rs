@@ -38,8 +38,9 @@ pub struct Rollout {
 
 impl Rollout {
     pub fn ends_at_ms(&self) -> i64 {
-        self.started_at_ms
-            .saturating_add(i64::try_from(self.observe_secs.saturating_mul(1000)).unwrap_or(i64::MAX))
+        self.started_at_ms.saturating_add(
+            i64::try_from(self.observe_secs.saturating_mul(1000)).unwrap_or(i64::MAX),
+        )
     }
 
     pub fn includes(&self, instance: &str) -> bool {
@@ -154,7 +155,11 @@ pub fn judge(
     }
     // Trips and shed levels count whatever the traffic: a canary that opens a breaker on a
     // trickle is as wrong as one that does on a flood.
-    if canary.max_shed_level > reference.max_shed_level.saturating_add(margins.max_shed_level_rise) {
+    if canary.max_shed_level
+        > reference
+            .max_shed_level
+            .saturating_add(margins.max_shed_level_rise)
+    {
         reasons.push(format!(
             "shed level {} is above the baseline's {} by more than {}",
             canary.max_shed_level, reference.max_shed_level, margins.max_shed_level_rise
@@ -224,17 +229,25 @@ mod tests {
     fn a_clean_canary_waits_then_promotes() {
         let reference = summary(5000, 0.99, 30.0);
         let canary = summary(2000, 0.985, 40.0);
-        assert_eq!(judge(&canary, &reference, &margins(), false).0, Decision::Wait);
-        assert_eq!(judge(&canary, &reference, &margins(), true).0, Decision::Promote);
+        assert_eq!(
+            judge(&canary, &reference, &margins(), false).0,
+            Decision::Wait
+        );
+        assert_eq!(
+            judge(&canary, &reference, &margins(), true).0,
+            Decision::Promote
+        );
     }
 
     #[test]
     fn a_broken_margin_rolls_back_before_the_window_ends() {
         let reference = summary(5000, 0.99, 30.0);
-        let (decision, reasons) =
-            judge(&summary(2000, 0.60, 30.0), &reference, &margins(), false);
+        let (decision, reasons) = judge(&summary(2000, 0.60, 30.0), &reference, &margins(), false);
         assert_eq!(decision, Decision::RollBack);
-        assert!(reasons[0].contains("business success ratio 0.6000"), "{reasons:?}");
+        assert!(
+            reasons[0].contains("business success ratio 0.6000"),
+            "{reasons:?}"
+        );
         let (decision, reasons) = judge(&summary(2000, 0.99, 66.0), &reference, &margins(), false);
         assert_eq!(decision, Decision::RollBack);
         assert!(reasons[0].contains("above 65.0 ms"), "{reasons:?}");
@@ -250,10 +263,16 @@ mod tests {
         let reference = summary(5000, 0.99, 30.0);
         let mut canary = summary(3, 1.0, 1.0);
         canary.trips_per_instance = 1.0;
-        assert_eq!(judge(&canary, &reference, &margins(), false).0, Decision::RollBack);
+        assert_eq!(
+            judge(&canary, &reference, &margins(), false).0,
+            Decision::RollBack
+        );
         let mut canary = summary(3, 1.0, 1.0);
         canary.max_shed_level = 1;
-        assert_eq!(judge(&canary, &reference, &margins(), false).0, Decision::RollBack);
+        assert_eq!(
+            judge(&canary, &reference, &margins(), false).0,
+            Decision::RollBack
+        );
     }
 
     #[test]
@@ -261,12 +280,21 @@ mod tests {
         let reference = summary(5000, 0.99, 30.0);
         // A bad ratio on 10 requests is no evidence.
         let canary = summary(10, 0.5, 300.0);
-        assert_eq!(judge(&canary, &reference, &margins(), false).0, Decision::Wait);
-        assert_eq!(judge(&canary, &reference, &margins(), true).0, Decision::Promote);
+        assert_eq!(
+            judge(&canary, &reference, &margins(), false).0,
+            Decision::Wait
+        );
+        assert_eq!(
+            judge(&canary, &reference, &margins(), true).0,
+            Decision::Promote
+        );
         let strict = CanarySettings {
             promote_without_traffic: false,
             ..margins()
         };
-        assert_eq!(judge(&canary, &reference, &strict, true).0, Decision::RollBack);
+        assert_eq!(
+            judge(&canary, &reference, &strict, true).0,
+            Decision::RollBack
+        );
     }
 }

@@ -176,7 +176,10 @@ mod timeout_class_name {
     use rebate_engine::TimeoutClass;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(class: &TimeoutClass, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(
+        class: &TimeoutClass,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(match class {
             TimeoutClass::Core => "core",
             TimeoutClass::Normal => "normal",
@@ -184,7 +187,9 @@ mod timeout_class_name {
         })
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<TimeoutClass, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<TimeoutClass, D::Error> {
         TimeoutClass::deserialize(deserializer)
     }
 }
@@ -368,7 +373,11 @@ impl LiveSettings {
     /// Every leaf, by dotted key (`resilience.coupons.quota_per_sec`), `null` where unset.
     pub fn leaves(&self) -> BTreeMap<String, Value> {
         let mut leaves = BTreeMap::new();
-        flatten("", &serde_json::to_value(self).expect("plain data"), &mut leaves);
+        flatten(
+            "",
+            &serde_json::to_value(self).expect("plain data"),
+            &mut leaves,
+        );
         leaves
     }
 }
@@ -467,14 +476,19 @@ pub fn check(
     let Value::Object(map) = document else {
         return Err(RuleError::new(
             "document",
-            format!("must be a JSON object of config sections, got {}", kind(document)),
+            format!(
+                "must be a JSON object of config sections, got {}",
+                kind(document)
+            ),
         ));
     };
     let size = serde_json::to_vec(document).map_or(usize::MAX, |bytes| bytes.len());
     if size > max_bytes {
         return Err(RuleError::new(
             "document",
-            format!("is {size} bytes as JSON, over the limit of {max_bytes} (rules.max_document_bytes)"),
+            format!(
+                "is {size} bytes as JSON, over the limit of {max_bytes} (rules.max_document_bytes)"
+            ),
         ));
     }
     let file = LiveSettings::of(base);
@@ -497,7 +511,9 @@ pub fn check(
         {
             return Err(RuleError::new(
                 key.clone(),
-                format!("{value} is above its ceiling of {ceiling} in the config file (rules.ceilings)"),
+                format!(
+                    "{value} is above its ceiling of {ceiling} in the config file (rules.ceilings)"
+                ),
             ));
         }
     }
@@ -518,7 +534,11 @@ fn applicable(file: &LiveSettings, live: &LiveSettings) -> Result<(), RuleError>
     for (name, before, after) in [
         ("mysql", &file.resilience.mysql, &live.resilience.mysql),
         ("redis", &file.resilience.redis, &live.resilience.redis),
-        ("coupons", &file.resilience.coupons, &live.resilience.coupons),
+        (
+            "coupons",
+            &file.resilience.coupons,
+            &live.resilience.coupons,
+        ),
         ("extras", &file.resilience.extras, &live.resilience.extras),
     ] {
         if before.quota_per_sec.is_none() && after.quota_per_sec.is_some() {
@@ -527,7 +547,9 @@ fn applicable(file: &LiveSettings, live: &LiveSettings) -> Result<(), RuleError>
                 "this dependency has no quota in the config file; a quota is added by a restart",
             ));
         }
-        let hot = |dependency: &LiveDependency| dependency.hot_item_per_sec.is_some_and(|rate| rate > 0.0);
+        let hot = |dependency: &LiveDependency| {
+            dependency.hot_item_per_sec.is_some_and(|rate| rate > 0.0)
+        };
         if !hot(before) && hot(after) {
             return Err(RuleError::new(
                 format!("resilience.{name}.hot_item_per_sec"),
@@ -639,7 +661,10 @@ mod tests {
             "parts": {"coupons": {"timeout_ms": 300}},
         }))
         .unwrap();
-        assert_eq!(checked.settings.resilience.coupons.quota_per_sec, Some(10.0));
+        assert_eq!(
+            checked.settings.resilience.coupons.quota_per_sec,
+            Some(10.0)
+        );
         assert_eq!(checked.settings.resilience.coupons.slow_call_ms, 400);
         assert_eq!(checked.settings.parts.coupons.timeout_ms, Some(300));
         assert_eq!(
@@ -648,7 +673,13 @@ mod tests {
         );
         let changes = diff(&LiveSettings::of(&base()), &checked.live);
         let keys: Vec<&str> = changes.iter().map(|change| change.key.as_str()).collect();
-        assert_eq!(keys, ["parts.coupons.timeout_ms", "resilience.coupons.quota_per_sec"]);
+        assert_eq!(
+            keys,
+            [
+                "parts.coupons.timeout_ms",
+                "resilience.coupons.quota_per_sec"
+            ]
+        );
         assert_eq!(changes[1].from, json!(45.0));
         assert_eq!(changes[1].to, json!(10.0));
     }
@@ -660,7 +691,10 @@ mod tests {
         let mut copy = settings.clone();
         live.apply_to(&mut copy);
         assert_eq!(LiveSettings::of(&copy), live);
-        assert!(live.leaves().contains_key("resilience.shedding.pinned_level"));
+        assert!(
+            live.leaves()
+                .contains_key("resilience.shedding.pinned_level")
+        );
         assert!(!live.leaves().contains_key("http.listen"));
     }
 
@@ -679,7 +713,11 @@ mod tests {
                 "resilience.coupons.quota_per_secs",
                 "not a configuration key",
             ),
-            (json!({"http": {"listen": "0.0.0.0:1"}}), "http.listen", "restart-only"),
+            (
+                json!({"http": {"listen": "0.0.0.0:1"}}),
+                "http.listen",
+                "restart-only",
+            ),
             (
                 json!({"parts": {"coupons": {"l1_max_entries": 5}}}),
                 "parts.coupons.l1_max_entries",
@@ -751,12 +789,21 @@ mod tests {
                 "resilience.extras.hot_item_per_sec",
                 "cannot be switched off",
             ),
-            (json!({"warm_jobs": {"rate_per_sec": 0}}), "warm_jobs.rate_per_sec", "outside"),
-            (json!({"warmup": {"note": big}}), "document", "over the limit"),
+            (
+                json!({"warm_jobs": {"rate_per_sec": 0}}),
+                "warm_jobs.rate_per_sec",
+                "outside",
+            ),
+            (
+                json!({"warmup": {"note": big}}),
+                "document",
+                "over the limit",
+            ),
         ];
         assert!(cases.len() >= 20);
         for (document, field, words) in cases {
-            let error = run(document.clone()).expect_err(&document.to_string()[..60.min(document.to_string().len())]);
+            let error = run(document.clone())
+                .expect_err(&document.to_string()[..60.min(document.to_string().len())]);
             assert_eq!(error.field, field, "{document}: {error}");
             assert!(error.reason.contains(words), "{document}: {error}");
         }
@@ -767,10 +814,20 @@ mod tests {
         let settings = base();
         let mut ceilings = Ceilings::new();
         ceilings.insert("http.listen".to_owned(), 1.0);
-        assert!(check_ceilings(&settings, &ceilings).unwrap_err().reason.contains("no live key"));
+        assert!(
+            check_ceilings(&settings, &ceilings)
+                .unwrap_err()
+                .reason
+                .contains("no live key")
+        );
         let mut ceilings = Ceilings::new();
         ceilings.insert("resilience.coupons.quota_per_sec".to_owned(), 40.0);
-        assert!(check_ceilings(&settings, &ceilings).unwrap_err().reason.contains("above it"));
+        assert!(
+            check_ceilings(&settings, &ceilings)
+                .unwrap_err()
+                .reason
+                .contains("above it")
+        );
         check_ceilings(&settings, &settings.rules.ceilings).unwrap();
     }
 }

@@ -14,7 +14,9 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use rebate_cache::Clock;
 use rebate_domain::Timestamp;
-use rebate_store::{InstanceReport as StoredReport, NewRuleSet, RuleRepository, RuleSetRow, RuleState, StoreError};
+use rebate_store::{
+    InstanceReport as StoredReport, NewRuleSet, RuleRepository, RuleSetRow, RuleState, StoreError,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{Mutex, Notify, watch};
@@ -261,7 +263,9 @@ impl Rules {
             .await?;
         let active = open.iter().find(|row| row.state == RuleState::Active);
         let in_force = match active {
-            Some(row) => self.live_of(row).unwrap_or_else(|_| LiveSettings::of(&self.file)),
+            Some(row) => self
+                .live_of(row)
+                .unwrap_or_else(|_| LiveSettings::of(&self.file)),
             None => LiveSettings::of(&self.file),
         };
         let diff = document::diff(&in_force, &checked.live);
@@ -321,8 +325,14 @@ impl Rules {
     }
 
     /// Chooses the canary instances among the live ones.
-    async fn plan_rollout(&self, asked: &RolloutRequest, now: Timestamp) -> Result<Rollout, RulesError> {
-        let observe_secs = asked.observe_secs.unwrap_or(self.config.canary.observe_secs);
+    async fn plan_rollout(
+        &self,
+        asked: &RolloutRequest,
+        now: Timestamp,
+    ) -> Result<Rollout, RulesError> {
+        let observe_secs = asked
+            .observe_secs
+            .unwrap_or(self.config.canary.observe_secs);
         if !(1..=self.config.canary.max_observe_secs).contains(&observe_secs) {
             return Err(RuleError::new(
                 "rollout.observe_secs",
@@ -341,11 +351,17 @@ impl Rules {
             .collect();
         let instances = match (&asked.instances, asked.canary) {
             (Some(_), Some(_)) => {
-                return Err(RuleError::new("rollout", "name instances or a count, not both").into());
+                return Err(
+                    RuleError::new("rollout", "name instances or a count, not both").into(),
+                );
             }
             (Some(named), None) => {
                 if named.is_empty() || named.len() > 1000 {
-                    return Err(RuleError::new("rollout.instances", "must name 1 to 1000 instances").into());
+                    return Err(RuleError::new(
+                        "rollout.instances",
+                        "must name 1 to 1000 instances",
+                    )
+                    .into());
                 }
                 if let Some(unknown) = named.iter().find(|id| !live.contains(id)) {
                     return Err(RuleError::new(
@@ -397,14 +413,22 @@ impl Rules {
             )));
         }
         let verdict = self.manual_verdict(&row, Decision::Promote, by).await?;
-        self.transition(version, &[RuleState::Canary], RuleState::Active, Some(&verdict))
-            .await
+        self.transition(
+            version,
+            &[RuleState::Canary],
+            RuleState::Active,
+            Some(&verdict),
+        )
+        .await
     }
 
     /// An operator aborts a canary or a scheduled version.
     pub async fn abort(&self, version: u64, by: &str) -> Result<VersionView, RulesError> {
         let row = self.row(version).await?;
-        if !matches!(row.state, RuleState::Canary | RuleState::Scheduled | RuleState::Staged) {
+        if !matches!(
+            row.state,
+            RuleState::Canary | RuleState::Scheduled | RuleState::Staged
+        ) {
             return Err(RulesError::Conflict(format!(
                 "version {version} is {}; only a canary, scheduled or staged version is aborted",
                 row.state
@@ -425,16 +449,31 @@ impl Rules {
 
     /// Makes `version`'s document active again, as a new version (the history keeps every
     /// step); the version active until then is marked rolled back.
-    pub async fn rollback(&self, version: u64, author: &str, reason: Option<&str>) -> Result<Created, RulesError> {
+    pub async fn rollback(
+        &self,
+        version: u64,
+        author: &str,
+        reason: Option<&str>,
+    ) -> Result<Created, RulesError> {
         let row = self.row(version).await?;
-        let document: Value = serde_json::from_str(&row.document)
-            .map_err(|error| RulesError::Conflict(format!("version {version}'s document is unreadable: {error}")))?;
+        let document: Value = serde_json::from_str(&row.document).map_err(|error| {
+            RulesError::Conflict(format!(
+                "version {version}'s document is unreadable: {error}"
+            ))
+        })?;
         let active = self.repo.active_rule_set().await?;
-        if active.as_ref().is_some_and(|active| active.version == version) {
-            return Err(RulesError::Conflict(format!("version {version} is already active")));
+        if active
+            .as_ref()
+            .is_some_and(|active| active.version == version)
+        {
+            return Err(RulesError::Conflict(format!(
+                "version {version} is already active"
+            )));
         }
         let reason = match reason {
-            Some(reason) if !reason.trim().is_empty() => format!("rollback to version {version}: {reason}"),
+            Some(reason) if !reason.trim().is_empty() => {
+                format!("rollback to version {version}: {reason}")
+            }
             _ => format!("rollback to version {version}"),
         };
         let created = self
@@ -463,7 +502,12 @@ impl Rules {
         Ok(created)
     }
 
-    async fn manual_verdict(&self, row: &RuleSetRow, decision: Decision, by: &str) -> Result<Verdict, RulesError> {
+    async fn manual_verdict(
+        &self,
+        row: &RuleSetRow,
+        decision: Decision,
+        by: &str,
+    ) -> Result<Verdict, RulesError> {
         let now = self.clock.now();
         let rollout = rollout_of(row);
         let mut verdict = match &rollout {
@@ -483,7 +527,8 @@ impl Rules {
         to: RuleState,
         verdict: Option<&Verdict>,
     ) -> Result<VersionView, RulesError> {
-        let verdict_text = verdict.map(|verdict| serde_json::to_string(verdict).expect("plain data"));
+        let verdict_text =
+            verdict.map(|verdict| serde_json::to_string(verdict).expect("plain data"));
         let moved = self
             .repo
             .transition_rule_set(version, from, to, verdict_text.as_deref(), self.clock.now())
@@ -510,18 +555,26 @@ impl Rules {
             .ok_or(RulesError::NotFound(version))
     }
 
-    /// After a write: converge here at once, and tell the others.
+    /// After a write: converge here at once, and tell the others. The announcement runs on
+    /// its own: a broker that is away must not hold up the operator's answer (the others'
+    /// polls see the change anyway).
     async fn changed(&self, version: u64) {
-        if let Some(announcer) = &self.announcer {
-            announcer.announce(version).await;
-        }
+        self.announce(version);
         self.wake.notify_one();
+    }
+
+    fn announce(&self, version: u64) {
+        if let Some(announcer) = &self.announcer {
+            let announcer = Arc::clone(announcer);
+            tokio::spawn(async move { announcer.announce(version).await });
+        }
     }
 
     fn live_of(&self, row: &RuleSetRow) -> Result<LiveSettings, RuleError> {
         let document: Value = serde_json::from_str(&row.document)
             .map_err(|error| RuleError::new("document", error.to_string()))?;
-        document::check(&self.file, &self.config.ceilings, &document, usize::MAX).map(|checked| checked.live)
+        document::check(&self.file, &self.config.ceilings, &document, usize::MAX)
+            .map(|checked| checked.live)
     }
 
     async fn live_reports(&self, now: Timestamp) -> Result<Vec<StoredReport>, StoreError> {
@@ -628,19 +681,37 @@ impl Rules {
         let moved = match due {
             Due::Open(version) => {
                 self.repo
-                    .transition_rule_set(version, &[RuleState::Scheduled], RuleState::Active, None, now)
+                    .transition_rule_set(
+                        version,
+                        &[RuleState::Scheduled],
+                        RuleState::Active,
+                        None,
+                        now,
+                    )
                     .await?
             }
             Due::Expire(version) => {
                 self.repo
-                    .transition_rule_set(version, &[RuleState::Scheduled], RuleState::Expired, None, now)
+                    .transition_rule_set(
+                        version,
+                        &[RuleState::Scheduled],
+                        RuleState::Expired,
+                        None,
+                        now,
+                    )
                     .await?
             }
             Due::Close { version, previous } => match previous {
                 Some(previous) => {
                     let reopened = self
                         .repo
-                        .transition_rule_set(previous, &[RuleState::Superseded], RuleState::Active, None, now)
+                        .transition_rule_set(
+                            previous,
+                            &[RuleState::Superseded],
+                            RuleState::Active,
+                            None,
+                            now,
+                        )
                         .await?;
                     // The window's version is superseded by that; say it expired instead.
                     let closed = self
@@ -657,19 +728,22 @@ impl Rules {
                 }
                 None => {
                     self.repo
-                        .transition_rule_set(version, &[RuleState::Active], RuleState::Expired, None, now)
+                        .transition_rule_set(
+                            version,
+                            &[RuleState::Active],
+                            RuleState::Expired,
+                            None,
+                            now,
+                        )
                         .await?
                 }
             },
         };
         if moved {
             tracing::info!(?due, "rule set schedule carried out");
-            if let Some(announcer) = &self.announcer {
-                let version = match due {
-                    Due::Open(version) | Due::Expire(version) | Due::Close { version, .. } => version,
-                };
-                announcer.announce(version).await;
-            }
+            self.announce(match due {
+                Due::Open(version) | Due::Expire(version) | Due::Close { version, .. } => version,
+            });
         }
         Ok(moved)
     }
@@ -677,18 +751,27 @@ impl Rules {
     /// This instance's figures for a canary under way.
     fn canary_figures(&self, version: u64, rollout: &Rollout, now: Timestamp) -> CanaryFigures {
         let start = u64::try_from(rollout.started_at_ms / 1000).unwrap_or(0);
-        let end = u64::try_from(now.as_millis() / 1000).unwrap_or(0).max(start);
+        let end = u64::try_from(now.as_millis() / 1000)
+            .unwrap_or(0)
+            .max(start);
         let span = end - start;
         CanaryFigures {
             version,
             // The first seconds are the switch itself; they count for the canary.
             during: self.window.figures(start, end),
-            before: self.window.figures(start.saturating_sub(span.max(1)), start),
+            before: self
+                .window
+                .figures(start.saturating_sub(span.max(1)), start),
         }
     }
 
     /// The figures of both sides of a canary, from the instances' reports.
-    async fn assess(&self, version: u64, rollout: &Rollout, now: Timestamp) -> Result<(Verdict, bool), StoreError> {
+    async fn assess(
+        &self,
+        version: u64,
+        rollout: &Rollout,
+        now: Timestamp,
+    ) -> Result<(Verdict, bool), StoreError> {
         let reports = self.live_reports(now).await?;
         let mut canary_side = Figures::default();
         let mut reference_side = Figures::default();
@@ -726,8 +809,12 @@ impl Rules {
         let window_over = now.as_millis() >= rollout.ends_at_ms();
         let canary_summary = Summary::of(&canary_side, canary_instances.len());
         let reference_summary = Summary::of(&reference, reference_count);
-        let (mut decision, mut reasons) =
-            canary::judge(&canary_summary, &reference_summary, &self.config.canary, window_over);
+        let (mut decision, mut reasons) = canary::judge(
+            &canary_summary,
+            &reference_summary,
+            &self.config.canary,
+            window_over,
+        );
         if window_over && (!missing.is_empty() || canary_instances.is_empty()) {
             decision = Decision::RollBack;
             reasons.push(format!(
@@ -741,7 +828,11 @@ impl Rules {
                 reasons,
                 baseline,
                 canary_instances,
-                baseline_instances: if baseline == Baseline::Fleet { reference_instances } else { Vec::new() },
+                baseline_instances: if baseline == Baseline::Fleet {
+                    reference_instances
+                } else {
+                    Vec::new()
+                },
                 canary: canary_summary,
                 reference: reference_summary,
                 decided_at_ms: now.as_millis(),
@@ -751,7 +842,12 @@ impl Rules {
     }
 
     /// Decides a canary when its figures say so; true when its state moved.
-    async fn judge(&self, version: u64, rollout: &Rollout, now: Timestamp) -> Result<bool, StoreError> {
+    async fn judge(
+        &self,
+        version: u64,
+        rollout: &Rollout,
+        now: Timestamp,
+    ) -> Result<bool, StoreError> {
         let (verdict, _) = self.assess(version, rollout, now).await?;
         let to = match verdict.decision {
             Decision::Wait => return Ok(false),
@@ -765,16 +861,18 @@ impl Rules {
             .await?;
         if moved {
             tracing::warn!(version, decision = ?verdict.decision, reasons = ?verdict.reasons, canary = ?verdict.canary, reference = ?verdict.reference, "canary verdict");
-            if let Some(announcer) = &self.announcer {
-                announcer.announce(version).await;
-            }
+            self.announce(version);
         }
         Ok(moved)
     }
 
     /// Runs [`Rules::reconcile`] every poll interval, on every announcement and after every
     /// write here, and samples the request window every second, until `shutdown`.
-    pub async fn run(self: Arc<Self>, mut announcements: Option<watch::Receiver<u64>>, shutdown: CancellationToken) {
+    pub async fn run(
+        self: Arc<Self>,
+        mut announcements: Option<watch::Receiver<u64>>,
+        shutdown: CancellationToken,
+    ) {
         let mut poll = tokio::time::interval(self.config.poll_interval());
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut sample = tokio::time::interval(Duration::from_secs(1));
@@ -836,9 +934,15 @@ impl Rules {
             .collect();
         let applied = self.current.load();
         Ok(Overview {
-            active: view(RuleState::Active).next().map(|row| self.view(row, None)),
-            canary: view(RuleState::Canary).next().map(|row| self.view(row, None)),
-            scheduled: view(RuleState::Scheduled).map(|row| self.view(row, None)).collect(),
+            active: view(RuleState::Active)
+                .next()
+                .map(|row| self.view(row, None)),
+            canary: view(RuleState::Canary)
+                .next()
+                .map(|row| self.view(row, None)),
+            scheduled: view(RuleState::Scheduled)
+                .map(|row| self.view(row, None))
+                .collect(),
             this_instance: InstanceView {
                 instance_id: self.instance_id.clone(),
                 applied_version: applied.version,
@@ -852,7 +956,11 @@ impl Rules {
 
     /// `GET /admin/v1/rules/history`: newest first, each with its diff against the version
     /// before it.
-    pub async fn history(&self, limit: u32, before: Option<u64>) -> Result<Vec<VersionView>, RulesError> {
+    pub async fn history(
+        &self,
+        limit: u32,
+        before: Option<u64>,
+    ) -> Result<Vec<VersionView>, RulesError> {
         let limit = limit.clamp(1, 200);
         // One more row, for the oldest one's diff.
         let rows = self.repo.rule_sets(limit + 1, before).await?;
@@ -891,16 +999,24 @@ impl Rules {
             created_at: row.created_at,
             activated_at: row.activated_at,
             previous_version: row.previous_version,
-            rollout: row.rollout.as_deref().and_then(|text| serde_json::from_str(text).ok()),
+            rollout: row
+                .rollout
+                .as_deref()
+                .and_then(|text| serde_json::from_str(text).ok()),
             schedule: Window::of(row),
-            verdict: row.verdict.as_deref().and_then(|text| serde_json::from_str(text).ok()),
+            verdict: row
+                .verdict
+                .as_deref()
+                .and_then(|text| serde_json::from_str(text).ok()),
             diff,
         }
     }
 }
 
 fn rollout_of(row: &RuleSetRow) -> Option<Rollout> {
-    row.rollout.as_deref().and_then(|text| serde_json::from_str(text).ok())
+    row.rollout
+        .as_deref()
+        .and_then(|text| serde_json::from_str(text).ok())
 }
 
 fn empty_verdict(now: Timestamp) -> Verdict {
@@ -941,11 +1057,19 @@ pub fn document_diff(before: &Value, after: &Value) -> Vec<Change> {
         .collect()
 }
 
-fn flatten_document(prefix: &str, value: &Value, out: &mut std::collections::BTreeMap<String, Value>) {
+fn flatten_document(
+    prefix: &str,
+    value: &Value,
+    out: &mut std::collections::BTreeMap<String, Value>,
+) {
     match value {
         Value::Object(map) => {
             for (key, value) in map {
-                let path = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                let path = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
                 flatten_document(&path, value, out);
             }
         }

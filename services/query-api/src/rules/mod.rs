@@ -27,7 +27,9 @@ pub mod manager;
 pub mod schedule;
 pub mod window;
 
-pub use document::{Ceilings, Change, Checked, LiveSettings, RuleError, check, check_ceilings, diff};
+pub use document::{
+    Ceilings, Change, Checked, LiveSettings, RuleError, check, check_ceilings, diff,
+};
 
 #[cfg(test)]
 mod tests;

@@ -41,7 +41,10 @@ impl Window {
 /// one).
 pub fn check(window: &Window, now: Timestamp, rows: &[RuleSetRow]) -> Result<(), RuleError> {
     if window.until <= window.from {
-        return Err(RuleError::new("schedule.until", "must be after schedule.from"));
+        return Err(RuleError::new(
+            "schedule.until",
+            "must be after schedule.from",
+        ));
     }
     if window.until <= now {
         return Err(RuleError::new(
@@ -53,7 +56,10 @@ pub fn check(window: &Window, now: Timestamp, rows: &[RuleSetRow]) -> Result<(),
         return Err(RuleError::new("schedule", "a window lasts at most 31 days"));
     }
     if window.from.as_millis() - now.as_millis() > MAX_AHEAD_MS {
-        return Err(RuleError::new("schedule.from", "must be within a year from now"));
+        return Err(RuleError::new(
+            "schedule.from",
+            "must be within a year from now",
+        ));
     }
     let taken = rows
         .iter()
@@ -147,7 +153,12 @@ mod tests {
 
     #[test]
     fn a_sale_window_opens_and_closes_on_the_clock() {
-        let sale = row(7, RuleState::Scheduled, "2026-12-12T19:55:00Z", "2026-12-12T23:30:00Z");
+        let sale = row(
+            7,
+            RuleState::Scheduled,
+            "2026-12-12T19:55:00Z",
+            "2026-12-12T23:30:00Z",
+        );
         assert!(due(std::slice::from_ref(&sale), at("2026-12-12T19:54:59Z")).is_empty());
         assert_eq!(
             due(std::slice::from_ref(&sale), at("2026-12-12T19:55:00Z")),
@@ -174,33 +185,69 @@ mod tests {
     #[test]
     fn windows_may_not_overlap_or_be_malformed() {
         let now = at("2026-12-06T00:00:00Z");
-        let rows = [row(7, RuleState::Scheduled, "2026-12-12T19:55:00Z", "2026-12-12T23:30:00Z")];
-        let overlap = check(&window("2026-12-12T23:00:00Z", "2026-12-13T01:00:00Z"), now, &rows)
-            .unwrap_err();
+        let rows = [row(
+            7,
+            RuleState::Scheduled,
+            "2026-12-12T19:55:00Z",
+            "2026-12-12T23:30:00Z",
+        )];
+        let overlap = check(
+            &window("2026-12-12T23:00:00Z", "2026-12-13T01:00:00Z"),
+            now,
+            &rows,
+        )
+        .unwrap_err();
         assert_eq!(overlap.field, "schedule");
         assert!(overlap.reason.contains("overlaps version 7"), "{overlap}");
         // Touching windows do not overlap.
-        check(&window("2026-12-12T23:30:00Z", "2026-12-13T01:00:00Z"), now, &rows).unwrap();
+        check(
+            &window("2026-12-12T23:30:00Z", "2026-12-13T01:00:00Z"),
+            now,
+            &rows,
+        )
+        .unwrap();
         assert_eq!(
-            check(&window("2026-12-13T01:00:00Z", "2026-12-13T00:00:00Z"), now, &rows)
-                .unwrap_err()
-                .field,
+            check(
+                &window("2026-12-13T01:00:00Z", "2026-12-13T00:00:00Z"),
+                now,
+                &rows
+            )
+            .unwrap_err()
+            .field,
             "schedule.until"
         );
         assert_eq!(
-            check(&window("2026-12-01T00:00:00Z", "2026-12-02T00:00:00Z"), now, &rows)
-                .unwrap_err()
-                .field,
+            check(
+                &window("2026-12-01T00:00:00Z", "2026-12-02T00:00:00Z"),
+                now,
+                &rows
+            )
+            .unwrap_err()
+            .field,
             "schedule.until"
         );
         assert_eq!(
-            check(&window("2026-12-07T00:00:00Z", "2027-02-07T00:00:00Z"), now, &rows)
-                .unwrap_err()
-                .field,
+            check(
+                &window("2026-12-07T00:00:00Z", "2027-02-07T00:00:00Z"),
+                now,
+                &rows
+            )
+            .unwrap_err()
+            .field,
             "schedule"
         );
         // A window that closed, or a row no longer scheduled, takes no room.
-        let past = [row(3, RuleState::Expired, "2026-12-12T19:55:00Z", "2026-12-12T23:30:00Z")];
-        check(&window("2026-12-12T20:00:00Z", "2026-12-12T21:00:00Z"), now, &past).unwrap();
+        let past = [row(
+            3,
+            RuleState::Expired,
+            "2026-12-12T19:55:00Z",
+            "2026-12-12T23:30:00Z",
+        )];
+        check(
+            &window("2026-12-12T20:00:00Z", "2026-12-12T21:00:00Z"),
+            now,
+            &past,
+        )
+        .unwrap();
     }
 }

@@ -1,7 +1,7 @@
 //! The manager against a real (in-memory SQLite) store, a manual clock and fake targets: what
 //! each instance applies, canary verdicts, schedules, rollbacks and restarts.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -109,14 +109,23 @@ fn clock() -> ManualClock {
 #[tokio::test]
 async fn a_new_version_is_applied_once_by_every_instance_and_a_dry_run_changes_nothing() {
     let (store, clock) = (store().await, clock());
-    let (one, two) = (instance("one", &store, &clock), instance("two", &store, &clock));
+    let (one, two) = (
+        instance("one", &store, &clock),
+        instance("two", &store, &clock),
+    );
     one.rules.reconcile().await.unwrap();
-    assert!(one.target.quotas().is_empty(), "the file's values are in force from the start");
+    assert!(
+        one.target.quotas().is_empty(),
+        "the file's values are in force from the start"
+    );
 
     let dry = one.rules.create(request(quota(10.0)), true).await.unwrap();
     assert!(dry.dry_run && dry.version.is_none());
     assert_eq!(dry.diff[0].key, "resilience.coupons.quota_per_sec");
-    assert_eq!((dry.diff[0].from.clone(), dry.diff[0].to.clone()), (json!(45.0), json!(10.0)));
+    assert_eq!(
+        (dry.diff[0].from.clone(), dry.diff[0].to.clone()),
+        (json!(45.0), json!(10.0))
+    );
     assert!(store.rule_sets(10, None).await.unwrap().is_empty());
 
     let created = one.rules.create(request(quota(10.0)), false).await.unwrap();
@@ -132,7 +141,10 @@ async fn a_new_version_is_applied_once_by_every_instance_and_a_dry_run_changes_n
 
     // Back to the file's value: a version of nulls.
     one.rules
-        .create(request(json!({"resilience": {"coupons": {"quota_per_sec": null}}})), false)
+        .create(
+            request(json!({"resilience": {"coupons": {"quota_per_sec": null}}})),
+            false,
+        )
         .await
         .unwrap();
     two.rules.reconcile().await.unwrap();
@@ -144,14 +156,21 @@ async fn a_new_version_is_applied_once_by_every_instance_and_a_dry_run_changes_n
     assert_eq!(history[1].state, RuleState::Superseded);
     let diff = history[0].diff.as_ref().unwrap();
     assert_eq!(diff[0].key, "resilience.coupons.quota_per_sec");
-    assert_eq!((diff[0].from.clone(), diff[0].to.clone()), (json!(10.0), Value::Null));
+    assert_eq!(
+        (diff[0].from.clone(), diff[0].to.clone()),
+        (json!(10.0), Value::Null)
+    );
 }
 
 #[tokio::test]
 async fn a_restarted_instance_starts_with_the_active_version() {
     let (store, clock) = (store().await, clock());
     let first = instance("one", &store, &clock);
-    first.rules.create(request(quota(12.0)), false).await.unwrap();
+    first
+        .rules
+        .create(request(quota(12.0)), false)
+        .await
+        .unwrap();
     let restarted = instance("one", &store, &clock);
     restarted.rules.reconcile().await.unwrap();
     assert_eq!(restarted.rules.applied().version, 1);
@@ -187,7 +206,11 @@ async fn fleet_with_canary(
 async fn traffic(fleet: &[Instance], clock: &ManualClock, seconds: u32, canary_complete: u64) {
     for _ in 0..seconds {
         for member in fleet {
-            let complete = if member.rules.instance_id() == "b" { canary_complete } else { 100 };
+            let complete = if member.rules.instance_id() == "b" {
+                canary_complete
+            } else {
+                100
+            };
             member.target.serve(member.rules.window(), 100, complete);
         }
         clock.advance(Duration::from_secs(1));
@@ -205,7 +228,10 @@ async fn a_good_canary_runs_on_its_instance_only_and_is_promoted_after_its_windo
     traffic(&fleet, &clock, 30, 100).await;
     assert_eq!(fleet[1].target.quotas(), [Some(30.0)], "the canary runs it");
     assert!(fleet[0].target.quotas().is_empty() && fleet[2].target.quotas().is_empty());
-    assert_eq!(store.rule_set(version).await.unwrap().unwrap().state, RuleState::Canary);
+    assert_eq!(
+        store.rule_set(version).await.unwrap().unwrap().state,
+        RuleState::Canary
+    );
 
     traffic(&fleet, &clock, 32, 100).await;
     let row = store.rule_set(version).await.unwrap().unwrap();
@@ -229,7 +255,12 @@ async fn a_bad_canary_is_rolled_back_within_its_window_and_the_others_never_appl
     assert_eq!(row.state, RuleState::RolledBack);
     let verdict: Value = serde_json::from_str(row.verdict.as_deref().unwrap()).unwrap();
     assert_eq!(verdict["decision"], "roll_back");
-    assert!(verdict["reasons"][0].as_str().unwrap().contains("business success ratio"));
+    assert!(
+        verdict["reasons"][0]
+            .as_str()
+            .unwrap()
+            .contains("business success ratio")
+    );
     assert!(verdict["canary"]["success_ratio"].as_f64().unwrap() < 0.75);
     assert_eq!(verdict["reference"]["success_ratio"].as_f64(), Some(1.0));
     assert!(verdict["decided_at_ms"].as_i64().unwrap() < row.created_at.as_millis() + 60_000);
@@ -268,7 +299,11 @@ async fn an_operator_promotes_or_aborts_a_canary_by_hand() {
     });
     let second = fleet[0].rules.create(asked, false).await.unwrap();
     assert_eq!(second.rollout.unwrap().instances.len(), 2);
-    let promoted = fleet[0].rules.promote(second.version.unwrap(), "bob").await.unwrap();
+    let promoted = fleet[0]
+        .rules
+        .promote(second.version.unwrap(), "bob")
+        .await
+        .unwrap();
     assert_eq!(promoted.state, RuleState::Active);
     for member in &fleet {
         member.rules.reconcile().await.unwrap();
@@ -309,8 +344,14 @@ async fn a_sale_s_window_opens_and_closes_on_the_clock_and_overlaps_are_refused(
     one.rules.reconcile().await.unwrap();
     assert_eq!(one.rules.applied().version, 1, "the window closed at 23:30");
     assert_eq!(one.target.quotas(), [Some(40.0), Some(20.0), Some(40.0)]);
-    assert_eq!(store.rule_set(2).await.unwrap().unwrap().state, RuleState::Expired);
-    assert_eq!(store.rule_set(1).await.unwrap().unwrap().state, RuleState::Active);
+    assert_eq!(
+        store.rule_set(2).await.unwrap().unwrap().state,
+        RuleState::Expired
+    );
+    assert_eq!(
+        store.rule_set(1).await.unwrap().unwrap().state,
+        RuleState::Active
+    );
 }
 
 #[tokio::test]
@@ -319,15 +360,28 @@ async fn a_rollback_makes_an_earlier_document_active_as_a_new_version() {
     let one = instance("one", &store, &clock);
     one.rules.create(request(quota(40.0)), false).await.unwrap();
     one.rules.create(request(quota(10.0)), false).await.unwrap();
-    let back = one.rules.rollback(1, "carol", Some("10/s hurt")).await.unwrap();
+    let back = one
+        .rules
+        .rollback(1, "carol", Some("10/s hurt"))
+        .await
+        .unwrap();
     assert_eq!(back.version, Some(3));
     let row = store.rule_set(3).await.unwrap().unwrap();
     assert_eq!(row.reason, "rollback to version 1: 10/s hurt");
-    assert_eq!(store.rule_set(2).await.unwrap().unwrap().state, RuleState::RolledBack);
+    assert_eq!(
+        store.rule_set(2).await.unwrap().unwrap().state,
+        RuleState::RolledBack
+    );
     one.rules.reconcile().await.unwrap();
     assert_eq!(one.target.quotas(), [Some(40.0)]);
-    assert!(matches!(one.rules.rollback(3, "carol", None).await, Err(RulesError::Conflict(_))));
-    assert!(matches!(one.rules.rollback(9, "carol", None).await, Err(RulesError::NotFound(9))));
+    assert!(matches!(
+        one.rules.rollback(3, "carol", None).await,
+        Err(RulesError::Conflict(_))
+    ));
+    assert!(matches!(
+        one.rules.rollback(9, "carol", None).await,
+        Err(RulesError::NotFound(9))
+    ));
 }
 
 #[tokio::test]
@@ -363,5 +417,8 @@ async fn a_version_this_instance_s_file_refuses_is_counted_and_the_last_one_kept
 
 #[test]
 fn decisions_serialise_as_the_history_shows_them() {
-    assert_eq!(serde_json::to_value(Decision::RollBack).unwrap(), json!("roll_back"));
+    assert_eq!(
+        serde_json::to_value(Decision::RollBack).unwrap(),
+        json!("roll_back")
+    );
 }

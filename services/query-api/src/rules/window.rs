@@ -94,7 +94,11 @@ impl Figures {
             }
             if seen + count as f64 >= rank {
                 let upper = upper_bound_micros(bucket);
-                let lower = if bucket == 0 { upper / 1.5 } else { upper_bound_micros(bucket - 1) };
+                let lower = if bucket == 0 {
+                    upper / 1.5
+                } else {
+                    upper_bound_micros(bucket - 1)
+                };
                 let share = (rank - seen) / count as f64;
                 return Some(lower * (upper / lower).powf(share) / 1000.0);
             }
@@ -160,10 +164,14 @@ impl RequestWindow {
     pub fn sample(&self, second: u64, totals: Totals, level: u8) {
         let latency: [u64; BUCKETS] =
             std::array::from_fn(|bucket| self.latency[bucket].load(Ordering::Relaxed));
-        let mut ring = self.ring.lock().unwrap_or_else(|poison| poison.into_inner());
+        let mut ring = self
+            .ring
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
         if let Some((before, before_latency)) = ring.last {
-            let delta: [u64; BUCKETS] =
-                std::array::from_fn(|bucket| latency[bucket].saturating_sub(before_latency[bucket]));
+            let delta: [u64; BUCKETS] = std::array::from_fn(|bucket| {
+                latency[bucket].saturating_sub(before_latency[bucket])
+            });
             let slot = Slot {
                 second,
                 requests: delta.iter().sum(),
@@ -183,7 +191,10 @@ impl RequestWindow {
 
     /// The sum of the slots of seconds `from..until` (Unix seconds).
     pub fn figures(&self, from: u64, until: u64) -> Figures {
-        let ring = self.ring.lock().unwrap_or_else(|poison| poison.into_inner());
+        let ring = self
+            .ring
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
         let mut figures = Figures::default();
         for slot in ring
             .slots
@@ -225,7 +236,10 @@ mod tests {
         assert_eq!(bucket_of(Duration::from_secs(3600)), BUCKETS - 1);
         for micros in [120u64, 700, 4_000, 90_000, 2_000_000] {
             let bucket = bucket_of(Duration::from_micros(micros));
-            assert!(micros as f64 <= upper_bound_micros(bucket) + 1e-6, "{micros}");
+            assert!(
+                micros as f64 <= upper_bound_micros(bucket) + 1e-6,
+                "{micros}"
+            );
             assert!(micros as f64 > upper_bound_micros(bucket - 1), "{micros}");
         }
     }
@@ -290,7 +304,10 @@ mod tests {
         other.max_shed_level = 2;
         other.latency[20] = 1;
         one.add(&other);
-        assert_eq!((one.requests, one.answered, one.complete, one.trips), (20, 20, 18, 2));
+        assert_eq!(
+            (one.requests, one.answered, one.complete, one.trips),
+            (20, 20, 18, 2)
+        );
         assert_eq!(one.max_shed_level, 2);
         assert_eq!(one.latency.iter().sum::<u64>(), 21);
         assert_eq!(Figures::default().p99_ms(), None);

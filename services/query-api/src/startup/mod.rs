@@ -45,11 +45,11 @@ use crate::lifecycle::{Lifecycle, Phase};
 use crate::listen_queue::{AcceptWait, ListenQueue};
 use crate::metrics::{Metrics, StateCollector};
 use crate::protection::{DependencyTimeouts, Protection};
+use crate::rules::apply::{BusAnnouncer, LiveKnobs, ServiceTarget};
+use crate::rules::manager::Rules;
 use crate::server::{ConnectionLimits, ConnectionStats};
 use crate::slow::SlowLog;
 use crate::state::{AppShared, AppState, HttpLimits};
-use crate::rules::apply::{BusAnnouncer, LiveKnobs, ServiceTarget};
-use crate::rules::manager::Rules;
 use crate::warm_jobs::{WarmJobConfig, WarmJobs};
 
 /// How long a starting instance waits for the store's live rules before it serves on the
@@ -230,9 +230,7 @@ impl Application {
                 "live rules not read at start in time; the config file's values are in force until the store answers"
             ),
         }
-        tasks.spawn(
-            Arc::clone(&rules).run(Some(rules_announcements.clone()), shutdown.clone()),
-        );
+        tasks.spawn(Arc::clone(&rules).run(Some(rules_announcements.clone()), shutdown.clone()));
         metrics.collect_from(StateCollector::new(
             engine.clone(),
             Arc::clone(&protection),

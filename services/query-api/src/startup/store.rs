@@ -59,28 +59,29 @@ pub(super) async fn open_store(
     settings: &Settings,
 ) -> anyhow::Result<(Arc<dyn CatalogRepository>, Arc<dyn RuleRepository>)> {
     let seed = settings.store.seed_demo;
-    let (store, rules, report): (Arc<dyn CatalogRepository>, Arc<dyn RuleRepository>, _) = match settings.store.backend {
-        StoreBackend::Sqlite => {
-            let store = open_sqlite(settings).await?;
-            let report = if seed {
-                store.seed_demo_if_empty().await?
-            } else {
-                None
-            };
-            let store = Arc::new(store);
-            (Arc::clone(&store) as _, store as _, report)
-        }
-        StoreBackend::Mysql => {
-            let store = connect_mysql(settings).await?;
-            let report = if seed {
-                store.seed_demo_if_empty().await?
-            } else {
-                None
-            };
-            let store = Arc::new(store);
-            (Arc::clone(&store) as _, store as _, report)
-        }
-    };
+    let (store, rules, report): (Arc<dyn CatalogRepository>, Arc<dyn RuleRepository>, _) =
+        match settings.store.backend {
+            StoreBackend::Sqlite => {
+                let store = open_sqlite(settings).await?;
+                let report = if seed {
+                    store.seed_demo_if_empty().await?
+                } else {
+                    None
+                };
+                let store = Arc::new(store);
+                (Arc::clone(&store) as _, store as _, report)
+            }
+            StoreBackend::Mysql => {
+                let store = connect_mysql(settings).await?;
+                let report = if seed {
+                    store.seed_demo_if_empty().await?
+                } else {
+                    None
+                };
+                let store = Arc::new(store);
+                (Arc::clone(&store) as _, store as _, report)
+            }
+        };
     if let Some(report) = report {
         tracing::info!(
             products = report.products,
