@@ -57,7 +57,8 @@ enum RulesCommand {
         #[command(flatten)]
         author: Author,
     },
-    /// Promote a canary to the whole fleet now, without waiting for its verdict.
+    /// Promote a canary (without waiting for its verdict) or a staged version to the whole
+    /// fleet now.
     Promote {
         version: u64,
         #[command(flatten)]
@@ -126,6 +127,9 @@ struct Apply {
     /// The end of the --from window (RFC 3339).
     #[arg(long, requires = "from", value_parser = parse_timestamp)]
     until: Option<Timestamp>,
+    /// Store it staged: applied nowhere until `rules promote VERSION`.
+    #[arg(long, conflicts_with_all = ["rollout", "from"])]
+    stage: bool,
 }
 
 pub(crate) async fn run(admin: &Admin, args: RulesArgs) -> anyhow::Result<Output> {
@@ -263,6 +267,9 @@ fn apply_request(apply: Apply) -> anyhow::Result<Map<String, Value>> {
             rollout.insert("observe_secs".to_owned(), json!(observe.as_secs()));
         }
         request.insert("rollout".to_owned(), Value::Object(rollout));
+    }
+    if apply.stage {
+        request.insert("stage".to_owned(), json!(true));
     }
     if let (Some(from), Some(until)) = (apply.from, apply.until) {
         request.insert(

@@ -682,6 +682,9 @@ pub struct NewRules {
     /// Be active inside a window only (no canary then).
     #[serde(default)]
     pub schedule: Option<RuleWindow>,
+    /// Store it `staged`: applied nowhere until promoted (no rollout or schedule then).
+    #[serde(default)]
+    pub stage: bool,
 }
 
 /// The optional body of promote, abort and rollback (an empty body is `{}`).

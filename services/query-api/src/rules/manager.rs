@@ -85,6 +85,10 @@ pub struct NewRules {
     pub rollout: Option<RolloutRequest>,
     #[serde(default)]
     pub schedule: Option<Window>,
+    /// Store it as `staged`: applied nowhere until an operator promotes it (a sale's rules,
+    /// prepared and reviewed ahead).
+    #[serde(default)]
+    pub stage: bool,
 }
 
 /// What creating (or dry-running) a version answered.
@@ -248,6 +252,13 @@ impl Rules {
         if reason.is_empty() || reason.chars().count() > 1024 {
             return Err(RuleError::new("reason", "must be 1 to 1024 characters").into());
         }
+        if request.stage && (request.rollout.is_some() || request.schedule.is_some()) {
+            return Err(RuleError::new(
+                "stage",
+                "a staged version waits for a promote; it takes no rollout or schedule",
+            )
+            .into());
+        }
         if request.rollout.is_some() && request.schedule.is_some() {
             return Err(RuleError::new(
                 "rollout",
@@ -270,7 +281,9 @@ impl Rules {
         };
         let diff = document::diff(&in_force, &checked.live);
         let mut rollout = None;
-        let state = if let Some(window) = &request.schedule {
+        let state = if request.stage {
+            RuleState::Staged
+        } else if let Some(window) = &request.schedule {
             schedule::check(window, now, &open)?;
             RuleState::Scheduled
         } else if let Some(asked) = &request.rollout {
@@ -403,23 +416,31 @@ impl Rules {
         })
     }
 
-    /// An operator promotes a canary (or opens a scheduled version now).
+    /// An operator promotes a canary, or a staged version, to the whole fleet.
     pub async fn promote(&self, version: u64, by: &str) -> Result<VersionView, RulesError> {
         let row = self.row(version).await?;
-        if row.state != RuleState::Canary {
-            return Err(RulesError::Conflict(format!(
-                "version {version} is {}, not canary",
-                row.state
-            )));
+        match row.state {
+            RuleState::Canary => {
+                let verdict = self.manual_verdict(&row, Decision::Promote, by).await?;
+                self.transition(
+                    version,
+                    &[RuleState::Canary],
+                    RuleState::Active,
+                    Some(&verdict),
+                )
+                .await
+            }
+            RuleState::Staged => {
+                // Checked again: the file may have changed since it was staged.
+                self.live_of(&row)?;
+                tracing::info!(version, by, "staged rule set promoted");
+                self.transition(version, &[RuleState::Staged], RuleState::Active, None)
+                    .await
+            }
+            state => Err(RulesError::Conflict(format!(
+                "version {version} is {state}; only a canary or a staged version is promoted"
+            ))),
         }
-        let verdict = self.manual_verdict(&row, Decision::Promote, by).await?;
-        self.transition(
-            version,
-            &[RuleState::Canary],
-            RuleState::Active,
-            Some(&verdict),
-        )
-        .await
     }
 
     /// An operator aborts a canary or a scheduled version.
@@ -484,6 +505,7 @@ impl Rules {
                     reason,
                     rollout: None,
                     schedule: None,
+                    stage: false,
                 },
                 false,
             )

@@ -95,6 +95,7 @@ fn request(document: Value) -> NewRules {
         reason: "contract change".to_owned(),
         rollout: None,
         schedule: None,
+        stage: false,
     }
 }
 
@@ -413,6 +414,54 @@ async fn a_version_this_instance_s_file_refuses_is_counted_and_the_last_one_kept
     assert_eq!(one.rules.applied().version, 1);
     assert_eq!(one.rules.counters.invalid.load(Ordering::Relaxed), 1);
     assert_eq!(one.target.quotas(), [Some(40.0)]);
+}
+
+#[tokio::test]
+async fn a_staged_version_runs_nowhere_until_promoted() {
+    let (store, clock) = (store().await, clock());
+    let one = instance("one", &store, &clock);
+    one.rules.create(request(quota(40.0)), false).await.unwrap();
+    let staged = one
+        .rules
+        .create(
+            NewRules {
+                stage: true,
+                ..request(quota(15.0))
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(staged.state, RuleState::Staged);
+    one.rules.reconcile().await.unwrap();
+    assert_eq!(one.target.quotas(), [Some(40.0)]);
+    let promoted = one
+        .rules
+        .promote(staged.version.unwrap(), "dave")
+        .await
+        .unwrap();
+    assert_eq!(promoted.state, RuleState::Active);
+    one.rules.reconcile().await.unwrap();
+    assert_eq!(one.target.quotas(), [Some(40.0), Some(15.0)]);
+    assert_eq!(
+        store.rule_set(1).await.unwrap().unwrap().state,
+        RuleState::Superseded
+    );
+    let both = one.rules.create(
+        NewRules {
+            stage: true,
+            rollout: Some(RolloutRequest {
+                canary: Some(1),
+                ..RolloutRequest::default()
+            }),
+            ..request(quota(20.0))
+        },
+        false,
+    );
+    match both.await {
+        Err(RulesError::Invalid(error)) => assert_eq!(error.field, "stage"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
