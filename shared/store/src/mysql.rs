@@ -487,6 +487,10 @@ impl RuleRepository for MySqlStore {
     async fn instance_reports(&self, since: Timestamp) -> Result<Vec<InstanceReport>, StoreError> {
         RuleTables::new(&self.pool).instance_reports(since).await
     }
+
+    async fn forget_instances(&self, before: Timestamp) -> Result<u64, StoreError> {
+        RuleTables::new(&self.pool).forget_instances(before).await
+    }
 }
 
 impl RuleDialect for MySql {
@@ -511,6 +515,10 @@ impl RuleDialect for MySql {
                     ER_DUP_ENTRY | ER_LOCK_DEADLOCK | ER_CHECKREAD
                 )
             })
+    }
+
+    fn rows_affected(result: &sqlx::mysql::MySqlQueryResult) -> u64 {
+        result.rows_affected()
     }
 }
 

@@ -233,6 +233,10 @@ pub trait RuleRepository: Send + Sync + fmt::Debug {
 
     /// Every report newer than `since` (strictly), ordered by instance id.
     async fn instance_reports(&self, since: Timestamp) -> Result<Vec<InstanceReport>, StoreError>;
+
+    /// Deletes the reports older than `before` (instances gone for good: every restart reports
+    /// under a new id); how many.
+    async fn forget_instances(&self, before: Timestamp) -> Result<u64, StoreError>;
 }
 
 #[cfg(test)]

@@ -364,6 +364,10 @@ impl RuleRepository for SqliteStore {
     async fn instance_reports(&self, since: Timestamp) -> Result<Vec<InstanceReport>, StoreError> {
         RuleTables::new(&self.pool).instance_reports(since).await
     }
+
+    async fn forget_instances(&self, before: Timestamp) -> Result<u64, StoreError> {
+        RuleTables::new(&self.pool).forget_instances(before).await
+    }
 }
 
 impl RuleDialect for Sqlite {
@@ -385,6 +389,10 @@ impl RuleDialect for Sqlite {
     /// error.
     fn lost_race(_error: &sqlx::Error) -> bool {
         false
+    }
+
+    fn rows_affected(result: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        result.rows_affected()
     }
 }
 

@@ -178,11 +178,15 @@ pub struct Rules {
     wake: Notify,
     /// The last version refused by [`Rules::apply`], so it is logged and counted once.
     refused: AtomicU64,
+    /// The hour this instance last dropped the reports of instances long gone.
+    last_forget: std::sync::atomic::AtomicI64,
     pub counters: ApplyCounters,
 }
 
 /// How long an instance's report counts it as live: three polls.
 const LIVE_POLLS: u64 = 3;
+const HOUR_MS: i64 = 3_600_000;
+const DAY_MS: i64 = 24 * HOUR_MS;
 /// A canary is judged no sooner than this after it began: every instance has applied it.
 const SETTLE_MS: i64 = 5_000;
 
@@ -214,6 +218,7 @@ impl Rules {
             busy: Mutex::new(()),
             wake: Notify::new(),
             refused: AtomicU64::new(0),
+            last_forget: std::sync::atomic::AtomicI64::new(i64::MIN),
             counters: ApplyCounters::default(),
         }
     }
@@ -652,7 +657,18 @@ impl Rules {
                 reported_at: now,
                 report: serde_json::to_string(&report).expect("plain data"),
             })
-            .await
+            .await?;
+        // Every restart reports under a new id: the rows of instances gone a day are dropped,
+        // by whichever instance polls at the turn of the hour (often enough, rarely).
+        if self
+            .last_forget
+            .swap(now.as_millis() / HOUR_MS, Ordering::Relaxed)
+            != now.as_millis() / HOUR_MS
+        {
+            let before = Timestamp::from_millis(now.as_millis().saturating_sub(DAY_MS));
+            self.repo.forget_instances(before).await?;
+        }
+        Ok(())
     }
 
     async fn open_rows(&self) -> Result<Vec<RuleSetRow>, StoreError> {

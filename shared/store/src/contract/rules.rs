@@ -511,6 +511,16 @@ pub(crate) async fn instance_reports_are_replaced_and_filtered_by_time<S: Contra
             .unwrap()[2],
         report("pod-b", 1, at(0))
     );
+
+    // Instances gone for good are forgotten: strictly older than the bound.
+    assert_eq!(store.forget_instances(at(3)).await.unwrap(), 2);
+    assert_eq!(
+        ids(store
+            .instance_reports(Timestamp::from_millis(i64::MIN))
+            .await
+            .unwrap()),
+        ["Pod-A", "节点-1"]
+    );
 }
 
 pub(crate) async fn values_beyond_the_rule_columns_are_refused_before_writing<S: ContractStore>(

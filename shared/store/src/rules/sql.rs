@@ -57,6 +57,9 @@ pub(crate) trait RuleDialect: Database {
     /// Whether `error` means that a writing transaction lost a race with another writer (and
     /// wrote nothing), so that running it again can succeed.
     fn lost_race(error: &sqlx::Error) -> bool;
+
+    /// Rows a statement changed.
+    fn rows_affected(result: &Self::QueryResult) -> u64;
 }
 
 /// The columns of [`RuleSetRecord`], followed by `$tail`.
@@ -98,6 +101,8 @@ const MOVE_RULE_SET: &str = "UPDATE rule_sets SET state = ?, verdict = COALESCE(
 
 const SELECT_INSTANCE_REPORTS: &str = "SELECT instance_id, applied_version, reported_at_ms, \
      report FROM rule_instances WHERE reported_at_ms > ? ORDER BY instance_id";
+
+const DELETE_INSTANCE_REPORTS: &str = "DELETE FROM rule_instances WHERE reported_at_ms < ?";
 
 /// Every [`super::RuleRepository`] operation on one store's pool.
 #[derive(Debug)]
@@ -357,6 +362,14 @@ where
             .into_iter()
             .map(InstanceRecord::into_report)
             .collect()
+    }
+
+    pub(crate) async fn forget_instances(&self, before: Timestamp) -> Result<u64, StoreError> {
+        let done = sqlx::query(DELETE_INSTANCE_REPORTS)
+            .bind(before.as_millis())
+            .execute(self.pool)
+            .await?;
+        Ok(DB::rows_affected(&done))
     }
 
     /// Runs `attempt` (one whole transaction) again while it loses races, pausing a little
