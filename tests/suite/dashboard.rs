@@ -56,11 +56,14 @@ async fn the_page_and_its_assets_are_served_without_the_token_with_strict_header
     assert!(body.starts_with("<!doctype html>"), "{body}");
 
     let addresses = asset_addresses(&body);
-    assert_eq!(addresses.len(), 2, "{addresses:?}");
+    // The page, its styles, and its two scripts (the live rules panel has its own).
+    assert_eq!(addresses.len(), 3, "{addresses:?}");
     for address in &addresses {
         let asset = get(&app, address, None).await;
         assert_eq!(asset.status(), 200, "{address}");
-        let expected_type = if address.starts_with("/dashboard/app.js?v=") {
+        let expected_type = if address.starts_with("/dashboard/app.js?v=")
+            || address.starts_with("/dashboard/rules.js?v=")
+        {
             "text/javascript; charset=utf-8"
         } else {
             assert!(address.starts_with("/dashboard/app.css?v="), "{address}");
