@@ -739,43 +739,45 @@ impl Rules {
                     )
                     .await?
             }
-            Due::Close { version, previous } => match previous {
-                Some(previous) => {
-                    let reopened = self
-                        .repo
-                        .transition_rule_set(
-                            previous,
-                            &[RuleState::Superseded],
-                            RuleState::Active,
-                            None,
-                            now,
-                        )
-                        .await?;
-                    // The window's version is superseded by that; say it expired instead.
-                    let closed = self
-                        .repo
-                        .transition_rule_set(
-                            version,
-                            &[RuleState::Superseded, RuleState::Active],
-                            RuleState::Expired,
-                            None,
-                            now,
-                        )
-                        .await?;
-                    reopened || closed
+            Due::Close { version, opened_at } => {
+                match self.active_before(version, opened_at).await? {
+                    Some(previous) => {
+                        let reopened = self
+                            .repo
+                            .transition_rule_set(
+                                previous,
+                                &[RuleState::Superseded],
+                                RuleState::Active,
+                                None,
+                                now,
+                            )
+                            .await?;
+                        // The window's version is superseded by that; say it expired instead.
+                        let closed = self
+                            .repo
+                            .transition_rule_set(
+                                version,
+                                &[RuleState::Superseded, RuleState::Active],
+                                RuleState::Expired,
+                                None,
+                                now,
+                            )
+                            .await?;
+                        reopened || closed
+                    }
+                    None => {
+                        self.repo
+                            .transition_rule_set(
+                                version,
+                                &[RuleState::Active],
+                                RuleState::Expired,
+                                None,
+                                now,
+                            )
+                            .await?
+                    }
                 }
-                None => {
-                    self.repo
-                        .transition_rule_set(
-                            version,
-                            &[RuleState::Active],
-                            RuleState::Expired,
-                            None,
-                            now,
-                        )
-                        .await?
-                }
-            },
+            }
         };
         if moved {
             tracing::info!(?due, "rule set schedule carried out");
@@ -784,6 +786,27 @@ impl Rules {
             });
         }
         Ok(moved)
+    }
+
+    /// The version a window's opening at `opened_at` superseded: the last one activated before
+    /// it (among the recent history), if it is still only superseded.
+    async fn active_before(
+        &self,
+        window: u64,
+        opened_at: Option<Timestamp>,
+    ) -> Result<Option<u64>, StoreError> {
+        let Some(opened_at) = opened_at else {
+            return Ok(None);
+        };
+        let rows = self.repo.rule_sets(200, None).await?;
+        Ok(rows
+            .iter()
+            .filter(|row| row.version != window)
+            .filter_map(|row| row.activated_at.map(|at| (at, row)))
+            .filter(|(at, _)| *at <= opened_at)
+            .max_by_key(|(at, row)| (*at, row.version))
+            .filter(|(_, row)| row.state == RuleState::Superseded)
+            .map(|(_, row)| row.version))
     }
 
     /// This instance's figures for a canary under way.

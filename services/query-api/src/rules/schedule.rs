@@ -84,8 +84,12 @@ pub fn check(window: &Window, now: Timestamp, rows: &[RuleSetRow]) -> Result<(),
 pub enum Due {
     /// Its window is open: make it active (remembering what was).
     Open(u64),
-    /// Its window closed while it was active: bring back `previous` (none: the file's values).
-    Close { version: u64, previous: Option<u64> },
+    /// Its window closed while it was active: bring back the version that was active when it
+    /// opened, at `opened_at` (none: the file's values).
+    Close {
+        version: u64,
+        opened_at: Option<Timestamp>,
+    },
     /// Its window passed before it ever opened (every instance was down): mark it expired.
     Expire(u64),
 }
@@ -100,7 +104,7 @@ pub fn due(rows: &[RuleSetRow], now: Timestamp) -> Vec<Due> {
         match row.state {
             RuleState::Active if window.until <= now => actions.push(Due::Close {
                 version: row.version,
-                previous: row.previous_version,
+                opened_at: row.activated_at,
             }),
             RuleState::Scheduled if window.until <= now => actions.push(Due::Expire(row.version)),
             _ => {}
@@ -166,6 +170,7 @@ mod tests {
         );
         let open = RuleSetRow {
             state: RuleState::Active,
+            activated_at: Some(at("2026-12-12T19:55:01Z")),
             ..sale.clone()
         };
         assert!(due(std::slice::from_ref(&open), at("2026-12-12T23:29:59Z")).is_empty());
@@ -173,7 +178,7 @@ mod tests {
             due(std::slice::from_ref(&open), at("2026-12-12T23:30:00Z")),
             vec![Due::Close {
                 version: 7,
-                previous: Some(6)
+                opened_at: Some(at("2026-12-12T19:55:01Z"))
             }]
         );
         assert_eq!(

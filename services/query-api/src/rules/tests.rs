@@ -355,6 +355,33 @@ async fn a_sale_s_window_opens_and_closes_on_the_clock_and_overlaps_are_refused(
     );
 }
 
+/// The version that comes back when a window closes is the one its opening replaced, not the
+/// one active when the window was booked.
+#[tokio::test]
+async fn a_closing_window_brings_back_what_its_opening_replaced() {
+    let (store, clock) = (store().await, clock());
+    let one = instance("one", &store, &clock);
+    one.rules.create(request(quota(40.0)), false).await.unwrap();
+    let at = |text: &str| Timestamp::parse_rfc3339(text).unwrap();
+    let mut sale = request(quota(20.0));
+    sale.schedule = Some(Window {
+        from: at("2026-12-12T19:55:00Z"),
+        until: at("2026-12-12T23:30:00Z"),
+    });
+    one.rules.create(sale, false).await.unwrap();
+    // Booked at 19:00 over version 1; version 3 becomes active before the window opens.
+    clock.advance(Duration::from_secs(10 * 60));
+    one.rules.create(request(quota(35.0)), false).await.unwrap();
+    clock.advance(Duration::from_secs(45 * 60));
+    one.rules.reconcile().await.unwrap();
+    assert_eq!(one.rules.applied().version, 2);
+    clock.advance(Duration::from_secs(4 * 3600));
+    one.rules.reconcile().await.unwrap();
+    assert_eq!(one.rules.applied().version, 3, "what the opening replaced");
+    assert_eq!(one.target.quotas(), [Some(20.0), Some(35.0)]);
+    assert_eq!(store.rule_set(1).await.unwrap().unwrap().state, RuleState::Superseded);
+}
+
 #[tokio::test]
 async fn a_rollback_makes_an_earlier_document_active_as_a_new_version() {
     let (store, clock) = (store().await, clock());
