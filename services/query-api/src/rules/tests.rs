@@ -379,7 +379,10 @@ async fn a_closing_window_brings_back_what_its_opening_replaced() {
     one.rules.reconcile().await.unwrap();
     assert_eq!(one.rules.applied().version, 3, "what the opening replaced");
     assert_eq!(one.target.quotas(), [Some(20.0), Some(35.0)]);
-    assert_eq!(store.rule_set(1).await.unwrap().unwrap().state, RuleState::Superseded);
+    assert_eq!(
+        store.rule_set(1).await.unwrap().unwrap().state,
+        RuleState::Superseded
+    );
 }
 
 #[tokio::test]
