@@ -728,3 +728,68 @@ async fn invalid_rule_sets_are_refused_naming_the_field_and_change_nothing() {
     assert_eq!(history.as_array().map(Vec::len), Some(1));
     app.stop().await;
 }
+
+/// A rule set pins a shed level and releases it; a version that leaves the pin as it was does
+/// not release a level an operator pinned for a drill.
+#[tokio::test]
+async fn a_rule_set_s_pin_moves_the_shed_level_only_when_it_changes() {
+    let app = spawn_app_with(|_| {}).await;
+    let forced = |status: &Value| status["protection"]["shedding"]["forced"].clone();
+    let status = || async {
+        app.admin_get("/admin/v1/status")
+            .await
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+    let drill = app
+        .admin_put("/admin/v1/shedding", &json!({"level": "cache_only"}))
+        .await;
+    assert!(drill.status().is_success(), "{}", drill.status());
+    let version = create(
+        &app,
+        &rule(
+            json!({"resilience": {"retry": {"ratio": 0.2}}}),
+            "unrelated",
+        ),
+    )
+    .await;
+    wait_until_true("the version is applied", || async {
+        app.state.rules.applied().version == version
+    })
+    .await;
+    assert_eq!(
+        forced(&status().await),
+        "cache_only",
+        "the drill's pin stays"
+    );
+
+    let version = create(
+        &app,
+        &rule(
+            json!({"resilience": {"shedding": {"pinned_level": 1}}}),
+            "sale's first minutes",
+        ),
+    )
+    .await;
+    wait_until_true("the pin is applied", || async {
+        app.state.rules.applied().version == version
+    })
+    .await;
+    assert_eq!(forced(&status().await), "drop_extras");
+
+    let version = create(
+        &app,
+        &rule(
+            json!({"resilience": {"shedding": {"pinned_level": null}}}),
+            "back to the measured level",
+        ),
+    )
+    .await;
+    wait_until_true("the release is applied", || async {
+        app.state.rules.applied().version == version
+    })
+    .await;
+    assert_eq!(forced(&status().await), Value::Null);
+    app.stop().await;
+}

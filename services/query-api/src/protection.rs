@@ -263,7 +263,13 @@ impl Protection {
             if !kept.is_empty() {
                 tracing::warn!(restart_only = ?kept.fields, "these shedding values take a restart");
             }
-            shedder.force(settings.shedding.pinned_level.and_then(ShedLevel::from_u8));
+            // Only a change of the rule set's pin moves the level: a version that leaves it as
+            // it was must not release a level an operator pinned for a drill
+            // (`PUT /admin/v1/shedding`).
+            let pinned = settings.shedding.pinned_level;
+            if pinned != self.settings.load().shedding.pinned_level {
+                shedder.force(pinned.and_then(ShedLevel::from_u8));
+            }
         }
         if let Some(queue) = &self.admission_queue {
             queue.reconfigure(settings.admission_wait.wait_config());
