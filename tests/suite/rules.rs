@@ -175,6 +175,16 @@ async fn apply_and_time(
     }
 }
 
+/// Creates `body` on `app` and waits until `app` runs it; its version.
+async fn applied_here(app: &TestApp, body: &Value) -> u64 {
+    let version = create(app, body).await;
+    wait_until_true("the version is applied", || async {
+        app.state.rules.applied().version == version
+    })
+    .await;
+    version
+}
+
 /// The version's row once it has left `canary` (at most `patience`).
 async fn decided(app: &TestApp, version: u64, patience: Duration) -> Value {
     let started = Instant::now();
@@ -533,17 +543,13 @@ async fn a_breaker_keeps_its_open_state_across_a_threshold_change() {
         "{}",
         status["protection"]["dependencies"][2]
     );
-    let version = create(
+    let version = applied_here(
         &app,
         &rule(
             json!({"resilience": {"coupons": {"min_calls": 50, "failure_ratio": 0.9}}}),
             "calmer breaker",
         ),
     )
-    .await;
-    wait_until_true("the version is applied", || async {
-        app.state.rules.applied().version == version
-    })
     .await;
     let status: Value = app
         .admin_get("/admin/v1/status")
@@ -746,7 +752,7 @@ async fn a_rule_set_s_pin_moves_the_shed_level_only_when_it_changes() {
         .admin_put("/admin/v1/shedding", &json!({"level": "cache_only"}))
         .await;
     assert!(drill.status().is_success(), "{}", drill.status());
-    let version = create(
+    applied_here(
         &app,
         &rule(
             json!({"resilience": {"retry": {"ratio": 0.2}}}),
@@ -754,17 +760,13 @@ async fn a_rule_set_s_pin_moves_the_shed_level_only_when_it_changes() {
         ),
     )
     .await;
-    wait_until_true("the version is applied", || async {
-        app.state.rules.applied().version == version
-    })
-    .await;
     assert_eq!(
         forced(&status().await),
         "cache_only",
         "the drill's pin stays"
     );
 
-    let version = create(
+    applied_here(
         &app,
         &rule(
             json!({"resilience": {"shedding": {"pinned_level": 1}}}),
@@ -772,23 +774,15 @@ async fn a_rule_set_s_pin_moves_the_shed_level_only_when_it_changes() {
         ),
     )
     .await;
-    wait_until_true("the pin is applied", || async {
-        app.state.rules.applied().version == version
-    })
-    .await;
     assert_eq!(forced(&status().await), "drop_extras");
 
-    let version = create(
+    applied_here(
         &app,
         &rule(
             json!({"resilience": {"shedding": {"pinned_level": null}}}),
             "back to the measured level",
         ),
     )
-    .await;
-    wait_until_true("the release is applied", || async {
-        app.state.rules.applied().version == version
-    })
     .await;
     assert_eq!(forced(&status().await), Value::Null);
     app.stop().await;

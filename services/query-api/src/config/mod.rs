@@ -1384,6 +1384,32 @@ impl Settings {
         }
     }
 
+    /// What a request may spend: the parts' timeouts, level 2's shortened ones and the
+    /// retries (the engine's budget, at start and from every rule set).
+    pub fn request_budget(&self) -> rebate_engine::RequestBudget {
+        let timeouts = self.part_timeouts();
+        let shedding = &self.resilience.shedding;
+        rebate_engine::RequestBudget {
+            timeouts,
+            short_timeouts: rebate_engine::scale_timeouts(
+                &timeouts,
+                shedding.core_timeout_factor,
+                shedding.normal_timeout_factor,
+                shedding.edge_timeout_factor,
+            ),
+            retries_per_request: self.resilience.retry.max_per_request,
+        }
+    }
+
+    /// The kept renderings' refresh lead: the longest of the parts'.
+    pub fn rendering_lead(&self) -> Duration {
+        self.parts
+            .iter()
+            .map(|(_, part)| Duration::from_millis(part.refresh_ahead_ms))
+            .max()
+            .unwrap_or_default()
+    }
+
     /// Each part's timeout: its own override, else its tier's.
     pub fn part_timeouts(&self) -> PartTimeouts {
         let classes = self.class_timeouts();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use rebate_engine::{QueryEngine, RequestBudget, scale_timeouts};
+use rebate_engine::QueryEngine;
 
 use super::manager::ApplyTarget;
 use super::window::Totals;
@@ -97,35 +97,6 @@ impl super::manager::Announcer for BusAnnouncer {
     }
 }
 
-impl ServiceTarget {
-    /// The engine's budget under `settings`: the parts' timeouts, level 2's shortened ones and
-    /// the retries a request may spend (as `startup::engine` builds it).
-    pub fn budget(settings: &Settings) -> RequestBudget {
-        let timeouts = settings.part_timeouts();
-        let shedding = &settings.resilience.shedding;
-        RequestBudget {
-            timeouts,
-            short_timeouts: scale_timeouts(
-                &timeouts,
-                shedding.core_timeout_factor,
-                shedding.normal_timeout_factor,
-                shedding.edge_timeout_factor,
-            ),
-            retries_per_request: settings.resilience.retry.max_per_request,
-        }
-    }
-
-    /// The renderings' refresh lead: the longest of the parts'.
-    pub fn rendering_lead(settings: &Settings) -> Duration {
-        settings
-            .parts
-            .iter()
-            .map(|(_, part)| Duration::from_millis(part.refresh_ahead_ms))
-            .max()
-            .unwrap_or_default()
-    }
-}
-
 impl ApplyTarget for ServiceTarget {
     fn apply(&self, settings: &Settings) {
         self.protection
@@ -138,8 +109,8 @@ impl ApplyTarget for ServiceTarget {
             }
             view.set_refresh_lead(Duration::from_millis(part.refresh_ahead_ms));
         }
-        self.engine.set_request_budget(Self::budget(settings));
-        self.engine.set_refresh_lead(Self::rendering_lead(settings));
+        self.engine.set_request_budget(settings.request_budget());
+        self.engine.set_refresh_lead(settings.rendering_lead());
         self.knobs.set(settings);
         self.warm_jobs
             .set_rate_per_sec(settings.warm_jobs.rate_per_sec);

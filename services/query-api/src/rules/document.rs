@@ -372,27 +372,28 @@ impl LiveSettings {
 
     /// Every leaf, by dotted key (`resilience.coupons.quota_per_sec`), `null` where unset.
     pub fn leaves(&self) -> BTreeMap<String, Value> {
-        let mut leaves = BTreeMap::new();
-        flatten(
-            "",
-            &serde_json::to_value(self).expect("plain data"),
-            &mut leaves,
-        );
-        leaves
+        leaves_of(&serde_json::to_value(self).expect("plain data"))
     }
 }
 
-fn flatten(prefix: &str, value: &Value, out: &mut BTreeMap<String, Value>) {
-    match value {
-        Value::Object(map) => {
-            for (key, value) in map {
-                flatten(&join(prefix, key), value, out);
+/// The leaves of a JSON value by dotted key; a `null` document has none.
+fn leaves_of(value: &Value) -> BTreeMap<String, Value> {
+    fn flatten(prefix: &str, value: &Value, out: &mut BTreeMap<String, Value>) {
+        match value {
+            Value::Object(map) => {
+                for (key, value) in map {
+                    flatten(&join(prefix, key), value, out);
+                }
+            }
+            Value::Null if prefix.is_empty() => {}
+            leaf => {
+                out.insert(prefix.to_owned(), leaf.clone());
             }
         }
-        leaf => {
-            out.insert(prefix.to_owned(), leaf.clone());
-        }
     }
+    let mut leaves = BTreeMap::new();
+    flatten("", value, &mut leaves);
+    leaves
 }
 
 fn join(prefix: &str, key: &str) -> String {
@@ -413,13 +414,28 @@ pub struct Change {
 
 /// The keys whose values differ between `before` and `after`, in key order.
 pub fn diff(before: &LiveSettings, after: &LiveSettings) -> Vec<Change> {
-    let before = before.leaves();
-    after
-        .leaves()
-        .into_iter()
-        .filter_map(|(key, to)| {
-            let from = before.get(&key).cloned().unwrap_or(Value::Null);
-            (from != to).then_some(Change { key, from, to })
+    diff_leaves(before.leaves(), after.leaves())
+}
+
+/// The keys two documents set differently (`null` where one does not set the key: the file's
+/// value), in key order.
+pub fn document_diff(before: &Value, after: &Value) -> Vec<Change> {
+    diff_leaves(leaves_of(before), leaves_of(after))
+}
+
+fn diff_leaves(before: BTreeMap<String, Value>, after: BTreeMap<String, Value>) -> Vec<Change> {
+    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter_map(|key| {
+            let from = before.get(key).cloned().unwrap_or(Value::Null);
+            let to = after.get(key).cloned().unwrap_or(Value::Null);
+            (from != to).then(|| Change {
+                key: key.clone(),
+                from,
+                to,
+            })
         })
         .collect()
 }

@@ -1049,7 +1049,7 @@ impl Rules {
             let before = earlier
                 .and_then(|row| serde_json::from_str::<Value>(&row.document).ok())
                 .unwrap_or(Value::Null);
-            document_diff(&before, &document)
+            document::document_diff(&before, &document)
         });
         VersionView {
             version: row.version,
@@ -1092,51 +1092,5 @@ fn empty_verdict(now: Timestamp) -> Verdict {
         canary: empty.clone(),
         reference: empty,
         decided_at_ms: now.as_millis(),
-    }
-}
-
-/// The keys two documents set differently (`null` where one does not set the key: the file's
-/// value).
-pub fn document_diff(before: &Value, after: &Value) -> Vec<Change> {
-    let mut old = std::collections::BTreeMap::new();
-    let mut new = std::collections::BTreeMap::new();
-    flatten_document("", before, &mut old);
-    flatten_document("", after, &mut new);
-    let mut keys: Vec<&String> = old.keys().chain(new.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    keys.into_iter()
-        .filter_map(|key| {
-            let from = old.get(key).cloned().unwrap_or(Value::Null);
-            let to = new.get(key).cloned().unwrap_or(Value::Null);
-            (from != to).then(|| Change {
-                key: key.clone(),
-                from,
-                to,
-            })
-        })
-        .collect()
-}
-
-fn flatten_document(
-    prefix: &str,
-    value: &Value,
-    out: &mut std::collections::BTreeMap<String, Value>,
-) {
-    match value {
-        Value::Object(map) => {
-            for (key, value) in map {
-                let path = if prefix.is_empty() {
-                    key.clone()
-                } else {
-                    format!("{prefix}.{key}")
-                };
-                flatten_document(&path, value, out);
-            }
-        }
-        Value::Null if prefix.is_empty() => {}
-        leaf => {
-            out.insert(prefix.to_owned(), leaf.clone());
-        }
     }
 }

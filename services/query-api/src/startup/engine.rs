@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use rebate_cache::{Clock, ItemFilter, L2Config, Loader, PartCache, PartCacheConfig, SharedTier};
 use rebate_domain::{PartKind, Product, RebateRate};
-use rebate_engine::{EngineConfig, EngineMode, EngineParts, QueryEngine, scale_timeouts};
+use rebate_engine::{EngineConfig, EngineMode, EngineParts, QueryEngine};
 use rebate_guard::GuardedTier;
 use rebate_redis_tier::RedisTier;
 use rebate_sources::{CatalogLoader, CouponClient, ExtrasClient, LoadLimiter, http_client};
@@ -124,26 +124,15 @@ pub(super) fn build(
 /// The engine's timeouts (and the shorter ones it uses while shedding), retry budget and
 /// rendered-quote cache, from the settings.
 fn engine_settings(settings: &Settings) -> EngineConfig {
-    let timeouts = settings.part_timeouts();
-    let shedding = &settings.resilience.shedding;
+    let budget = settings.request_budget();
     EngineConfig {
         mode: settings.engine.mode,
-        timeouts,
-        short_timeouts: scale_timeouts(
-            &timeouts,
-            shedding.core_timeout_factor,
-            shedding.normal_timeout_factor,
-            shedding.edge_timeout_factor,
-        ),
-        retries_per_request: settings.resilience.retry.max_per_request,
+        timeouts: budget.timeouts,
+        short_timeouts: budget.short_timeouts,
+        retries_per_request: budget.retries_per_request,
         rendered_capacity_bytes: settings.engine.rendered_max_bytes,
         cache_only_loads: settings.engine.cache_only_loads,
-        refresh_lead: settings
-            .parts
-            .iter()
-            .map(|(_, part)| Duration::from_millis(part.refresh_ahead_ms))
-            .max()
-            .unwrap_or_default(),
+        refresh_lead: settings.rendering_lead(),
     }
 }
 
