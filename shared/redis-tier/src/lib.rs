@@ -22,6 +22,8 @@
 //! - `fleet`: fleet-wide token buckets ([`TokenGrant`]) and the registry of live instances.
 //! - [`stats`]: [`RedisTierStats`], lock-free counters (round trips, hits, refused writes, …).
 //! - `warm`: the fleet's warm jobs, chunks on a stream read through one consumer group.
+//! - `capture`: change capture's lease with its fencing token ([`CaptureLease`]), and the
+//!   records only the lease's holder may write ([`CaptureRecord`]).
 //!
 //! # Keys
 //! `{prefix}:v1:{platform}:{item_id}:{part}` (e.g. `rebate:v1:taobao:100001:coupons`) and the
@@ -29,7 +31,9 @@
 //! `{prefix}:quota:{api}` holds a fleet-wide token bucket, `{prefix}:instances` the registry.
 //! `{<prefix>:warm}:jobs` is the stream of warm chunks and `{<prefix>:warm}:job:<id>` a warm job's
 //! counters (one hash tag, so a chunk's acknowledgement and its job's counts change in one script).
+//! `{<prefix>:cc}:lease`, `:fence`, `:position` and `:resync` are change capture's.
 
+mod capture;
 mod codec;
 mod fleet;
 mod scripts;
@@ -39,6 +43,7 @@ pub mod stats;
 mod tier;
 mod warm;
 
+pub use capture::{CaptureLease, CaptureRecord, LeaseAttempt};
 pub use fleet::{KeyCounts, TokenGrant};
 pub use settings::{RedisTarget, RedisTierConfig};
 pub use stats::RedisTierStats;

@@ -47,6 +47,10 @@ pub(super) struct Inner<T> {
     /// are not times of a rebuild): the rebuild as a loser sees it, scheduling and queues
     /// included.
     pub(super) recent_winner_waits: RecentTimes,
+    /// L2 copies fetched before this instant (milliseconds since the epoch; 0: none) are
+    /// ignored, as absent: set by a fleet-wide resync, after which no copy from before it can be
+    /// proven current. One relaxed load per L2 copy read, never on an L1 hit.
+    pub(super) l2_floor_ms: AtomicU64,
 }
 
 /// How long something took lately, estimated as TCP estimates its retransmission timeout
@@ -102,6 +106,13 @@ impl RecentTimes {
 }
 
 impl<T: 'static> Inner<T> {
+    /// Whether an L2 copy fetched at `fetched_at` predates the last resync (see
+    /// [`PartCache::set_l2_floor`](crate::PartCache::set_l2_floor)) and must be ignored.
+    pub(super) fn below_l2_floor(&self, fetched_at: rebate_domain::Timestamp) -> bool {
+        let floor = self.l2_floor_ms.load(Ordering::Relaxed);
+        floor > 0 && u64::try_from(fetched_at.as_millis()).unwrap_or(0) < floor
+    }
+
     /// One call to the loader, cut off at the part's load timeout.
     pub(super) async fn load_from_source(&self, key: ItemKey) -> Result<Loaded<T>, LoadFailure> {
         bump(&self.stats.source_loads);

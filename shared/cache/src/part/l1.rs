@@ -126,11 +126,22 @@ where
         self.entries.invalidate_all();
     }
 
-    /// Detaches the load in flight for `key` and puts `fence` in L1 unless L1 already holds the
-    /// fence's version or newer. Both under the in-flight lock, so that a caller starting or
-    /// joining a load sees either the state before the event or the fence.
+    /// Detaches the load in flight for `key` and puts `fence` in L1, unless L1 already holds the
+    /// fence's version or newer (a copy, or the fence of an earlier event at that version): then
+    /// nothing changes, and a load in flight stays joinable — it began after that copy or fence
+    /// was in place, and a result below it would be refused anyway. So the same change announced
+    /// twice (an operator's event and the binlog's) costs one load. Under the in-flight lock, so
+    /// that a caller starting or joining a load sees either the state before the event or the
+    /// fence.
     pub(super) fn hold_fence(&self, key: ItemKey, fence: &Envelope<T>) {
         let mut in_flight = self.lock_in_flight();
+        if self
+            .entries
+            .get(&key)
+            .is_some_and(|current| current.version >= fence.version)
+        {
+            return;
+        }
         in_flight.remove(&key);
         let offered = Arc::new(fence.clone_fence());
         self.entries

@@ -308,6 +308,7 @@ where
     /// An L2 entry's envelope; `None`, with a warning, when it does not decode.
     fn decode_entry(&self, tier_key: TierKey, bytes: &[u8]) -> Option<Envelope<T>> {
         match Envelope::decode(bytes) {
+            Ok(envelope) if self.below_l2_floor(envelope.fetched_at) => None,
             Ok(envelope) => Some(envelope),
             Err(error) => {
                 tracing::warn!(part = self.settings.name, key = %tier_key.item, %error, "undecodable L2 entry ignored");

@@ -33,7 +33,7 @@ mod view;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -133,6 +133,7 @@ where
                 recent_loads: Default::default(),
                 recent_l2_trips: Default::default(),
                 recent_winner_waits: Default::default(),
+                l2_floor_ms: AtomicU64::new(0),
             }),
         }
     }
@@ -292,6 +293,9 @@ where
         let Ok(envelope) = Envelope::<T>::decode(&entry.bytes) else {
             return false;
         };
+        if inner.below_l2_floor(envelope.fetched_at) {
+            return false;
+        }
         let now = inner.clock.now();
         if !envelope.is_servable(now) {
             return false;
@@ -307,6 +311,29 @@ where
     /// The cached entry, fresh or not, without loading. For inspection and cache-only serving.
     pub fn peek(&self, key: &ItemKey) -> Option<Arc<Envelope<T>>> {
         self.inner.entries.get(key)
+    }
+
+    /// Up to `wanted` keys L1 holds copies (not fences) of, a random sample (a reservoir) of
+    /// the first `visit` entries of its map: bounded work however large L1 is. For the drift
+    /// sampler of the consistency observer.
+    pub fn sample_keys(&self, wanted: usize, visit: usize) -> Vec<ItemKey> {
+        use rand::Rng as _;
+        let mut rng = rand::rng();
+        let mut reservoir = Vec::with_capacity(wanted);
+        let copies = self
+            .inner
+            .entries
+            .iter()
+            .filter(|(_, envelope)| !envelope.tombstone)
+            .take(visit);
+        for (seen, (key, _)) in copies.enumerate() {
+            if reservoir.len() < wanted {
+                reservoir.push(*key);
+            } else if let Some(kept) = reservoir.get_mut(rng.random_range(0..=seen)) {
+                *kept = *key;
+            }
+        }
+        reservoir
     }
 
     /// Drops the L1 copy of one key.
@@ -325,6 +352,25 @@ where
     pub fn forget_all(&self) {
         self.inner.clear();
         bump(&self.inner.stats.invalidations);
+    }
+
+    /// Ignores, from now on, every L2 copy fetched before `floor`: they read as absent (a miss
+    /// that reloads from the source and overwrites them). A fleet-wide resync sets it when
+    /// changes may have gone unannounced, together with [`Self::forget_all`]. Never lowered: an
+    /// older floor changes nothing.
+    pub fn set_l2_floor(&self, floor: Timestamp) {
+        let floor = u64::try_from(floor.as_millis()).unwrap_or(0);
+        self.inner.l2_floor_ms.fetch_max(floor, Ordering::Relaxed);
+    }
+
+    /// The floor set by [`Self::set_l2_floor`], `None` before any.
+    pub fn l2_floor(&self) -> Option<Timestamp> {
+        match self.inner.l2_floor_ms.load(Ordering::Relaxed) {
+            0 => None,
+            floor => Some(Timestamp::from_millis(
+                i64::try_from(floor).unwrap_or(i64::MAX),
+            )),
+        }
     }
 
     /// Fences `key` at `version` after a change event. L1 keeps a copy that already holds

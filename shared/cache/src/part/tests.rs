@@ -11,6 +11,7 @@ use super::{
 use crate::clock::{Clock, ManualClock};
 use crate::envelope::{Envelope, Jitter, TtlPolicy};
 use crate::memory::MemoryTier;
+use crate::part::view::PartView;
 use crate::shared::{SharedTier, TierEntry, TierKey};
 
 mod lifetimes;
@@ -376,6 +377,99 @@ async fn an_old_or_duplicate_event_keeps_newer_data() {
         CacheOutcome::Failed(_)
     ));
     assert_eq!(cache.stats().invalidations, 3);
+}
+
+/// The same change announced twice (an operator's event and the binlog's, at one version) while
+/// the first event's reload is in flight: the second fence finds the first in L1 and leaves the
+/// load joinable, so the change costs one load.
+#[tokio::test(start_paused = true)]
+async fn a_second_fence_at_the_same_version_keeps_the_reload_in_flight() {
+    let source = Arc::new(FakeSource::default());
+    source.version.store(1, Ordering::SeqCst);
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    cache.get(key(), Duration::from_secs(1)).await;
+    source.version.store(2, Ordering::SeqCst);
+    source.delay_ms.store(100, Ordering::SeqCst);
+    cache
+        .invalidate_to(key(), 2, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    let reload = {
+        let cache = cache.clone();
+        tokio::spawn(async move { cache.get(key(), Duration::from_secs(1)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    cache
+        .invalidate_to(key(), 2, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    match cache.get(key(), Duration::from_secs(1)).await {
+        CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 2),
+        other => panic!("expected to join the reload, got {other:?}"),
+    }
+    assert!(matches!(reload.await.unwrap(), CacheOutcome::Loaded(_)));
+    assert_eq!(
+        source.calls.load(Ordering::SeqCst),
+        2,
+        "one load before, one after"
+    );
+    // A newer version still detaches and reloads.
+    source.version.store(3, Ordering::SeqCst);
+    cache
+        .invalidate_to(key(), 3, Duration::from_secs(60), false)
+        .await
+        .unwrap();
+    match cache.get(key(), Duration::from_secs(1)).await {
+        CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 3),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+/// After a resync, an L2 copy fetched before its floor reads as absent: the part reloads from
+/// the source and overwrites it; copies fetched after the floor are served as before.
+#[tokio::test]
+async fn an_l2_copy_from_before_the_floor_is_ignored() {
+    let source = Arc::new(FakeSource::default());
+    source.version.store(1, Ordering::SeqCst);
+    let tier = Arc::new(MemoryTier::new());
+    let clock = ManualClock::new(Timestamp::from_millis(1_000));
+    let writer = instance(&source, &tier, &clock);
+    writer.get(key(), BUDGET).await;
+    while tier.version_of(tier_key()) != Some(1) {
+        tokio::task::yield_now().await;
+    }
+    let reader = instance(&source, &tier, &clock);
+    clock.advance(Duration::from_millis(10));
+    reader.set_l2_floor(clock.now());
+    assert_eq!(reader.l2_floor(), Some(clock.now()));
+    assert!(
+        matches!(
+            PartView::l2_entry(&reader, key()).await.unwrap(),
+            crate::part::view::L2Entry::Absent
+        ),
+        "inspection sees what a read sees"
+    );
+    source.version.store(2, Ordering::SeqCst);
+    match reader.get(key(), BUDGET).await {
+        CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 2),
+        other => panic!("expected a reload, got {other:?}"),
+    }
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+    while tier.version_of(tier_key()) != Some(2) {
+        tokio::task::yield_now().await;
+    }
+    // The reloaded copy is after the floor: a third instance with the same floor takes it.
+    let third = instance(&source, &tier, &clock);
+    third.set_l2_floor(clock.now());
+    assert!(matches!(
+        third.get(key(), BUDGET).await,
+        CacheOutcome::Loaded(_)
+    ));
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2, "served from L2");
+    // A floor never goes down.
+    third.set_l2_floor(Timestamp::from_millis(0));
+    assert_eq!(third.l2_floor(), Some(clock.now()));
 }
 
 /// Through L2: the fence also stops another instance's rebuild that read the old row.

@@ -43,8 +43,12 @@ pub trait PartView: Send + Sync + fmt::Debug {
     fn set_ttl(&self, l1: TtlPolicy, l2: Option<TtlPolicy>) -> Result<(), PolicyError>;
     /// See [`PartCache::set_refresh_lead`].
     fn set_refresh_lead(&self, lead: Duration);
+    /// See [`PartCache::set_l2_floor`].
+    fn set_l2_floor(&self, floor: Timestamp);
     /// What L1 holds for `key`, fresh or not, without loading.
     fn l1_entry(&self, key: &ItemKey) -> Option<EntryMeta>;
+    /// See [`PartCache::sample_keys`].
+    fn sample_keys(&self, wanted: usize, visit: usize) -> Vec<ItemKey>;
     /// What L2 holds for `key` (one round trip), `Absent` without a shared tier.
     async fn l2_entry(&self, key: ItemKey) -> Result<L2Entry, TierError>;
     /// See [`PartCache::invalidate_to`].
@@ -98,8 +102,16 @@ where
         PartCache::set_refresh_lead(self, lead);
     }
 
+    fn set_l2_floor(&self, floor: Timestamp) {
+        PartCache::set_l2_floor(self, floor);
+    }
+
     fn l1_entry(&self, key: &ItemKey) -> Option<EntryMeta> {
         self.peek(key).map(|envelope| envelope.meta())
+    }
+
+    fn sample_keys(&self, wanted: usize, visit: usize) -> Vec<ItemKey> {
+        PartCache::sample_keys(self, wanted, visit)
     }
 
     async fn l2_entry(&self, key: ItemKey) -> Result<L2Entry, TierError> {
@@ -119,6 +131,8 @@ where
         Ok(match entry {
             None => L2Entry::Absent,
             Some(entry) => match Envelope::<T>::decode(&entry.bytes) {
+                // What the part would do with it: a copy from before the last resync is absent.
+                Ok(envelope) if self.inner.below_l2_floor(envelope.fetched_at) => L2Entry::Absent,
                 Ok(envelope) => L2Entry::Present(envelope.meta()),
                 Err(_) => L2Entry::Undecodable,
             },
