@@ -8,6 +8,7 @@
 
 mod admin_auth;
 mod api;
+mod change_capture;
 mod connections;
 mod contract;
 mod dashboard;

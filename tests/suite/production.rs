@@ -12,7 +12,8 @@ use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig};
 use rebate_store::CatalogRepository;
 use rebate_tests::amqp::{AmqpFleet, CuttableProxy};
 use rebate_tests::{
-    ProductionEnv, RedisServer, TestApp, event_for, free_port, wait_until, wait_until_true,
+    ProductionEnv, RedisServer, TestApp, event_for, follow_the_wall_clock, free_port, wait_until,
+    wait_until_true,
 };
 use serde_json::{Value, json};
 use upstream_sim::Endpoint;
@@ -746,50 +747,6 @@ fn as_in_production(settings: &mut query_api::Settings) {
     settings.observability.slow_request_ms = 20;
 }
 
-/// Moves every instance's service clock (cache lifetimes) and ticker (quotas, breakers, the
-/// shedder) with the wall clock, every millisecond, until `stop`: the harness's clocks move only
-/// when a test moves them. The clocks first catch up with the wall clock, so that the instances
-/// agree on the time as a fleet's hosts do.
-fn follow_the_wall_clock(
-    instances: &[TestApp],
-    stop: tokio_util::sync::CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    use rebate_cache::Clock as _;
-
-    let clocks: Vec<(rebate_cache::ManualClock, rebate_resilience::ManualTicker)> = instances
-        .iter()
-        .map(|app| (app.clock.clone(), app.ticker.clone()))
-        .collect();
-    for (clock, _) in &clocks {
-        let behind = Timestamp::now().as_millis() - clock.now().as_millis();
-        clock.advance(Duration::from_millis(u64::try_from(behind).unwrap_or(0)));
-    }
-    tokio::spawn(async move {
-        let started = std::time::Instant::now();
-        let mut moved = Duration::ZERO;
-        let mut ticks = tokio::time::interval(Duration::from_millis(1));
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => break,
-                _ = ticks.tick() => {}
-            }
-            // Whole milliseconds, the service clock's unit.
-            let step = Duration::from_millis(
-                u64::try_from((started.elapsed() - moved).as_millis()).unwrap_or(0),
-            );
-            if step.is_zero() {
-                continue;
-            }
-            for (clock, ticker) in &clocks {
-                clock.advance(step);
-                ticker.advance(step);
-            }
-            moved += step;
-        }
-    })
-}
-
 /// What the fleet answers at most under the load's own generator: one pass over the 1,000
 /// items on every instance (so that the caches are warm), then the load offered
 /// [`SATURATING_RPS`] for 5 s; answers (200) a second. Not a closed loop: on this machine one
@@ -1398,7 +1355,7 @@ async fn the_consistency_observer_counts_exactly_the_inconsistency_forced_on_it(
     for window in ["3s", "6s"] {
         for outcome in ["consistent", "inconsistent"] {
             let line = format!(
-                "rebate_consistency_checks_total{{window=\"{window}\",outcome=\"{outcome}\"}} 1"
+                "rebate_consistency_checks_total{{source=\"event\",window=\"{window}\",outcome=\"{outcome}\"}} 1"
             );
             assert!(metrics.contains(&line), "{line} missing from:\n{metrics}");
         }

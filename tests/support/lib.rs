@@ -11,6 +11,7 @@
 pub use rebate_testkit::{unique_suffix, wait_until, wait_until_true};
 
 pub mod amqp;
+pub mod binlog_server;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -74,6 +75,9 @@ async fn spawn_app_calling(
     settings.bloom.enabled = false;
     // Likewise the warm-job consumer: its polls are Redis round trips that tests count.
     settings.warm_jobs.consume = false;
+    // Likewise the consistency observer's drift sampler: its store reads are queries that tests
+    // count. The observer's tests switch it on.
+    settings.events.observer.drift_keys_per_sec = 0;
     // Every test client comes from 127.0.0.1; tests of the limit switch it on.
     settings.resilience.client_limit.enabled = false;
     // Token buckets refill on the ticker, which tests do not move: outbound quotas, and each
@@ -166,12 +170,15 @@ impl ProductionEnv {
     }
 
     pub async fn with_redis(name: &str, redis_url: String) -> Self {
-        let (database_url, database) = rebate_store::testing::fresh_mysql_database(
-            &rebate_store::testing::test_mysql_url(),
-            name,
-        )
-        .await
-        .expect("a fresh MySQL database");
+        Self::with_servers(name, &rebate_store::testing::test_mysql_url(), redis_url).await
+    }
+
+    /// On the MySQL server `mysql_url` names (a database of the test's own is made there) and
+    /// the Redis server at `redis_url`.
+    pub async fn with_servers(name: &str, mysql_url: &str, redis_url: String) -> Self {
+        let (database_url, database) = rebate_store::testing::fresh_mysql_database(mysql_url, name)
+            .await
+            .expect("a fresh MySQL database");
         let store = rebate_store::MySqlStore::connect(&rebate_store::MySqlConfig::new(
             database_url.clone(),
         ))
@@ -476,6 +483,50 @@ pub fn event_for(
         rebate_domain::Timestamp::now(),
     )
     .expect("a valid event")
+}
+
+/// Moves every instance's service clock (cache lifetimes) and ticker (quotas, breakers, the
+/// shedder) with the wall clock, every millisecond, until `stop`: the harness's clocks move only
+/// when a test moves them. The clocks first catch up with the wall clock, so that the instances
+/// agree on the time as a fleet's hosts do.
+pub fn follow_the_wall_clock(
+    instances: &[TestApp],
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    use rebate_cache::Clock as _;
+
+    let clocks: Vec<(rebate_cache::ManualClock, rebate_resilience::ManualTicker)> = instances
+        .iter()
+        .map(|app| (app.clock.clone(), app.ticker.clone()))
+        .collect();
+    for (clock, _) in &clocks {
+        let behind = rebate_domain::Timestamp::now().as_millis() - clock.now().as_millis();
+        clock.advance(Duration::from_millis(u64::try_from(behind).unwrap_or(0)));
+    }
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let mut moved = Duration::ZERO;
+        let mut ticks = tokio::time::interval(Duration::from_millis(1));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = ticks.tick() => {}
+            }
+            // Whole milliseconds, the service clock's unit.
+            let step = Duration::from_millis(
+                u64::try_from((started.elapsed() - moved).as_millis()).unwrap_or(0),
+            );
+            if step.is_zero() {
+                continue;
+            }
+            for (clock, ticker) in &clocks {
+                clock.advance(step);
+                ticker.advance(step);
+            }
+            moved += step;
+        }
+    })
 }
 
 /// A loopback port nobody listens on (bound, then released).

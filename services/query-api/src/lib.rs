@@ -16,6 +16,9 @@
 //! - [`admin_token`]: the admin listener's bearer token and its file.
 //! - [`background`]: Bloom filter builds and warm-up, under the same shutdown token.
 //! - [`invalidation`]: applies operators' change events to the caches (fences, re-warm).
+//! - [`consistency`]: [`ConsistencyObserver`](consistency::ConsistencyObserver), what this
+//!   instance would serve (kept rendering, L1, L2) compared with the store: after applied
+//!   events, and for keys the drift sampler draws without any event.
 //! - [`hot_keys`]: [`HotKeys`](hot_keys::HotKeys), the hot items learned from traffic, this
 //!   instance's and the fleet's.
 //! - [`fleet`]: [`Fleet`](fleet::Fleet), this instance's heartbeat in the registry of live
@@ -48,6 +51,7 @@
 
 pub mod admin_token;
 pub mod background;
+pub mod change_capture;
 pub mod chunked;
 pub mod config;
 pub mod consistency;

@@ -31,7 +31,7 @@ use rebate_guard::{CallObserver, CallOutcome};
 use rebate_resilience::{AdmissionQueue, BreakerState, RequestClass, WAIT_BUCKETS_SECONDS};
 use rebate_sources::BatchStats;
 
-use crate::consistency::{ConsistencyObserver, Outcome};
+use crate::consistency::{CheckSource, ConsistencyObserver, Outcome};
 use crate::event_bus::EventBus;
 use crate::http::admin_auth::{AuthFailures, Reason};
 use crate::http::routes::{BATCH_ROUTE, ITEM_ROUTE};
@@ -311,6 +311,12 @@ impl Metrics {
     pub fn collect_rules(&mut self, rules: Arc<crate::rules::manager::Rules>) {
         self.registry
             .register_collector(Box::new(RulesCollector(rules)));
+    }
+
+    /// Adds change capture's counters, read at scrape time.
+    pub fn collect_change_capture(&mut self, capture: Arc<crate::change_capture::ChangeCapture>) {
+        self.registry
+            .register_collector(Box::new(ChangeCaptureCollector(capture)));
     }
 
     /// The observer every dependency guard reports its calls to.
@@ -833,17 +839,20 @@ impl StateCollector {
         counters(
             encoder,
             "rebate_consistency_checks",
-            "The consistency observer's checks of applied events, by window after the event and outcome: consistent, inconsistent (L1 or L2 would serve a version older than the event's), unknown (a tier or the store could not be read), ahead_of_store (the store's row is more than events.max_version_gap behind the event, or has not reached it by the first window at or after events.fence_secs).",
-            report.windows.iter().flat_map(|window| {
-                let label = window_label(window.window_ms);
-                Outcome::ALL.map(|outcome| {
-                    (
-                        [
-                            ("window", label.clone()),
-                            ("outcome", outcome.as_str().to_owned()),
-                        ],
-                        window.count(outcome),
-                    )
+            "The consistency observer's checks of product and rate copies (kept rendering, L1, L2) against the store, by source (event: an operator's event; binlog: change capture's; sample: the drift sampler, no event), window after the event or first look, and outcome: consistent, inconsistent (a tier would serve a version older than the event's; for sample, one the store's row does not match), unknown (L2 or the store could not be read), ahead_of_store (events only: the store's row is more than events.max_version_gap behind the event, or has not reached it by the first window at or after events.fence_secs).",
+            CheckSource::ALL.into_iter().flat_map(|source| {
+                report.sources.get(source).iter().flat_map(move |window| {
+                    let label = window_label(window.window_ms);
+                    Outcome::ALL.map(|outcome| {
+                        (
+                            [
+                                ("source", source.as_str().to_owned()),
+                                ("window", label.clone()),
+                                ("outcome", outcome.as_str().to_owned()),
+                            ],
+                            window.count(outcome),
+                        )
+                    })
                 })
             }),
         )?;
@@ -1079,6 +1088,46 @@ impl Collector for RulesCollector {
                     count.load(std::sync::atomic::Ordering::Relaxed),
                 )
             }),
+        )
+    }
+}
+
+/// `rebate_change_capture_*`: the binlog reader's role and counts on this instance.
+#[derive(Debug)]
+struct ChangeCaptureCollector(Arc<crate::change_capture::ChangeCapture>);
+
+impl Collector for ChangeCaptureCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+        let status = self.0.status();
+        single_gauge(
+            &mut encoder,
+            "rebate_change_capture_reader",
+            "Whether this instance holds the change capture lease and reads the binlog (1) or stands by (0).",
+            i64::from(status.role == crate::change_capture::Role::Reader),
+        )?;
+        single_counter(
+            &mut encoder,
+            "rebate_change_capture_events",
+            "Invalidation events this instance published for rows changed in the binlog, as the reader.",
+            status.events_published,
+        )?;
+        counters(
+            &mut encoder,
+            "rebate_change_capture_rows",
+            "Changed rows of the followed tables this instance read, as the reader: read (all of them), unversioned (updated without a new version: their fence cannot displace a copy cached at that version).",
+            [
+                ([("outcome", "read")], status.rows),
+                ([("outcome", "unversioned")], status.unversioned_rows),
+            ],
+        )?;
+        counters(
+            &mut encoder,
+            "rebate_change_capture_resyncs",
+            "Fleet-wide resyncs: started (decided by this instance as the reader, when it could not prove no change was missed), applied (carried out here: L1 and renderings dropped, older L2 copies ignored).",
+            [
+                ([("step", "started")], status.resyncs_started),
+                ([("step", "applied")], status.resyncs_applied),
+            ],
         )
     }
 }

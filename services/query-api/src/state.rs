@@ -67,7 +67,8 @@ pub struct AppShared {
     pub lifecycle: Arc<Lifecycle>,
     /// The API listener's connection counts and refusals.
     pub connections: Arc<ConnectionStats>,
-    /// Checks that applied events hold in L1 and L2 (`crate::consistency`).
+    /// Checks that what this instance would serve (kept rendering, L1, L2) agrees with the
+    /// store, after applied events and for sampled keys (`crate::consistency`).
     pub consistency: Arc<ConsistencyObserver>,
     /// The last pings of the store and Redis, for the status page.
     pub recent_pings: Arc<crate::pings::RecentPings>,
@@ -77,6 +78,8 @@ pub struct AppShared {
     pub hot_keys: Option<Arc<HotKeys>>,
     /// Operators' warm jobs: where they are queued, and this instance's consumer's counters.
     pub warm_jobs: Arc<crate::warm_jobs::WarmJobs>,
+    /// Change capture from the binlog, when `change_capture.enabled`.
+    pub change_capture: Option<Arc<crate::change_capture::ChangeCapture>>,
 }
 
 /// The request limits handlers and middleware enforce, resolved once from the settings.

@@ -8,10 +8,10 @@ use arc_swap::ArcSwap;
 use futures::future::join_all;
 use rebate_cache::refresh::uniform_draw;
 use rebate_cache::{
-    CacheOutcome, Clock, ItemFilter, LoadContext, PartCache, RefreshLead, TierError, TierKey,
-    refresh_due,
+    CacheOutcome, Clock, Envelope, ItemFilter, LoadContext, PartCache, RefreshLead, TierError,
+    TierKey, refresh_due,
 };
-use rebate_domain::{ItemKey, PartKind, Timestamp};
+use rebate_domain::{ItemKey, PartKind, PerPart, Timestamp};
 use rebate_resilience::ShedLevel;
 use rebate_telemetry::record_stage;
 use serde::Serialize;
@@ -306,8 +306,8 @@ impl QueryEngine {
             return Ok(QuoteAnswer::Rendered(hit));
         }
         let ticket = rendered.begin();
-        let (quote, fresh_until) = self.assemble_one(key, deadline, level).await?;
-        Ok(self.keep(rendered, key, quote, fresh_until, ticket))
+        let (quote, inputs) = self.assemble_one(key, deadline, level).await?;
+        Ok(self.keep(rendered, key, quote, inputs, ticket))
     }
 
     /// [`QueryEngine::answer`]'s first step on its own, without a future: the kept rendering of
@@ -320,6 +320,23 @@ impl QueryEngine {
         let hit = rendered.get(&key, now)?;
         self.refresh_ahead(key, &hit, now);
         Some((hit, now))
+    }
+
+    /// The kept rendering of `key` if one is valid now, for inspection (the consistency
+    /// observer): no hit counted, no refresh started, nothing removed. See
+    /// [`RenderedQuotes::peek`].
+    pub fn peek_rendered(&self, key: &ItemKey) -> Option<Arc<RenderedQuote>> {
+        let rendered = self.inner.rendered.as_ref()?;
+        rendered.peek(key, self.inner.clock.now())
+    }
+
+    /// The keys with a kept rendering now (none when renderings are off): what this instance
+    /// has cached whole. See [`RenderedQuotes::keys`].
+    pub fn rendered_keys(&self) -> impl Iterator<Item = ItemKey> + '_ {
+        self.inner
+            .rendered
+            .iter()
+            .flat_map(|rendered| rendered.keys())
     }
 
     /// A read of a kept rendering near its end starts, once per rendering, the background
@@ -337,17 +354,18 @@ impl QueryEngine {
         }
     }
 
-    /// Renders and keeps a complete quote whose four parts were fresh until `fresh_until`.
+    /// Renders and keeps a complete quote whose four parts were fresh cache entries (`inputs`).
     fn keep(
         &self,
         rendered: &RenderedQuotes,
         key: ItemKey,
         quote: Quote,
-        fresh_until: Option<Timestamp>,
+        inputs: Option<FreshInputs>,
         ticket: RenderTicket,
     ) -> QuoteAnswer {
         let now = self.inner.clock.now();
-        let kept = fresh_until.and_then(|fresh_until| {
+        let kept = inputs.and_then(|inputs| {
+            let fresh_until = inputs.until;
             // The estimate counts only coupons not yet expired: it changes at the next expiry.
             let next_expiry = quote
                 .coupons
@@ -356,7 +374,7 @@ impl QueryEngine {
                 .filter(|expires_at| *expires_at > now)
                 .min();
             let valid_until = next_expiry.map_or(fresh_until, |expiry| expiry.min(fresh_until));
-            rendered.insert(key, &quote, ticket, valid_until, now)
+            rendered.insert(key, &quote, ticket, valid_until, inputs.versions, now)
         });
         match kept {
             Some(rendered) => QuoteAnswer::Rendered(rendered),
@@ -365,7 +383,7 @@ impl QueryEngine {
     }
 
     /// The quote, and — when all four parts were fresh cache entries — the earliest time one of
-    /// them stops being fresh.
+    /// them stops being fresh and their versions.
     #[tracing::instrument(
         name = "quote",
         level = "debug",
@@ -377,7 +395,7 @@ impl QueryEngine {
         key: ItemKey,
         deadline: Instant,
         level: ShedLevel,
-    ) -> Result<(Quote, Option<Timestamp>), QueryError> {
+    ) -> Result<(Quote, Option<FreshInputs>), QueryError> {
         if !self.passes_filter(&key) {
             return Err(QueryError::NotFound { delisted: false });
         }
@@ -408,7 +426,7 @@ impl QueryEngine {
         key: ItemKey,
         deadline: Instant,
         request: Option<&Request>,
-    ) -> Result<(Quote, Option<Timestamp>), QueryError> {
+    ) -> Result<(Quote, Option<FreshInputs>), QueryError> {
         if !cached.incomplete {
             return cached.answer;
         }
@@ -450,7 +468,7 @@ impl QueryEngine {
         key: ItemKey,
         deadline: Instant,
         request: &Request,
-    ) -> Result<(Quote, Option<Timestamp>), QueryError> {
+    ) -> Result<(Quote, Option<FreshInputs>), QueryError> {
         let parts = &self.inner.parts;
         let (product, rate, coupons, extras) = tokio::join!(
             self.fetch(&parts.product, PartKind::Product, key, deadline, request),
@@ -458,7 +476,7 @@ impl QueryEngine {
             self.fetch(&parts.coupons, PartKind::Coupons, key, deadline, request),
             self.fetch(&parts.extras, PartKind::Extras, key, deadline, request),
         );
-        let fresh_until = earliest([product.1, rate.1, coupons.1, extras.1]);
+        let inputs = fresh_inputs([product.1, rate.1, coupons.1, extras.1]);
         let result = assemble(
             product.0,
             rate.0,
@@ -471,7 +489,7 @@ impl QueryEngine {
         {
             tracing::debug!(parts = ?quote.degraded_parts, "quote degraded");
         }
-        result.map(|quote| (quote, fresh_until))
+        result.map(|quote| (quote, inputs))
     }
 
     /// Drops this instance's L1 and kept renderings whole (see [`PartCache::forget_all`]): what
@@ -482,6 +500,20 @@ impl QueryEngine {
         }
         if let Some(rendered) = &self.inner.rendered {
             rendered.invalidate_all();
+        }
+    }
+
+    /// A fleet-wide resync at `floor`: every L2 copy fetched before it is ignored from now on
+    /// (see [`rebate_cache::PartCache::set_l2_floor`]), this instance's L1 and kept renderings
+    /// go whole, and the Bloom filter is rebuilt from the store (items created meanwhile may
+    /// have gone unannounced). What change capture answers a gap it cannot prove closed with.
+    pub fn resync(&self, floor: Timestamp) {
+        for (_, part) in self.inner.parts.views().iter() {
+            part.set_l2_floor(floor);
+        }
+        self.forget_l1();
+        if let Some(filter) = self.item_filter() {
+            filter.request_rebuild();
         }
     }
 
@@ -571,9 +603,9 @@ impl QueryEngine {
                 let (result, key) = assembled
                     .next()
                     .expect("one assembled answer per missing key");
-                *answer = Some(result.map(|(quote, fresh_until)| {
-                    self.keep(rendered, key, quote, fresh_until, ticket)
-                }));
+                *answer = Some(
+                    result.map(|(quote, inputs)| self.keep(rendered, key, quote, inputs, ticket)),
+                );
             }
         }
         answers
@@ -587,7 +619,7 @@ impl QueryEngine {
         keys: &[ItemKey],
         deadline: Instant,
         level: ShedLevel,
-    ) -> Vec<Result<(Quote, Option<Timestamp>), QueryError>> {
+    ) -> Vec<Result<(Quote, Option<FreshInputs>), QueryError>> {
         let admitted: Vec<bool> = keys.iter().map(|key| self.passes_filter(key)).collect();
         let to_prefetch: Vec<ItemKey> = keys
             .iter()
@@ -648,10 +680,10 @@ impl QueryEngine {
         );
         // Extras are off from level 1 on: their absence is no reason to load.
         let incomplete = product.0.is_failed() || rate.0.is_failed() || coupons.0.is_failed();
-        let fresh_until = earliest([product.1, rate.1, coupons.1, extras.1]);
+        let inputs = fresh_inputs([product.1, rate.1, coupons.1, extras.1]);
         Cached {
             answer: assemble(product.0, rate.0, coupons.0, extras.0, now)
-                .map(|quote| (quote, fresh_until)),
+                .map(|quote| (quote, inputs)),
             incomplete,
         }
     }
@@ -694,7 +726,7 @@ impl QueryEngine {
         key: ItemKey,
         deadline: Instant,
         request: &Request,
-    ) -> (PartResult<T>, Option<Timestamp>) {
+    ) -> (PartResult<T>, Option<FreshCopy>) {
         if part == PartKind::Extras && request.level >= ShedLevel::DropExtras {
             return cached(cache, key, self.inner.clock.now());
         }
@@ -715,7 +747,7 @@ impl QueryEngine {
                         value: envelope.value.clone(),
                         as_of: envelope.fetched_at,
                     },
-                    Some(envelope.fresh_until),
+                    Some(FreshCopy::of(&envelope)),
                 );
             }
             CacheOutcome::Loaded(envelope) => {
@@ -725,7 +757,7 @@ impl QueryEngine {
                         value: envelope.value.clone(),
                         as_of: envelope.fetched_at,
                     },
-                    Some(envelope.fresh_until),
+                    Some(FreshCopy::of(&envelope)),
                 );
             }
             CacheOutcome::Stale(envelope, failure) => {
@@ -761,28 +793,61 @@ impl QueryEngine {
     }
 }
 
-/// The earliest of the parts' fresh ends; `None` if any part was not a fresh cache entry.
 /// A quote from L1 alone, and whether L1 lacked one of the parts a level-2 load would fetch.
 struct Cached {
-    answer: Result<(Quote, Option<Timestamp>), QueryError>,
+    answer: Result<(Quote, Option<FreshInputs>), QueryError>,
     incomplete: bool,
 }
 
-fn earliest(fresh_until: [Option<Timestamp>; 4]) -> Option<Timestamp> {
-    fresh_until
-        .into_iter()
-        .try_fold(Timestamp::from_millis(i64::MAX), |earliest, part| {
-            part.map(|part| earliest.min(part))
-        })
+/// One part as a fresh cache entry: until when it stays fresh, and its version.
+#[derive(Debug, Clone, Copy)]
+struct FreshCopy {
+    until: Timestamp,
+    version: u64,
 }
 
-/// A part from L1 alone, without any load: fresh is live (with its fresh end), stale is served
-/// with reason `shed`.
+impl FreshCopy {
+    fn of<T>(envelope: &Envelope<T>) -> Self {
+        Self {
+            until: envelope.fresh_until,
+            version: envelope.version,
+        }
+    }
+}
+
+/// What a quote whose four parts were fresh cache entries was built from: the earliest end of
+/// their freshness (a rendering's validity) and each part's version (kept with the rendering).
+#[derive(Debug, Clone, Copy)]
+struct FreshInputs {
+    until: Timestamp,
+    versions: PerPart<u64>,
+}
+
+/// The parts' fresh copies taken together; `None` if any part was not a fresh cache entry.
+fn fresh_inputs([product, rate, coupons, extras]: [Option<FreshCopy>; 4]) -> Option<FreshInputs> {
+    let (product, rate, coupons, extras) = (product?, rate?, coupons?, extras?);
+    Some(FreshInputs {
+        until: product
+            .until
+            .min(rate.until)
+            .min(coupons.until)
+            .min(extras.until),
+        versions: PerPart {
+            product: product.version,
+            rate: rate.version,
+            coupons: coupons.version,
+            extras: extras.version,
+        },
+    })
+}
+
+/// A part from L1 alone, without any load: fresh is live (with its fresh copy's end and
+/// version), stale is served with reason `shed`.
 fn cached<T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static>(
     cache: &PartCache<T>,
     key: ItemKey,
     now: Timestamp,
-) -> (PartResult<T>, Option<Timestamp>) {
+) -> (PartResult<T>, Option<FreshCopy>) {
     let result = match cache.peek(&key) {
         Some(envelope) if envelope.is_fresh(now) => {
             return (
@@ -790,7 +855,7 @@ fn cached<T: Clone + Serialize + DeserializeOwned + Send + Sync + 'static>(
                     value: envelope.value.clone(),
                     as_of: envelope.fetched_at,
                 },
-                Some(envelope.fresh_until),
+                Some(FreshCopy::of(&envelope)),
             );
         }
         Some(envelope) if envelope.is_servable(now) => PartResult::Stale {

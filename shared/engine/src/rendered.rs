@@ -13,6 +13,11 @@
 //!   the key; a rendering that began under an older epoch removes what it inserted, so a quote
 //!   assembled from pre-change parts cannot outlive the change.
 //!
+//! Each rendering records the version of every part it was built from, set once when it is kept
+//! ([`RenderedQuote::versions`]). A hit never reads them: they are for the consistency observer,
+//! which looks at a rendering with [`RenderedQuotes::peek`] (no hit counted, nothing removed) and
+//! compares those versions with the store.
+//!
 //! Lookups go to a `quick_cache` map (read-locked shards, no per-read bookkeeping queue) rather
 //! than moka: this is the one lookup every hot request pays, and it must cost tens of
 //! nanoseconds. The map is bounded by the bytes it holds.
@@ -23,7 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use quick_cache::Weighter;
 use quick_cache::sync::Cache;
-use rebate_domain::{ItemKey, Timestamp};
+use rebate_domain::{ItemKey, PerPart, Timestamp};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -36,6 +41,9 @@ pub struct RenderedQuote {
     /// [`entity_tag`] of the JSON, computed once.
     etag: http::HeaderValue,
     valid_until: Timestamp,
+    /// The version of each part the quote was built from: what the consistency observer
+    /// compares with the store. Four plain integers, written once when the rendering is kept.
+    versions: PerPart<u64>,
     /// Set by the first read that starts the refresh of the parts this rendering ends with:
     /// one refresh per rendering, however many reads come near its end.
     refresh_claimed: AtomicBool,
@@ -46,6 +54,11 @@ impl RenderedQuote {
     /// next coupon expiry.
     pub fn valid_until(&self) -> Timestamp {
         self.valid_until
+    }
+
+    /// The version of each part this rendering was built from.
+    pub fn versions(&self) -> PerPart<u64> {
+        self.versions
     }
 
     /// The strong entity tag of every body made from this rendering by
@@ -218,6 +231,21 @@ impl RenderedQuotes {
         Some(rendered)
     }
 
+    /// The rendering of `key` if it is still valid at `now`, for inspection: unlike
+    /// [`RenderedQuotes::get`] it counts no hit, leaves the entry's standing in the map as it
+    /// is, and removes nothing (an expired rendering is simply not returned).
+    pub fn peek(&self, key: &ItemKey, now: Timestamp) -> Option<Arc<RenderedQuote>> {
+        self.cache
+            .peek(key)
+            .filter(|rendered| rendered.valid_until > now)
+    }
+
+    /// The keys that have a rendering now, in the map's own order, valid or not. Each step
+    /// read-locks one shard briefly; a caller that wants a bounded cost stops early.
+    pub fn keys(&self) -> impl Iterator<Item = ItemKey> + '_ {
+        self.cache.iter().map(|(key, _)| key)
+    }
+
     /// Call before reading the parts a rendering will be built from.
     pub fn begin(&self) -> RenderTicket {
         RenderTicket {
@@ -225,15 +253,16 @@ impl RenderedQuotes {
         }
     }
 
-    /// Stores the rendering of a complete quote valid until `valid_until`; does nothing for a
-    /// degraded quote, one already expired at `now`, or one whose parts an invalidation may have
-    /// changed since `ticket` was taken.
+    /// Stores the rendering of a complete quote valid until `valid_until`, built from parts at
+    /// `versions`; does nothing for a degraded quote, one already expired at `now`, or one whose
+    /// parts an invalidation may have changed since `ticket` was taken.
     pub fn insert(
         &self,
         key: ItemKey,
         quote: &Quote,
         ticket: RenderTicket,
         valid_until: Timestamp,
+        versions: PerPart<u64>,
         now: Timestamp,
     ) -> Option<Arc<RenderedQuote>> {
         if quote.degraded || valid_until <= now {
@@ -252,6 +281,7 @@ impl RenderedQuotes {
             json,
             etag,
             valid_until,
+            versions,
             refresh_claimed: AtomicBool::new(false),
         });
         if self.epoch.load(Ordering::Acquire) != ticket.epoch {
@@ -360,12 +390,18 @@ mod tests {
 
     const NOW: Timestamp = Timestamp::from_millis(1_000_000);
     const LATER: Timestamp = Timestamp::from_millis(2_000_000);
+    const VERSIONS: PerPart<u64> = PerPart {
+        product: 3,
+        rate: 5,
+        coupons: 7,
+        extras: 11,
+    };
 
     #[test]
     fn members_are_appended_inside_the_object() {
         let map = RenderedQuotes::new(1 << 20);
         let rendered = map
-            .insert(key(), &quote(false), map.begin(), LATER, NOW)
+            .insert(key(), &quote(false), map.begin(), LATER, VERSIONS, NOW)
             .unwrap();
         let body = rendered.with_members(br#""trace_id":"4bf92f3577b34da6a3ce929d0e0e4736""#);
         let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -378,7 +414,7 @@ mod tests {
     fn nothing_is_kept_for_a_key_while_its_parts_are_being_fenced() {
         let map = RenderedQuotes::new(1 << 20);
         assert!(
-            map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+            map.insert(key(), &quote(false), map.begin(), LATER, VERSIONS, NOW)
                 .is_some()
         );
         let fencing = map.invalidating(key());
@@ -388,19 +424,19 @@ mod tests {
         );
         // A rendering begun while the parts are being fenced may have read them before.
         assert!(
-            map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+            map.insert(key(), &quote(false), map.begin(), LATER, VERSIONS, NOW)
                 .is_none()
         );
         let nested = map.invalidating(key());
         drop(fencing);
         assert!(
-            map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+            map.insert(key(), &quote(false), map.begin(), LATER, VERSIONS, NOW)
                 .is_none(),
             "another invalidation of the key is still under way"
         );
         drop(nested);
         assert!(
-            map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+            map.insert(key(), &quote(false), map.begin(), LATER, VERSIONS, NOW)
                 .is_some()
         );
         assert!(map.get(&key(), NOW).is_some());
@@ -412,14 +448,14 @@ mod tests {
         let ticket = map.begin();
         map.invalidate(&key());
         assert!(
-            map.insert(key(), &quote(false), ticket, LATER, NOW)
+            map.insert(key(), &quote(false), ticket, LATER, VERSIONS, NOW)
                 .is_none()
         );
         assert!(map.get(&key(), NOW).is_none());
         assert_eq!(map.stats().fenced, 1);
         // A rendering begun after the invalidation is kept.
         assert!(
-            map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+            map.insert(key(), &quote(false), map.begin(), LATER, VERSIONS, NOW)
                 .is_some()
         );
         assert!(map.get(&key(), NOW).is_some());
@@ -429,14 +465,14 @@ mod tests {
     fn degraded_or_expired_quotes_are_not_kept_and_validity_ends_exactly() {
         let map = RenderedQuotes::new(1 << 20);
         assert!(
-            map.insert(key(), &quote(true), map.begin(), LATER, NOW)
+            map.insert(key(), &quote(true), map.begin(), LATER, VERSIONS, NOW)
                 .is_none()
         );
         assert!(
-            map.insert(key(), &quote(false), map.begin(), NOW, NOW)
+            map.insert(key(), &quote(false), map.begin(), NOW, VERSIONS, NOW)
                 .is_none()
         );
-        map.insert(key(), &quote(false), map.begin(), LATER, NOW)
+        map.insert(key(), &quote(false), map.begin(), LATER, VERSIONS, NOW)
             .unwrap();
         let just_before = Timestamp::from_millis(LATER.as_millis() - 1);
         assert!(map.get(&key(), just_before).is_some());
@@ -449,11 +485,26 @@ mod tests {
     }
 
     #[test]
+    fn a_peek_counts_no_hit_removes_nothing_and_shows_the_parts_versions() {
+        let map = RenderedQuotes::new(1 << 20);
+        map.insert(key(), &quote(false), map.begin(), LATER, VERSIONS, NOW)
+            .unwrap();
+        let peeked = map.peek(&key(), NOW).expect("valid at NOW");
+        assert_eq!(peeked.versions(), VERSIONS);
+        assert_eq!(map.stats().hits, 0, "a peek is not a hit");
+        assert!(map.peek(&key(), LATER).is_none(), "expired at LATER");
+        assert_eq!(map.stats().entries, 1, "a peek removes nothing");
+        assert_eq!(map.keys().collect::<Vec<_>>(), [key()]);
+        assert!(map.get(&key(), NOW).is_some());
+        assert_eq!(map.stats().hits, 1);
+    }
+
+    #[test]
     fn the_map_is_bounded_by_bytes() {
         let map = RenderedQuotes::new(64 * 1024);
         for id in 0..1_000 {
             let key = ItemKey::new(Platform::Jd, ItemId::from_u64(100_000 + id));
-            map.insert(key, &quote(false), map.begin(), LATER, NOW);
+            map.insert(key, &quote(false), map.begin(), LATER, VERSIONS, NOW);
         }
         let stats = map.stats();
         assert!(stats.bytes <= 64 * 1024, "{stats:?}");

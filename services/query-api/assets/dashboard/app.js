@@ -511,28 +511,38 @@
       return;
     }
     const list = el('dl', 'facts');
+    const drift = report.drift;
     facts(list, [
       ['Observer', report.enabled ? badge('on', 'ok') : badge('off', 'muted')],
       ['Sampled', pct(report.sample_ratio) + ' of applied events'],
       ['Pending', num(report.pending) + ' under observation · ' + num(report.skipped) + ' skipped'],
       ['Ahead of the store', num(report.ahead_of_store) + ' events (a version the store never reached)'],
+      drift && ['Drift sampler', drift.keys_per_sec > 0
+        ? num(drift.keys_per_sec) + ' keys/s · ' + num(drift.drawn) + ' drawn · ' + num(drift.following) +
+          ' followed · ' + num(drift.skipped) + ' skipped'
+        : badge('off', 'muted')],
     ]);
-    const windows = Array.isArray(report.windows) ? report.windows : [];
-    const rows = windows.map((window) => ({
+    // Per source (event, binlog, sample) when the instance reports them, else the events' total.
+    const sources = report.sources && typeof report.sources === 'object'
+      ? Object.entries(report.sources)
+      : [['events', report.windows]];
+    const rows = sources.flatMap(([source, windows]) => (Array.isArray(windows) ? windows : []).map((window) => ({
       className: window.inconsistent > 0 ? 'alarm' : null,
       cells: [
+        String(source),
         duration(window.window_ms) + ' after',
         num(window.consistent),
         num(window.inconsistent),
         num(window.unknown),
         num(window.ahead_of_store),
-        window.inconsistent > 0 ? num(window.nines, 2) + ' nines' : window.consistent > 0 ? 'all consistent' : '—',
+        window.inconsistent > 0 ? num(window.nines, 2) + ' nines'
+          : window.consistent > 0 ? 'all consistent (≥ ' + num(window.nines, 1) + ' nines)' : '—',
       ],
-    }));
+    })));
     root.replaceChildren(
       list,
       rows.length
-        ? table(['Checked', 'Consistent', 'Inconsistent', 'Unknown', 'Ahead of store', 'Consistency'], rows, 'grid')
+        ? table(['Source', 'Checked', 'Consistent', 'Inconsistent', 'Unknown', 'Ahead of store', 'Consistency'], rows, 'grid')
         : emptyNote('No check window configured.'),
     );
   }

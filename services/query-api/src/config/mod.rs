@@ -1,6 +1,7 @@
 //! Typed, validated configuration: the embedded `config/default.toml`, then an optional file,
 //! then `REBATE__SECTION__KEY` environment variables, each overriding the one before.
 
+pub mod change_capture;
 pub mod reference;
 pub mod resilience;
 
@@ -139,6 +140,7 @@ pub struct Settings {
     pub engine: EngineSettings,
     pub log: LogSettings,
     pub rules: RulesSettings,
+    pub change_capture: change_capture::ChangeCaptureSettings,
 }
 
 /// `[rules]`: live rule sets (`crate::rules`): how often an instance looks for a new version,
@@ -534,8 +536,12 @@ pub struct ObserverSettings {
     pub sample_ratio: f64,
     /// When to look after each event, ascending, 1 to 8 windows of 1 ms to 1 h.
     pub windows_ms: Vec<u64>,
-    /// Events under observation at once (1–1,000,000).
+    /// Events under observation at once (1–1,000,000); the drift sampler follows at most as
+    /// many keys.
     pub max_pending: u64,
+    /// Keys the drift sampler draws each second from what this instance holds, 0–10,000; 0
+    /// turns it off (`crate::consistency`).
+    pub drift_keys_per_sec: u32,
 }
 
 impl Default for ObserverSettings {
@@ -545,6 +551,7 @@ impl Default for ObserverSettings {
             sample_ratio: 1.0,
             windows_ms: vec![1_000, 10_000, 60_000],
             max_pending: 10_000,
+            drift_keys_per_sec: 20,
         }
     }
 }
@@ -573,6 +580,11 @@ impl ObserverSettings {
             self.max_pending,
             1..=1_000_000,
         )?;
+        ensure_in(
+            "events.observer.drift_keys_per_sec",
+            self.drift_keys_per_sec,
+            0..=10_000,
+        )?;
         Ok(())
     }
 }
@@ -593,6 +605,7 @@ impl EventSettings {
             max_pending: observer.max_pending,
             fence_for: Duration::from_secs(self.fence_secs),
             max_version_gap: self.max_version_gap,
+            drift_keys_per_sec: observer.drift_keys_per_sec,
         }
     }
 }
@@ -1026,10 +1039,33 @@ impl Settings {
         }
         self.resilience.validate()?;
         self.rules.validate()?;
+        self.validate_change_capture()?;
         crate::rules::check_ceilings(self, &self.rules.ceilings)
             .map_err(|error| invalid("rules.ceilings", error.to_string()))?;
         self.validate_observability()?;
         self.validate_store_and_tiers()
+    }
+
+    /// `[change_capture]`, and what it needs of the other sections when enabled.
+    fn validate_change_capture(&self) -> Result<(), ConfigError> {
+        let capture = &self.change_capture;
+        capture.validate()?;
+        if !capture.enabled {
+            return Ok(());
+        }
+        if self.store.backend != StoreBackend::Mysql {
+            return Err(invalid(
+                "change_capture.enabled",
+                "needs store.backend = \"mysql\": the binlog is MariaDB's or MySQL's",
+            ));
+        }
+        if !self.redis.enabled {
+            return Err(invalid(
+                "change_capture.enabled",
+                "needs redis.enabled: one reader for the fleet holds a lease in Redis",
+            ));
+        }
+        Ok(())
     }
 
     fn validate_connections(&self) -> Result<(), ConfigError> {
@@ -1612,6 +1648,22 @@ mod tests {
         }
         let settings = load_file("[events]\nmax_version_gap = 1\n").unwrap();
         assert_eq!(settings.events.max_version_gap, 1);
+    }
+
+    #[test]
+    fn the_drift_sampler_rate_is_bounded_and_zero_turns_it_off() {
+        let defaults = Settings::defaults().unwrap();
+        assert_eq!(defaults.events.observer_settings().drift_keys_per_sec, 20);
+        let off = load_file("[events.observer]\ndrift_keys_per_sec = 0\n").unwrap();
+        assert_eq!(off.events.observer_settings().drift_keys_per_sec, 0);
+        let error = load_file("[events.observer]\ndrift_keys_per_sec = 10001\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("events.observer.drift_keys_per_sec")
+                && error.contains("10001 is outside 0..=10000"),
+            "{error}"
+        );
     }
 
     #[test]

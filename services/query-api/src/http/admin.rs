@@ -126,6 +126,9 @@ struct Readiness {
     /// `dropped_l1` (they may be lost, so L1 was dropped). Absent before any reconnect.
     #[serde(skip_serializing_if = "Option::is_none")]
     events_catch_up: Option<&'static str>,
+    /// With change capture on: who reads, the last resync, the last failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    change_capture: Option<Value>,
 }
 
 /// The dependency probes' raw results.
@@ -178,6 +181,7 @@ impl Readiness {
             events_catch_up: probes
                 .events_catch_up
                 .map(rebate_amqp_bus::CatchUpOutcome::as_str),
+            change_capture: None,
         }
     }
 
@@ -189,14 +193,25 @@ impl Readiness {
     }
 
     fn from_pings(state: &AppState, pings: Pings) -> Self {
-        Self::assess(Probes {
+        let mut readiness = Self::assess(Probes {
             phase: state.lifecycle.phase(),
             store_ok: pings.store_ok,
             cached_products: state.engine.parts().product.stats().entries,
             redis: pings.redis,
             events_connected: state.events.is_ready(),
             events_catch_up: state.events.last_catch_up(),
-        })
+        });
+        readiness.change_capture = state.change_capture.as_ref().map(|capture| {
+            let status = capture.status();
+            json!({
+                "role": status.role,
+                "reader": status.reader,
+                "resyncs_applied": status.resyncs_applied,
+                "last_resync": status.last_resync,
+                "error": status.error,
+            })
+        });
+        readiness
     }
 }
 
@@ -304,6 +319,7 @@ pub(super) async fn status(State(state): State<AppState>) -> Json<Value> {
         "consistency": state.consistency.report(),
         "event_counts": state.events.stats(),
         "warm_jobs": state.warm_jobs.stats(),
+        "change_capture": state.change_capture.as_ref().map(|capture| capture.status()),
         "ready": readiness.ready,
         "phase": readiness.phase,
         "store": readiness.store,

@@ -422,6 +422,27 @@ pub struct Readiness {
     pub degraded: Vec<DegradedDependency>,
     #[serde(default)]
     pub events_catch_up: Option<CatchUp>,
+    /// With change capture on: who reads the binlog, the last fleet-wide resync and the last
+    /// failure. Never makes the instance unready.
+    #[serde(default)]
+    pub change_capture: Option<ChangeCaptureHealth>,
+}
+
+/// Change capture as `/readyz` shows it.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeCaptureHealth {
+    /// `reader` when this instance reads the binlog, else `standby`.
+    pub role: String,
+    /// The instance reading, as last seen.
+    pub reader: Option<String>,
+    /// Fleet-wide resyncs this instance applied since it started.
+    pub resyncs_applied: u64,
+    /// The last fleet-wide resync: its floor (ms since the epoch), reason and deciding instance.
+    #[schema(value_type = Option<Object>)]
+    pub last_resync: Option<serde_json::Value>,
+    /// The reader's last failure, until reading works again.
+    pub error: Option<String>,
 }
 
 /// `/admin/v1/status`: why the service answers the way it does right now. The nested
@@ -456,7 +477,8 @@ pub struct Status {
     /// The allocator's counters and the resident set.
     #[schema(value_type = Object)]
     pub memory: serde_json::Value,
-    /// Each applied event checked in L1 and L2 against the store.
+    /// The consistency observer: applied events (operators' and the binlog's) and sampled cached
+    /// keys, checked in L1, L2 and the kept renderings against the store, by source and window.
     #[schema(value_type = Object)]
     pub consistency: serde_json::Value,
     /// The event bus's counters: published, applied, redelivered, dead-lettered.
@@ -465,6 +487,10 @@ pub struct Status {
     /// This instance's warm-job consumer: its backend and what it loaded.
     #[schema(value_type = Object)]
     pub warm_jobs: serde_json::Value,
+    /// Change capture from the binlog (null when off): role, reader, position, counts, the
+    /// last resync and the last failure.
+    #[schema(value_type = Option<Object>)]
+    pub change_capture: Option<serde_json::Value>,
     pub ready: bool,
     pub phase: Phase,
     pub store: StoreHealth,

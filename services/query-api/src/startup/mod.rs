@@ -188,6 +188,7 @@ impl Application {
             tasks.clone(),
             shutdown.clone(),
         );
+        consistency.start_drift_sampler(hot_keys.clone());
         let invalidator = Invalidator::new(
             engine.clone(),
             Arc::clone(&protection),
@@ -231,6 +232,17 @@ impl Application {
             ),
         }
         tasks.spawn(Arc::clone(&rules).run(Some(rules_announcements.clone()), shutdown.clone()));
+        let change_capture = start_change_capture(
+            &settings,
+            tier.as_deref(),
+            &events,
+            &engine,
+            &tasks,
+            &shutdown,
+        )?;
+        if let Some(capture) = &change_capture {
+            metrics.collect_change_capture(Arc::clone(capture));
+        }
         metrics.collect_from(StateCollector::new(
             engine.clone(),
             Arc::clone(&protection),
@@ -273,6 +285,7 @@ impl Application {
             hot_keys,
             recent_pings: Arc::default(),
             warm_jobs,
+            change_capture,
         });
         Ok(Self {
             listener,
@@ -515,4 +528,36 @@ fn http_limits(settings: &Settings, knobs: &Arc<LiveKnobs>) -> HttpLimits {
         cors: crate::http::cors::Cors::from_settings(&settings.http.cors),
         compression: crate::http::encoding::Compression::from_settings(&settings.http.compression),
     }
+}
+
+/// Starts change capture when `change_capture.enabled` (validated: then the store is MySQL and
+/// Redis is on).
+fn start_change_capture(
+    settings: &Settings,
+    tier: Option<&rebate_redis_tier::RedisTier>,
+    events: &EventBus,
+    engine: &rebate_engine::QueryEngine,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<Arc<crate::change_capture::ChangeCapture>>> {
+    let capture = &settings.change_capture;
+    if !capture.enabled {
+        return Ok(None);
+    }
+    let tier = tier.context("change_capture needs the Redis tier")?;
+    let url = if capture.url.is_empty() {
+        settings.store.mysql.url.expose()
+    } else {
+        capture.url.expose()
+    };
+    let change_capture = Arc::new(crate::change_capture::ChangeCapture::new(
+        capture.clone(),
+        url,
+        settings.instance_id(),
+        tier.clone(),
+        events.clone(),
+        engine.clone(),
+    )?);
+    tasks.spawn(Arc::clone(&change_capture).run(shutdown.clone()));
+    Ok(Some(change_capture))
 }

@@ -178,6 +178,25 @@ async fn a_complete_quote_is_kept_rendered_as_it_serialises() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_rendering_records_its_parts_versions_and_a_peek_is_no_hit() {
+    let engine = engine(Duration::from_millis(5), false);
+    assert!(engine.peek_rendered(&key()).is_none());
+    answer(&engine).await;
+    let peeked = engine.peek_rendered(&key()).expect("kept");
+    let in_l1 = PerPart::from_fn(|part| {
+        engine
+            .parts()
+            .view(part)
+            .l1_entry(&key())
+            .expect("in L1")
+            .version
+    });
+    assert_eq!(peeked.versions(), in_l1);
+    assert_eq!(engine.rendered_keys().collect::<Vec<_>>(), [key()]);
+    assert_eq!(engine.rendered_stats().unwrap().hits, 0, "a peek is no hit");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_degraded_quote_is_never_kept() {
     let engine = engine(Duration::from_millis(5), true);
     for _ in 0..2 {
