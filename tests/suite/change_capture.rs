@@ -200,9 +200,10 @@ fn thousand_items() -> Vec<(&'static str, String)> {
         .collect()
 }
 
-/// The reader's instance dies mid-stream (its Redis cut, so its lease is never given back, then
-/// stopped): the other takes over within the lease's life, and none of a scripted sequence of
-/// 1,000 updates is missed.
+/// The reader's instance dies mid-stream: none of a scripted sequence of 1,000 updates is
+/// missed, and the other instance takes over where the dead one stopped, without a resync. The
+/// death, in process: its Redis is cut (so its lease is never given back and its last positions
+/// are not stored) and it stops — from the fleet's side, what a killed process leaves.
 #[tokio::test]
 async fn a_killed_reader_is_replaced_and_no_update_is_missed() {
     let Some((_server, env)) = binlog_env("cc_takeover").await else {
@@ -290,6 +291,10 @@ async fn a_killed_reader_is_replaced_and_no_update_is_missed() {
     );
     let status = status(survivor).await;
     assert!(status["change_capture"]["position"].is_string(), "{status}");
+    assert_eq!(
+        status["change_capture"]["resyncs_started"], 0,
+        "the survivor resumed at the stored position: {status}"
+    );
 
     pool.close().await;
     clocks_stop.cancel();
@@ -457,6 +462,11 @@ async fn a_write_with_its_own_event_costs_one_store_load() {
             .sum()
     };
     let before = loads(instances);
+    let processed_before: u64 = futures::future::join_all(instances.iter().map(status))
+        .await
+        .iter()
+        .map(|status| status["event_counts"]["processed"].as_u64().unwrap_or(0))
+        .sum();
     let published_before =
         published(&futures::future::join_all(instances.iter().map(status)).await);
 
@@ -491,8 +501,17 @@ async fn a_write_with_its_own_event_costs_one_store_load() {
         })
         .await;
     }
-    // Both events applied everywhere (the bus settles within a moment); ask again.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Both events delivered everywhere: each to both instances' broadcast queues and to the
+    // shared queue once.
+    wait_until_true("both events applied on both instances", || async {
+        let processed: u64 = futures::future::join_all(instances.iter().map(status))
+            .await
+            .iter()
+            .map(|status| status["event_counts"]["processed"].as_u64().unwrap_or(0))
+            .sum();
+        processed >= processed_before + 6
+    })
+    .await;
     for app in instances {
         assert_eq!(rate_served(app, "jd", "100500").await, Some(6_543));
     }
@@ -774,5 +793,186 @@ async fn clean_run_reports_no_inconsistency() {
         app.stop().await;
     }
     rebate_tests::amqp::delete_amqp_topology(&fleet.amqp_url, &fleet.names).await;
+    env.clean_up().await;
+}
+
+/// A statement that changes a followed table without row events (here an `ALTER` that also
+/// moves every column one place) is a gap: the fleet resyncs, and the rows after it are read
+/// with the table's new layout.
+#[tokio::test]
+async fn an_altered_table_resyncs_and_is_mapped_again() {
+    let Some((_server, env)) = binlog_env("cc_alter").await else {
+        return;
+    };
+    let fleet = AmqpFleet::spawn(&env, "cc-alter", 1, capturing(StartPosition::End)).await;
+    let app = &fleet.instances[0];
+    let clocks_stop = tokio_util::sync::CancellationToken::new();
+    let clocks = follow_the_wall_clock(&fleet.instances, clocks_stop.clone());
+    reader(&fleet.instances).await;
+    let before = rate_served(app, "jd", "100300").await.expect("a rate");
+
+    execute(
+        &env,
+        "ALTER TABLE rebate_rates ADD COLUMN note VARCHAR(16) NULL FIRST",
+    )
+    .await;
+    wait_until_true("the resync applied", || async {
+        status(app).await["change_capture"]["resyncs_applied"].as_u64() >= Some(1)
+    })
+    .await;
+    let capture = status(app).await["change_capture"].clone();
+    let reason = capture["last_resync"]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.starts_with("a statement changed rebate_rates"),
+        "{capture}"
+    );
+    assert_eq!(capture["resyncs_started"], 1, "{capture}");
+
+    let changed = before + 1;
+    execute(
+        &env,
+        &format!(
+            "UPDATE rebate_rates SET rate_bps = {changed}, version = version + 1 \
+             WHERE platform = 'jd' AND item_id = '100300'"
+        ),
+    )
+    .await;
+    wait_until_true("the update after the ALTER served", || async {
+        rate_served(app, "jd", "100300").await == Some(changed)
+    })
+    .await;
+    let capture = status(app).await["change_capture"].clone();
+    assert_eq!(capture["error"], Value::Null, "{capture}");
+    assert_eq!(capture["rows"], 1, "{capture}");
+
+    clocks_stop.cancel();
+    let _ = clocks.await;
+    fleet.stop().await;
+    env.clean_up().await;
+}
+
+/// On a server without a binlog (the machine's own), the reader does not start and says why
+/// in the status and `/readyz`, which stays ready.
+#[tokio::test]
+async fn a_server_without_a_binlog_is_named_in_the_status() {
+    let env = ProductionEnv::new("cc_no_binlog").await;
+    let capture = capturing(StartPosition::End);
+    let app = env.spawn_instance(|settings| capture(0, settings)).await;
+    wait_until_true("the reader's error shown", || async {
+        status(&app).await["change_capture"]["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("log_bin is OFF"))
+    })
+    .await;
+    let (code, ready) = app.readyz().await;
+    assert_eq!(code, 200, "{ready}");
+    assert!(
+        ready["change_capture"]["error"]
+            .as_str()
+            .is_some_and(|error| error.contains("log_bin is OFF")),
+        "{ready}"
+    );
+    assert_eq!(
+        status(&app).await["change_capture"]["position"],
+        Value::Null
+    );
+
+    app.stop().await;
+    env.clean_up().await;
+}
+
+/// A bulk update of 5,000 rows in one transaction is published in pieces of 1,024 changes (the
+/// log holds only committed transactions) and reaches the cached items.
+#[tokio::test]
+async fn a_bulk_update_in_one_transaction_reaches_every_cached_item() {
+    let Some((_server, env)) = binlog_env("cc_bulk").await else {
+        return;
+    };
+    let fleet = AmqpFleet::spawn(&env, "cc-bulk", 1, capturing(StartPosition::End)).await;
+    let app = &fleet.instances[0];
+    let clocks_stop = tokio_util::sync::CancellationToken::new();
+    let clocks = follow_the_wall_clock(&fleet.instances, clocks_stop.clone());
+    reader(&fleet.instances).await;
+    let cached = ["100001", "102500", "104999"];
+    for item in cached {
+        assert_ne!(rate_served(app, "taobao", item).await, Some(4_444));
+    }
+    execute(
+        &env,
+        "UPDATE rebate_rates SET rate_bps = 4444, version = version + 1 \
+         WHERE platform = 'taobao' AND item_id < '105001'",
+    )
+    .await;
+    wait_until_true("every row's event published", || async {
+        status(app).await["change_capture"]["events_published"].as_u64() >= Some(5_000)
+    })
+    .await;
+    for item in cached {
+        wait_until_true("the bulk update served", || async {
+            rate_served(app, "taobao", item).await == Some(4_444)
+        })
+        .await;
+    }
+    let capture = status(app).await["change_capture"].clone();
+    assert_eq!(capture["events_published"], 5_000, "{capture}");
+    assert_eq!(capture["resyncs_started"], 0, "{capture}");
+
+    clocks_stop.cancel();
+    let _ = clocks.await;
+    fleet.stop().await;
+    env.clean_up().await;
+}
+
+/// The server is killed and started again while the reader follows it: its log ends without a
+/// rotation and the next one is named only by the server's artificial rotation. The reader
+/// resumes where it stopped, follows into the new log, and misses nothing, without a resync.
+#[tokio::test]
+async fn a_server_restart_is_followed_into_its_new_log() {
+    let Some((mut server, env)) = binlog_env("cc_restart").await else {
+        return;
+    };
+    let fleet = AmqpFleet::spawn(&env, "cc-restart", 1, capturing(StartPosition::End)).await;
+    let app = &fleet.instances[0];
+    let clocks_stop = tokio_util::sync::CancellationToken::new();
+    let clocks = follow_the_wall_clock(&fleet.instances, clocks_stop.clone());
+    reader(&fleet.instances).await;
+    let first_file = status(app).await["change_capture"]["position"]
+        .as_str()
+        .expect("a position")
+        .split(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    let before = rate_served(app, "pdd", "100400").await.expect("a rate");
+
+    server.restart().await;
+    let changed = before + 1;
+    execute(
+        &env,
+        &format!(
+            "UPDATE rebate_rates SET rate_bps = {changed}, version = version + 1 \
+             WHERE platform = 'pdd' AND item_id = '100400'"
+        ),
+    )
+    .await;
+    wait_until_true("the update in the new log served", || async {
+        rate_served(app, "pdd", "100400").await == Some(changed)
+    })
+    .await;
+    wait_until_true("the position in the new log", || async {
+        status(app).await["change_capture"]["position"]
+            .as_str()
+            .is_some_and(|position| !position.starts_with(&format!("{first_file}:")))
+    })
+    .await;
+    let capture = status(app).await["change_capture"].clone();
+    assert_eq!(capture["resyncs_started"], 0, "{capture}");
+    assert_eq!(capture["rows"], 1, "{capture}");
+
+    clocks_stop.cancel();
+    let _ = clocks.await;
+    fleet.stop().await;
     env.clean_up().await;
 }

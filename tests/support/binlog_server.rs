@@ -27,9 +27,14 @@ impl BinlogServer {
         rebate_testkit::require_programs("a MariaDB server with a binlog", PROGRAMS);
         let mut directory = tempfile::tempdir().expect("a temporary directory");
         let data = directory.path().join("data");
+        // A temporary directory of its own: bootstraps running at once in the shared /tmp
+        // collide on their temporary tables' names.
+        let scratch = directory.path().join("tmp");
+        std::fs::create_dir_all(&scratch).expect("a scratch directory");
         let install = Command::new("mariadb-install-db")
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--tmpdir={}", scratch.display()))
             .arg("--auth-root-authentication-method=normal")
             .arg("--skip-test-db")
             .arg("--user=root")
@@ -62,6 +67,18 @@ impl BinlogServer {
             }
         }
         panic!("no free port for mariadbd after 20 tries");
+    }
+
+    /// Kills the server (no clean shutdown: its current log ends without a rotation) and starts
+    /// it again on the same files and port; it opens a new log.
+    pub async fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let data = self.directory.path().join("data");
+        self.child = spawn(self.directory.path(), &data, self.port);
+        if self.wait_ready().await.is_err() {
+            panic!("mariadbd did not start again:\n{}", self.log());
+        }
     }
 
     /// `mysql://root@127.0.0.1:<port>/<database>`.
@@ -125,6 +142,7 @@ fn spawn(directory: &Path, data: &Path, port: u16) -> Child {
             "--pid-file={}",
             directory.join("mysqld.pid").display()
         ))
+        .arg(format!("--tmpdir={}", directory.join("tmp").display()))
         .arg(format!("--log-bin={}", data.join("binlog").display()))
         .arg("--binlog-format=ROW")
         .arg("--binlog-row-image=FULL")

@@ -52,12 +52,29 @@ impl From<mysql_async::Error> for CaptureError {
         match &error {
             // ER_MASTER_FATAL_ERROR_READING_BINLOG: a purged or unknown file, or an offset the
             // file does not have.
-            mysql_async::Error::Server(server) if server.code == 1236 => {
+            mysql_async::Error::Server(server)
+                if server.code == 1236 && position_gone(&server.message) =>
+            {
                 CaptureError::PositionGone(server.message.clone())
             }
             _ => CaptureError::Unavailable(error.to_string()),
         }
     }
+}
+
+/// Whether an ER_MASTER_FATAL_ERROR_READING_BINLOG (1236) says the position asked for is not
+/// on the server (a purged or unknown file, an offset past a file's end), as opposed to a
+/// failure worth retrying at the same position (a checksum, a packet too large, I/O).
+fn position_gone(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    [
+        "first log file",
+        "position > file size",
+        "purged",
+        "could not find",
+    ]
+    .iter()
+    .any(|sign| message.contains(sign))
 }
 
 /// How to reach the server and what to follow on it.
@@ -71,6 +88,10 @@ pub struct Source {
     reader_id: u32,
     heartbeat: Duration,
 }
+
+/// A transaction's changes held at most before they are handed on: a bulk import of a million
+/// rows in one transaction is published in pieces, not held whole.
+pub const MAX_PENDING_ROWS: usize = 1_024;
 
 /// The answer of a query that may take no longer than this.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -122,6 +143,13 @@ impl Source {
         if !image.eq_ignore_ascii_case("FULL") {
             wrong.push(format!("binlog_row_image is {image}, not FULL"));
         }
+        // MariaDB's compressed events carry rows this reader cannot read (MySQL has no such
+        // variable: no row).
+        let compressed: Option<(String, String)> =
+            bounded(conn.query_first("SHOW VARIABLES LIKE 'log_bin_compress'")).await?;
+        if compressed.is_some_and(|(_, value)| value.eq_ignore_ascii_case("ON")) {
+            wrong.push("log_bin_compress is ON".to_owned());
+        }
         if server_id == self.reader_id {
             wrong.push(format!(
                 "the server's server_id is {server_id}, the reader's own (change_capture.server_id)"
@@ -136,7 +164,12 @@ impl Source {
 
     /// The server's current end of log.
     pub async fn end(&self, conn: &mut Conn, server_id: u32) -> Result<Position, CaptureError> {
-        let row: Option<mysql_async::Row> = bounded(conn.query_first("SHOW MASTER STATUS")).await?;
+        // MariaDB and MySQL before 8.4; MySQL 8.4 renamed it.
+        let row: Option<mysql_async::Row> =
+            match bounded(conn.query_first("SHOW MASTER STATUS")).await {
+                Ok(row) => row,
+                Err(_) => bounded(conn.query_first("SHOW BINARY LOG STATUS")).await?,
+            };
         let row = row.ok_or_else(|| {
             CaptureError::Misconfigured("SHOW MASTER STATUS is empty: log_bin is OFF".into())
         })?;
@@ -217,6 +250,7 @@ impl Source {
             at: from.clone(),
             pending: Vec::new(),
             silence: self.heartbeat * 3,
+            started: false,
         })
     }
 }
@@ -252,6 +286,10 @@ pub enum Step {
         changes: Vec<Anchored>,
         at: Position,
     },
+    /// [`MAX_PENDING_ROWS`] changes of a transaction still being read (a bulk import): the log
+    /// holds only committed transactions, so they may be published now; no position to resume
+    /// at comes with them (that comes with the transaction's end).
+    Rows(Vec<Anchored>),
     /// The log moved on between transactions (a rotation, a heartbeat, a statement of no
     /// followed table).
     Moved(Position),
@@ -273,6 +311,8 @@ pub struct Tail {
     pending: Vec<Anchored>,
     /// No event for this long (three heartbeats) and the stream is taken for dead.
     silence: Duration,
+    /// Whether the stream's first event (an artificial rotation) has been seen.
+    started: bool,
 }
 
 impl std::fmt::Debug for Tail {
@@ -334,15 +374,28 @@ impl Tail {
             };
             match data {
                 EventData::RotateEvent(rotate) => {
-                    // The first event of a stream is an artificial rotation (offset 0 in its
-                    // header) naming the file asked for, with the checksum's bytes appended to
-                    // the name by the parser: the file asked for is the one.
-                    if end != 0 {
-                        self.at.file = rotate.name().into_owned();
-                        self.at.offset = rotate.position();
-                        return Ok(Step::Moved(self.at.clone()));
+                    // The stream's first event is an artificial rotation naming the file asked
+                    // for, read before the format (and so the checksum) is known: the parser
+                    // leaves the checksum's bytes on the name, and the file asked for is the
+                    // one. Every later rotation names the next file: a real one at a file's
+                    // end, an artificial one (offset 0 in its header) where the file ended
+                    // without one (a server restart).
+                    if !self.started {
+                        self.started = true;
+                        self.at.offset = rotate.position().max(self.at.offset);
+                        continue;
                     }
-                    self.at.offset = rotate.position().max(self.at.offset);
+                    self.at.file = rotate.name().into_owned();
+                    self.at.offset = rotate.position();
+                    return Ok(Step::Moved(self.at.clone()));
+                }
+                EventData::IncidentEvent(_) => {
+                    self.advance(end);
+                    return Ok(Step::Gap {
+                        reason: "the server logged an incident: events may be missing from its log"
+                            .into(),
+                        at: self.at.clone(),
+                    });
                 }
                 EventData::HeartbeatEvent => {
                     if self.pending.is_empty() {
@@ -354,22 +407,27 @@ impl Tail {
                     let text = query.query();
                     let statement = text.trim();
                     if statement.eq_ignore_ascii_case("BEGIN") {
-                        self.pending.clear();
+                        if !self.pending.is_empty() {
+                            // Rows with no end: an XA transaction, whose commit comes later.
+                            self.pending.clear();
+                            return Ok(Step::Gap {
+                                reason: "rows of followed tables in a transaction that did not end (XA?)"
+                                    .into(),
+                                at: self.at.clone(),
+                            });
+                        }
                         continue;
                     }
                     if statement.eq_ignore_ascii_case("COMMIT") {
                         return Ok(self.commit());
                     }
-                    if let Some(table) = self.touched_by(&query.schema(), statement) {
-                        // Reload the layouts: an ALTER may have changed them.
-                        if let Ok(layouts) = self.source.layouts(&mut self.query).await {
-                            self.layouts = layouts;
-                        }
+                    if let Some((verb, table)) = self.changed_by(&query.schema(), statement) {
+                        // Read the layouts again: an ALTER may have changed them.
+                        self.reload_layouts().await?;
                         return Ok(Step::Gap {
                             reason: format!(
-                                "a statement changed {} without row events: {}",
-                                table.name(),
-                                rebate_domain::text::truncate_chars(statement, 80)
+                                "a statement changed {} without row events ({verb})",
+                                table.name()
                             ),
                             at: self.at.clone(),
                         });
@@ -384,11 +442,14 @@ impl Tail {
                 }
                 EventData::RowsEvent(rows) => {
                     self.advance(end);
-                    if let Some(reason) = self.take_rows(&rows, end).await {
+                    if let Some(reason) = self.take_rows(&rows, end).await? {
                         return Ok(Step::Gap {
                             reason,
                             at: self.at.clone(),
                         });
+                    }
+                    if self.pending.len() >= MAX_PENDING_ROWS {
+                        return Ok(Step::Rows(std::mem::take(&mut self.pending)));
                     }
                 }
                 _ => self.advance(end),
@@ -409,61 +470,115 @@ impl Tail {
         }
     }
 
-    /// The followed table a statement names in the catalogue's database, if any (a word
-    /// match, case-insensitive, qualified or not).
-    fn touched_by(&self, schema: &str, statement: &str) -> Option<Table> {
-        let lower = statement.to_ascii_lowercase();
+    /// The verb and the followed table of a statement that changes a followed table's rows or
+    /// shape without row events (`TRUNCATE`, `ALTER`, `DROP`, `RENAME`, `CREATE`, and DML
+    /// logged as a statement), if any: a word match of the table's name, qualified with the
+    /// catalogue's database or not (then only in the catalogue's schema), quotes ignored.
+    /// Statements that change no rows (`ANALYZE`, `GRANT`, …) are not gaps.
+    fn changed_by(&self, schema: &str, statement: &str) -> Option<(String, Table)> {
+        const CHANGING: [&str; 10] = [
+            "truncate", "alter", "drop", "rename", "create", "insert", "update", "delete",
+            "replace", "load",
+        ];
+        let lower: String = statement
+            .to_ascii_lowercase()
+            .chars()
+            .filter(|c| !matches!(c, '`' | '"'))
+            .collect();
         let words: Vec<&str> = lower
-            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '$'))
             .filter(|word| !word.is_empty())
             .collect();
+        let verb = (*words.first()?).to_owned();
+        if !CHANGING.contains(&verb.as_str()) {
+            return None;
+        }
         let database = self.source.database.to_ascii_lowercase();
-        self.layouts.keys().copied().find(|table| {
+        let in_catalogue = schema.eq_ignore_ascii_case(&database);
+        let table = self.layouts.keys().copied().find(|table| {
             let qualified = format!("{database}.{}", table.name());
-            words.iter().any(|word| {
-                *word == qualified
-                    || (*word == table.name() && schema.eq_ignore_ascii_case(&database))
-            })
-        })
+            words
+                .iter()
+                .any(|word| *word == qualified || (*word == table.name() && in_catalogue))
+        })?;
+        Some((verb.to_ascii_uppercase(), table))
     }
 
-    /// Adds a rows event's changes of followed tables to the transaction; `Some(reason)` when
-    /// they cannot be read.
-    async fn take_rows(&mut self, rows: &RowsEventData<'_>, end: u64) -> Option<String> {
-        let tme = self.stream.get_tme(rows.table_id())?;
+    /// Reads the layouts again, on a new connection if the old one went away (it idles between
+    /// schema changes, past the server's `wait_timeout`).
+    async fn reload_layouts(&mut self) -> Result<(), CaptureError> {
+        match self.source.layouts(&mut self.query).await {
+            Ok(layouts) => {
+                self.layouts = layouts;
+                return Ok(());
+            }
+            Err(error) => tracing::debug!(%error, "reading the layouts again on a new connection"),
+        }
+        self.query = self.source.connect().await?;
+        self.layouts = self
+            .source
+            .layouts(&mut self.query)
+            .await
+            .map_err(CaptureError::Unavailable)?;
+        Ok(())
+    }
+
+    /// Adds a rows event's changes of followed tables to the transaction; `Ok(Some(reason))`
+    /// when they cannot be read (a gap).
+    async fn take_rows(
+        &mut self,
+        rows: &RowsEventData<'_>,
+        end: u64,
+    ) -> Result<Option<String>, CaptureError> {
+        let Some(tme) = self.stream.get_tme(rows.table_id()) else {
+            return Ok(Some(format!(
+                "a rows event at {} has no table map",
+                self.at
+            )));
+        };
         if !tme
             .database_name()
             .eq_ignore_ascii_case(&self.source.database)
         {
-            return None;
+            return Ok(None);
         }
-        let table = Table::from_name(&tme.table_name())?;
-        let layout = *self.layouts.get(&table)?;
+        let Some(table) = Table::from_name(&tme.table_name()) else {
+            return Ok(None);
+        };
+        let Some(layout) = self.layouts.get(&table).copied() else {
+            return Ok(None);
+        };
         let columns = usize::try_from(tme.columns_count()).unwrap_or(usize::MAX);
         let layout = if columns == layout.columns {
             layout
         } else {
             // The table changed since the layouts were read: read them again, once.
-            match self.source.layouts(&mut self.query).await {
-                Ok(layouts) => self.layouts = layouts,
-                Err(error) => return Some(format!("{} cannot be mapped: {error}", table.name())),
-            }
+            self.reload_layouts().await?;
             match self.layouts.get(&table) {
                 Some(layout) if layout.columns == columns => *layout,
                 _ => {
-                    return Some(format!(
+                    return Ok(Some(format!(
                         "{} has {columns} columns in the log and another count in the schema",
                         table.name()
-                    ));
+                    )));
                 }
             }
         };
-        let tme = self.stream.get_tme(rows.table_id())?;
+        let Some(tme) = self.stream.get_tme(rows.table_id()) else {
+            return Ok(Some(format!(
+                "a rows event at {} has no table map",
+                self.at
+            )));
+        };
+        let mut taken = Vec::new();
         for (index, row) in rows.rows(tme).enumerate() {
             let (before, after) = match row {
                 Ok(images) => images,
                 Err(error) => {
-                    return Some(format!("a {} row did not parse: {error}", table.name()));
+                    return Ok(Some(format!(
+                        "a {} row did not parse: {error}",
+                        table.name()
+                    )));
                 }
             };
             let decode = |image: Option<mysql_async::binlog::row::BinlogRow>| {
@@ -473,7 +588,7 @@ impl Tail {
             };
             let (before, after) = match (decode(before), decode(after)) {
                 (Ok(before), Ok(after)) => (before, after),
-                (Err(error), _) | (_, Err(error)) => return Some(error),
+                (Err(error), _) | (_, Err(error)) => return Ok(Some(error)),
             };
             let change = match (before, after) {
                 (None, Some(after)) => RowChange::Inserted(after),
@@ -481,13 +596,14 @@ impl Tail {
                 (Some(before), None) => RowChange::Deleted(before),
                 (None, None) => continue,
             };
-            self.pending.push(Anchored {
+            taken.push(Anchored {
                 table,
                 change,
-                anchor: format!("{}:{end}:{index}", self.at.file),
+                anchor: format!("{}:{}:{end}:{index}", self.at.server_id, self.at.file),
             });
         }
-        None
+        self.pending.extend(taken);
+        Ok(None)
     }
 }
 

@@ -26,7 +26,7 @@
 pub mod binlog;
 pub mod rows;
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -45,14 +45,17 @@ pub use rows::Table;
 use crate::config::change_capture::{ChangeCaptureSettings, StartPosition};
 use crate::event_bus::EventBus;
 
-/// The prefix of the ids of the events change capture publishes (`binlog:<file>:<offset>:…`):
+/// The prefix of the ids of the events change capture publishes
+/// (`binlog:<server_id>:<file>:<offset>:<row>`):
 /// how the consistency observer tells them from operators'.
 pub const EVENT_ID_PREFIX: &str = "binlog:";
 
 /// Events published at once (each waits for the broker's confirm).
 const PUBLISH_CONCURRENCY: usize = 64;
-/// Steps of the log (transactions, mostly) published together, then stored as one position.
-const MAX_BATCH: usize = 256;
+/// Steps of the log (transactions, mostly) published together, then stored as one position;
+/// also the queue between the stream and the publisher, so that at most about
+/// `2 × MAX_BATCH × binlog::MAX_PENDING_ROWS` changes are held.
+const MAX_BATCH: usize = 64;
 /// A position is stored at least this often while the log moves on without followed changes.
 const IDLE_POSITION_EVERY: Duration = Duration::from_secs(1);
 /// The longest wait between two attempts after a failure.
@@ -61,7 +64,12 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A fleet-wide resync as stored in Redis: every L2 copy fetched before `floor_ms` is ignored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResyncRecord {
-    /// Milliseconds since the epoch, on the reader's clock.
+    /// The deciding reader's fencing token and its count of resyncs under it: the order of
+    /// resyncs (a later holder has a larger token), whatever the clocks say.
+    pub token: u64,
+    pub sequence: u64,
+    /// Milliseconds since the epoch, on the reader's clock, plus the margin of a load in flight
+    /// (see [`ChangeCapture::new`]).
     pub floor_ms: i64,
     pub reason: String,
     /// The instance that decided it.
@@ -114,13 +122,23 @@ pub struct ChangeCapture {
     events: EventBus,
     engine: QueryEngine,
     status: Mutex<CaptureStatus>,
-    /// The floor of the last resync applied here (0: none).
-    applied_floor: AtomicI64,
+    /// The last resync applied here, as (token, sequence); (0, 0): none.
+    applied: Mutex<(u64, u64)>,
+    /// Resyncs this instance decided under its current lease.
+    sequence: AtomicU64,
+    /// How far past the moment it is decided a resync's floor lies: a load that read the store
+    /// before then may finish (and stamp its copy) until then.
+    resync_margin: Duration,
+    /// Whether the current lead stored a position: a lead that did has made progress, and the
+    /// next failure starts the back-off afresh.
+    progressed: std::sync::atomic::AtomicBool,
     events_published: AtomicU64,
 }
 
 impl ChangeCapture {
-    /// `url` is the replication account's (the settings' or the store's).
+    /// `url` is the replication account's (the settings' or the store's); `resync_margin` the
+    /// longest a store load may take (the floor of a resync lies that far ahead, so that a copy
+    /// read from the store before the gap and stamped after it is ignored too).
     pub fn new(
         settings: ChangeCaptureSettings,
         url: &str,
@@ -128,6 +146,7 @@ impl ChangeCapture {
         tier: RedisTier,
         events: EventBus,
         engine: QueryEngine,
+        resync_margin: Duration,
     ) -> anyhow::Result<Self> {
         let source = Source::new(
             url,
@@ -144,7 +163,10 @@ impl ChangeCapture {
             events,
             engine,
             status: Mutex::default(),
-            applied_floor: AtomicI64::new(0),
+            applied: Mutex::new((0, 0)),
+            sequence: AtomicU64::new(0),
+            resync_margin,
+            progressed: std::sync::atomic::AtomicBool::new(false),
             events_published: AtomicU64::new(0),
         })
     }
@@ -159,30 +181,47 @@ impl ChangeCapture {
         self.status.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs until `shutdown`: follows resyncs, and reads whenever this instance holds the
-    /// lease.
+    /// Runs until `shutdown`: follows the fleet's resyncs every `poll_ms` (a task of its own,
+    /// never slowed by the reader's back-off), and reads whenever this instance holds the
+    /// lease. A lead that failed before storing any position is tried again after a back-off
+    /// (`poll_ms` doubling up to 30 s); one that made progress is tried again at once.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        let follower = {
+            let capture = Arc::clone(&self);
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move {
+                let mut first_look = true;
+                loop {
+                    capture.follow_resyncs(first_look).await;
+                    first_look = false;
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = tokio::time::sleep(capture.settings.poll()) => {}
+                    }
+                }
+            })
+        };
+        let _follower = AbortOnDrop(follower);
         let mut failures = 0u32;
-        let mut first_look = true;
         loop {
-            self.follow_resyncs(first_look).await;
-            first_look = false;
             match self
                 .tier
                 .take_capture_lease(&self.instance, self.settings.lease_ttl())
                 .await
             {
                 Ok(LeaseAttempt::Taken(lease)) => {
+                    self.progressed.store(false, Ordering::Relaxed);
+                    self.sequence.store(0, Ordering::Relaxed);
                     let outcome = self.lead(&lease, &shutdown).await;
                     let _ = self.tier.release_capture_lease(&lease).await;
                     self.lock().role = Role::Standby;
-                    match outcome {
-                        Ok(()) => failures = 0,
-                        Err(error) => {
-                            failures = failures.saturating_add(1);
-                            tracing::warn!(%error, token = lease.token, "change capture stopped reading; it retries");
-                            self.lock().error = Some(error);
-                        }
+                    if self.progressed.load(Ordering::Relaxed) {
+                        failures = 0;
+                    }
+                    if let Err(error) = outcome {
+                        failures = failures.saturating_add(1);
+                        tracing::warn!(%error, token = lease.token, "change capture stopped reading; it retries");
+                        self.lock().error = Some(error);
                     }
                 }
                 Ok(LeaseAttempt::HeldBy(holder)) => {
@@ -192,7 +231,7 @@ impl ChangeCapture {
                     tracing::debug!(%error, "change capture lease unreadable");
                 }
             }
-            let wait = if failures == 0 {
+            let wait = if failures <= 1 {
                 self.settings.poll()
             } else {
                 (self.settings.poll() * 2u32.saturating_pow(failures.min(8))).min(MAX_BACKOFF)
@@ -222,26 +261,29 @@ impl ChangeCapture {
                 return;
             }
         };
-        if record.floor_ms <= self.applied_floor.load(Ordering::Relaxed) {
-            return;
-        }
         if first_look {
-            self.applied_floor.store(record.floor_ms, Ordering::Relaxed);
-            for (_, part) in self.engine.parts().views().iter() {
-                part.set_l2_floor(Timestamp::from_millis(record.floor_ms));
+            let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+            if (record.token, record.sequence) > *applied {
+                *applied = (record.token, record.sequence);
+                for (_, part) in self.engine.parts().views().iter() {
+                    part.set_l2_floor(Timestamp::from_millis(record.floor_ms));
+                }
+                drop(applied);
+                self.lock().last_resync = Some(record);
             }
-            self.lock().last_resync = Some(record);
             return;
         }
         self.apply_resync(record);
     }
 
+    /// Applies `record` unless this instance applied it (or a later one) already.
     fn apply_resync(&self, record: ResyncRecord) {
-        let previous = self
-            .applied_floor
-            .fetch_max(record.floor_ms, Ordering::Relaxed);
-        if record.floor_ms <= previous {
-            return;
+        {
+            let mut applied = self.applied.lock().unwrap_or_else(PoisonError::into_inner);
+            if (record.token, record.sequence) <= *applied {
+                return;
+            }
+            *applied = (record.token, record.sequence);
         }
         self.engine.resync(Timestamp::from_millis(record.floor_ms));
         tracing::warn!(
@@ -300,16 +342,15 @@ impl ChangeCapture {
             .read_capture_record(CaptureRecord::Position)
             .await
             .map_err(|error| format!("the stored position is unreadable: {error}"))?;
-        let stored = stored.and_then(|text| match serde_json::from_str::<Position>(&text) {
-            Ok(position) => Some(position),
-            Err(error) => {
-                tracing::warn!(%error, "the stored binlog position does not parse");
-                None
-            }
-        });
+        let stored = stored.map(|text| serde_json::from_str::<Position>(&text));
         let mut from = match stored {
-            Some(position) if position.server_id == server_id => position,
-            Some(position) => {
+            Some(Ok(position)) if position.server_id == server_id => position,
+            Some(Err(error)) => {
+                let reason = format!("the stored position does not parse: {error}");
+                self.restart_at_end(lease, &mut conn, server_id, reason)
+                    .await?
+            }
+            Some(Ok(position)) => {
                 let reason = format!(
                     "the stored position {position} is server {}'s, the server is {server_id}",
                     position.server_id
@@ -334,6 +375,7 @@ impl ChangeCapture {
             },
         };
         drop(conn);
+        let mut gone_at_once = false;
         loop {
             let gone = match self.source.tail(&from).await {
                 Ok(tail) => match self.follow(lease, tail).await? {
@@ -343,8 +385,15 @@ impl ChangeCapture {
                 Err(CaptureError::PositionGone(message)) => (from.clone(), message),
                 Err(error) => return Err(error.to_string()),
             };
-            // What the reader had not read is lost to it: resync, and go on from the end.
+            // What the reader had not read is lost to it: resync, and go on from the end. Twice
+            // in a row from the end itself is not a purged log: back off instead.
             let (position, message) = gone;
+            if gone_at_once && position == from {
+                return Err(format!(
+                    "the server refuses its own end {position}: {message}"
+                ));
+            }
+            gone_at_once = true;
             let mut conn = self
                 .source
                 .connect()
@@ -362,8 +411,9 @@ impl ChangeCapture {
     ///
     /// The stream is read by a task of its own into a bounded queue; each round takes what the
     /// queue holds (up to [`MAX_BATCH`] steps), publishes the changes of every transaction in
-    /// it at once, and then stores the position after the last: a backlog (a takeover, a bulk
-    /// import) is published at the broker's pace, not one confirm per transaction.
+    /// it at once, and then stores the position after the last whole transaction: a backlog (a
+    /// takeover, a bulk import) is published at the broker's pace, not one confirm per
+    /// transaction.
     async fn follow(
         &self,
         lease: &CaptureLease,
@@ -371,7 +421,7 @@ impl ChangeCapture {
     ) -> Result<Option<(Position, String)>, String> {
         self.lock().error = None;
         tracing::info!(position = %tail.at(), "change capture reading");
-        let (sender, mut steps) = tokio::sync::mpsc::channel(MAX_BATCH * 4);
+        let (sender, mut steps) = tokio::sync::mpsc::channel(MAX_BATCH);
         let reading = tokio::spawn(async move {
             loop {
                 let step = tail
@@ -405,6 +455,7 @@ impl ChangeCapture {
                         changes.extend(more);
                         reached = Some(at);
                     }
+                    Ok(Step::Rows(more)) => changes.extend(more),
                     Ok(Step::Moved(at)) => reached = Some(at),
                     Ok(Step::Gap { reason, at }) => {
                         self.flush(lease, &mut changes, reached.take(), &mut stored_at)
@@ -428,8 +479,8 @@ impl ChangeCapture {
         }
     }
 
-    /// Publishes `changes` and stores `reached` after them; with no change, stores `reached`
-    /// only when the last store is [`IDLE_POSITION_EVERY`] old.
+    /// Publishes `changes`, then stores `reached` (when the batch ended a transaction). With no
+    /// change, stores `reached` only when the last store is [`IDLE_POSITION_EVERY`] old.
     async fn flush(
         &self,
         lease: &CaptureLease,
@@ -437,21 +488,19 @@ impl ChangeCapture {
         reached: Option<Position>,
         stored_at: &mut tokio::time::Instant,
     ) -> Result<(), String> {
+        let published = !changes.is_empty();
+        if published {
+            self.publish(changes).await?;
+            changes.clear();
+            self.lock().last_published_at = Some(Timestamp::now());
+        }
         let Some(reached) = reached else {
             return Ok(());
         };
-        if changes.is_empty() {
-            if stored_at.elapsed() >= IDLE_POSITION_EVERY {
-                self.store_position(lease, &reached).await?;
-                *stored_at = tokio::time::Instant::now();
-            }
-            return Ok(());
+        if published || stored_at.elapsed() >= IDLE_POSITION_EVERY {
+            self.store_position(lease, &reached).await?;
+            *stored_at = tokio::time::Instant::now();
         }
-        self.publish(changes).await?;
-        changes.clear();
-        self.store_position(lease, &reached).await?;
-        *stored_at = tokio::time::Instant::now();
-        self.lock().last_published_at = Some(Timestamp::now());
         Ok(())
     }
 
@@ -496,8 +545,11 @@ impl ChangeCapture {
 
     /// Announces a fleet-wide resync and applies it here.
     async fn resync(&self, lease: &CaptureLease, reason: String) -> Result<(), String> {
+        let margin = i64::try_from(self.resync_margin.as_millis()).unwrap_or(i64::MAX);
         let record = ResyncRecord {
-            floor_ms: self.engine.now().as_millis(),
+            token: lease.token,
+            sequence: self.sequence.fetch_add(1, Ordering::Relaxed) + 1,
+            floor_ms: self.engine.now().as_millis().saturating_add(margin),
             reason,
             by: self.instance.clone(),
         };
@@ -528,6 +580,7 @@ impl ChangeCapture {
             .await
         {
             Ok(true) => {
+                self.progressed.store(true, Ordering::Relaxed);
                 self.lock().position = Some(at.to_string());
                 Ok(())
             }
@@ -536,8 +589,8 @@ impl ChangeCapture {
         }
     }
 
-    /// Publishes the events of one transaction's changes; fails if any is refused (the
-    /// transaction is read and published again from the stored position).
+    /// Publishes the events of a batch's changes; fails if any is refused (the batch is read
+    /// and published again from the stored position).
     async fn publish(&self, changes: &[Anchored]) -> Result<(), String> {
         let mut events = Vec::with_capacity(changes.len());
         let mut unversioned = 0u64;
@@ -635,8 +688,9 @@ async fn keep_lease(tier: RedisTier, lease: CaptureLease, ttl: Duration, lost: C
     }
 }
 
-/// `binlog:<file>:<offset>:<row>[.<n>]`, the event id of the `n`th event of a row change; a
-/// file name that would not fit the id's alphabet or length is replaced by its hash.
+/// `binlog:<server_id>:<file>:<offset>:<row>[.<n>]`, the event id of the `n`th event of a row
+/// change; a server and file that would not fit the id's alphabet or length are replaced by
+/// their hash.
 fn event_id(anchor: &str, index: usize) -> EventId {
     let suffix = if index == 0 {
         String::new()
@@ -646,10 +700,18 @@ fn event_id(anchor: &str, index: usize) -> EventId {
     let plain = format!("{EVENT_ID_PREFIX}{anchor}{suffix}");
     EventId::parse(&plain).unwrap_or_else(|_| {
         use std::hash::{Hash, Hasher};
+        let mut parts = anchor.rsplitn(3, ':');
+        let (row, offset, file) = (
+            parts.next().unwrap_or_default(),
+            parts.next().unwrap_or_default(),
+            parts.next().unwrap_or_default(),
+        );
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        anchor.hash(&mut hasher);
-        let (_, place) = anchor.split_once(':').unwrap_or(("", anchor));
-        let hashed = format!("{EVENT_ID_PREFIX}{:016x}:{place}{suffix}", hasher.finish());
+        file.hash(&mut hasher);
+        let hashed = format!(
+            "{EVENT_ID_PREFIX}{:016x}:{offset}:{row}{suffix}",
+            hasher.finish()
+        );
         EventId::parse(&hashed).unwrap_or_else(|_| EventId::generate())
     })
 }
@@ -661,18 +723,19 @@ mod tests {
     #[test]
     fn event_ids_follow_the_log_and_fit_the_alphabet() {
         assert_eq!(
-            event_id("mariadb-bin.000003:1654:2", 0).as_str(),
-            "binlog:mariadb-bin.000003:1654:2"
+            event_id("1:mariadb-bin.000003:1654:2", 0).as_str(),
+            "binlog:1:mariadb-bin.000003:1654:2"
         );
         assert_eq!(
-            event_id("mariadb-bin.000003:1654:2", 1).as_str(),
-            "binlog:mariadb-bin.000003:1654:2.1"
+            event_id("1:mariadb-bin.000003:1654:2", 1).as_str(),
+            "binlog:1:mariadb-bin.000003:1654:2.1"
         );
-        let odd = event_id("my log/with spaces.000001:99:0", 0);
+        let odd = event_id("1:my log/with spaces.000001:99:0", 0);
         assert!(odd.as_str().starts_with("binlog:"), "{odd}");
         assert!(odd.as_str().ends_with(":99:0"), "{odd}");
-        assert_eq!(odd, event_id("my log/with spaces.000001:99:0", 0));
-        let long = event_id(&format!("{}:1:0", "x".repeat(80)), 0);
+        assert_eq!(odd, event_id("1:my log/with spaces.000001:99:0", 0));
+        assert_ne!(odd, event_id("2:my log/with spaces.000001:99:0", 0));
+        let long = event_id(&format!("1:{}:1:0", "x".repeat(80)), 0);
         assert!(long.as_str().len() <= EventId::MAX_LEN);
     }
 }

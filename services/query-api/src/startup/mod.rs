@@ -550,6 +550,11 @@ fn start_change_capture(
     } else {
         capture.url.expose()
     };
+    // A load of a store-backed part may run for its timeout and the cache's grace beyond it;
+    // the fleet's clocks may differ by about a second.
+    let timeouts = settings.part_timeouts();
+    let resync_margin =
+        timeouts.product.max(timeouts.rate) + Duration::from_millis(100) + Duration::from_secs(1);
     let change_capture = Arc::new(crate::change_capture::ChangeCapture::new(
         capture.clone(),
         url,
@@ -557,6 +562,7 @@ fn start_change_capture(
         tier.clone(),
         events.clone(),
         engine.clone(),
+        resync_margin,
     )?);
     tasks.spawn(Arc::clone(&change_capture).run(shutdown.clone()));
     Ok(Some(change_capture))

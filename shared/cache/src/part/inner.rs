@@ -51,6 +51,9 @@ pub(super) struct Inner<T> {
     /// ignored, as absent: set by a fleet-wide resync, after which no copy from before it can be
     /// proven current. One relaxed load per L2 copy read, never on an L1 hit.
     pub(super) l2_floor_ms: AtomicU64,
+    /// Bumped by every `forget_all`: a load that began before it does not leave its copy in
+    /// L1 (it may have read what the instance was told to forget).
+    pub(super) generation: AtomicU64,
 }
 
 /// How long something took lately, estimated as TCP estimates its retransmission timeout

@@ -122,7 +122,9 @@ where
 
     /// Drops every L1 entry and detaches every load in flight.
     pub(super) fn clear(&self) {
-        self.lock_in_flight().clear();
+        let mut in_flight = self.lock_in_flight();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        in_flight.clear();
         self.entries.invalidate_all();
     }
 

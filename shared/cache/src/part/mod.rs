@@ -134,6 +134,7 @@ where
                 recent_l2_trips: Default::default(),
                 recent_winner_waits: Default::default(),
                 l2_floor_ms: AtomicU64::new(0),
+                generation: AtomicU64::new(0),
             }),
         }
     }
@@ -468,6 +469,7 @@ where
         load_id: u64,
         refreshing: Option<Timestamp>,
     ) -> LoadResult<T> {
+        let generation = self.generation.load(Ordering::Acquire);
         let (result, following) = match &self.l2 {
             Some(l2) => {
                 let load = self.load_through_l2(l2, key, refreshing, load_id).await;
@@ -489,6 +491,19 @@ where
                 bump(&self.stats.load_failures);
                 tracing::debug!(part = self.settings.name, %key, %failure, "load failed");
             }
+        }
+        if let Ok(envelope) = &result
+            && self.generation.load(Ordering::Acquire) != generation
+        {
+            // L1 was forgotten while this load ran: what it read may be what was forgotten.
+            self.entries
+                .entry(key)
+                .and_compute_with(|existing| match existing {
+                    Some(current) if Arc::ptr_eq(current.value(), envelope) => {
+                        moka::ops::compute::Op::Remove
+                    }
+                    _ => moka::ops::compute::Op::Nop,
+                });
         }
         if !following {
             self.finish_load(key, load_id);

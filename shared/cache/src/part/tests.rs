@@ -426,6 +426,37 @@ async fn a_second_fence_at_the_same_version_keeps_the_reload_in_flight() {
     }
 }
 
+/// A load that began before `forget_all` (a resync) answers its callers but leaves no copy in
+/// L1: it may have read what the instance was told to forget.
+#[tokio::test(start_paused = true)]
+async fn a_load_that_began_before_forget_all_leaves_no_copy() {
+    let source = Arc::new(FakeSource::default());
+    source.version.store(1, Ordering::SeqCst);
+    source.delay_ms.store(100, Ordering::SeqCst);
+    let clock = ManualClock::new(Timestamp::from_millis(0));
+    let cache = cache(&source, &clock);
+    let early = {
+        let cache = cache.clone();
+        tokio::spawn(async move { cache.get(key(), Duration::from_secs(1)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    source.version.store(2, Ordering::SeqCst);
+    cache.forget_all();
+    match early.await.unwrap() {
+        CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 1),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(
+        cache.peek(&key()).is_none(),
+        "the early load's copy is not kept"
+    );
+    match cache.get(key(), Duration::from_secs(1)).await {
+        CacheOutcome::Loaded(envelope) => assert_eq!(envelope.version, 2),
+        other => panic!("expected a reload, got {other:?}"),
+    }
+    assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+}
+
 /// After a resync, an L2 copy fetched before its floor reads as absent: the part reloads from
 /// the source and overwrites it; copies fetched after the floor are served as before.
 #[tokio::test]
