@@ -125,3 +125,86 @@ async fn hot_keys_of_live_instances_are_summed_and_a_silent_one_drops_out() {
         counts(&[("jd:1", 60)])
     );
 }
+
+/// Change capture's lease: one holder at a time, a larger fencing token for each new holder,
+/// and the records written only by the holder whose token still holds it.
+#[tokio::test]
+async fn the_capture_lease_fences_a_holder_that_lost_it() {
+    use rebate_redis_tier::{CaptureRecord, LeaseAttempt};
+
+    let namespace = Namespace::new(SHARED_URL);
+    let first = tier(&namespace).await;
+    let second = tier(&namespace).await;
+    let ttl = Duration::from_secs(30);
+    let LeaseAttempt::Taken(old) = first.take_capture_lease("api-1", ttl).await.unwrap() else {
+        panic!("a free lease is taken");
+    };
+    match second.take_capture_lease("api-2", ttl).await.unwrap() {
+        LeaseAttempt::HeldBy(Some(holder)) => assert_eq!(holder, old),
+        other => panic!("the lease is held: {other:?}"),
+    }
+    assert!(
+        first
+            .write_capture_record(&old, CaptureRecord::Position, "p1")
+            .await
+            .unwrap()
+    );
+    assert!(first.renew_capture_lease(&old, ttl).await.unwrap());
+
+    // The lease lapses (its key goes, as at the end of its life); another instance takes it.
+    let lease_key = format!("{{{}:cc}}:lease", namespace.prefix);
+    let mut connection = redis::Client::open(SHARED_URL)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lease_key)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let LeaseAttempt::Taken(new) = second.take_capture_lease("api-2", ttl).await.unwrap() else {
+        panic!("a lapsed lease is taken");
+    };
+    assert!(new.token > old.token, "{new:?} after {old:?}");
+
+    // The old holder can neither write nor renew nor release; the new one can.
+    assert!(
+        !first
+            .write_capture_record(&old, CaptureRecord::Position, "stale")
+            .await
+            .unwrap()
+    );
+    assert!(!first.renew_capture_lease(&old, ttl).await.unwrap());
+    assert!(!first.release_capture_lease(&old).await.unwrap());
+    assert!(
+        second
+            .write_capture_record(&new, CaptureRecord::Position, "p2")
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        first
+            .read_capture_record(CaptureRecord::Position)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("p2")
+    );
+    assert_eq!(
+        first.capture_lease_holder().await.unwrap(),
+        Some(new.clone())
+    );
+    assert!(second.release_capture_lease(&new).await.unwrap());
+    assert_eq!(first.capture_lease_holder().await.unwrap(), None);
+
+    let names: Vec<String> = ["lease", "fence", "position", "resync"]
+        .iter()
+        .map(|name| format!("{{{}:cc}}:{name}", namespace.prefix))
+        .collect();
+    let _: i64 = redis::cmd("DEL")
+        .arg(&names)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+}

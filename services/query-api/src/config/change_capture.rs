@@ -37,7 +37,7 @@ pub struct ChangeCaptureSettings {
     /// Where a reader with no stored position starts.
     pub start_position: StartPosition,
     /// How long the reader's lease lasts unless renewed (renewed every third of it): another
-    /// instance takes over within about this long of the reader's loss.
+    /// instance takes over within about this long, plus `poll_ms`, of the reader's loss.
     pub lease_ttl_ms: u64,
     /// The server's heartbeat on an idle log; three missed heartbeats close the stream.
     pub heartbeat_ms: u64,
