@@ -16,65 +16,6 @@ use redis::Value;
 
 use crate::tier::RedisTier;
 
-/// Takes the lease when nobody holds it: `KEYS[1]` the lease, `KEYS[2]` the fencing counter;
-/// `ARGV[1]` the instance, `ARGV[2]` the lease's life in milliseconds. Returns `{token, ''}`
-/// when taken, `{0, holder}` when someone holds it.
-const TAKE: &str = r#"
-local holder = redis.call('GET', KEYS[1])
-if holder then return {0, holder} end
-local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], token .. '|' .. ARGV[1], 'PX', ARGV[2])
-return {token, ''}
-"#;
-
-/// Extends the lease if `ARGV[1]` (`token|instance`) still holds it, by `ARGV[2]` ms. Returns
-/// 1 when extended, 0 when lost.
-const RENEW: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"#;
-
-/// Writes `ARGV[2]` to `KEYS[2]` (no expiry) if `ARGV[1]` still holds the lease `KEYS[1]`.
-/// Returns 1 when written, 0 when the lease is someone else's or gone.
-const WRITE_AS_HOLDER: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[2], ARGV[2])
-  return 1
-end
-return 0
-"#;
-
-/// Gives the lease up if `ARGV[1]` still holds it.
-const RELEASE: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"#;
-
-/// The scripts of this module, hashed once.
-#[derive(Debug)]
-pub(crate) struct CaptureScripts {
-    take: redis::Script,
-    renew: redis::Script,
-    write_as_holder: redis::Script,
-    release: redis::Script,
-}
-
-impl CaptureScripts {
-    pub(crate) fn new() -> Self {
-        Self {
-            take: redis::Script::new(TAKE),
-            renew: redis::Script::new(RENEW),
-            write_as_holder: redis::Script::new(WRITE_AS_HOLDER),
-            release: redis::Script::new(RELEASE),
-        }
-    }
-}
-
 /// A held change-capture lease: the fencing token and the instance that holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CaptureLease {
@@ -131,7 +72,7 @@ impl RedisTier {
         instance: &str,
         ttl: Duration,
     ) -> Result<LeaseAttempt, TierError> {
-        let mut invocation = self.capture_scripts().take.prepare_invoke();
+        let mut invocation = self.scripts().capture_take.prepare_invoke();
         invocation
             .key(self.capture_key("lease"))
             .key(self.capture_key("fence"))
@@ -161,7 +102,7 @@ impl RedisTier {
         lease: &CaptureLease,
         ttl: Duration,
     ) -> Result<bool, TierError> {
-        let mut invocation = self.capture_scripts().renew.prepare_invoke();
+        let mut invocation = self.scripts().capture_renew.prepare_invoke();
         invocation
             .key(self.capture_key("lease"))
             .arg(lease.value())
@@ -172,7 +113,7 @@ impl RedisTier {
 
     /// Gives `lease` up (nothing when it is no longer held by it).
     pub async fn release_capture_lease(&self, lease: &CaptureLease) -> Result<bool, TierError> {
-        let mut invocation = self.capture_scripts().release.prepare_invoke();
+        let mut invocation = self.scripts().capture_release.prepare_invoke();
         invocation.key(self.capture_key("lease")).arg(lease.value());
         self.held_reply(&invocation, "the capture lease's release")
             .await
@@ -186,7 +127,7 @@ impl RedisTier {
         record: CaptureRecord,
         value: &str,
     ) -> Result<bool, TierError> {
-        let mut invocation = self.capture_scripts().write_as_holder.prepare_invoke();
+        let mut invocation = self.scripts().capture_write.prepare_invoke();
         invocation
             .key(self.capture_key("lease"))
             .key(self.capture_key(record.name()))

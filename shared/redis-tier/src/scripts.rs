@@ -102,6 +102,45 @@ redis.call('PEXPIRE', KEYS[2], ttl)
 return 1
 "#;
 
+/// Change capture's lease (`capture`), all its keys under one hash tag. Takes the lease when
+/// nobody holds it: `KEYS[1]` the lease, `KEYS[2]` the fencing counter; `ARGV[1]` the instance, `ARGV[2]` the lease's life in milliseconds. Returns `{token, ''}`
+/// when taken, `{0, holder}` when someone holds it.
+const CAPTURE_TAKE: &str = r#"
+local holder = redis.call('GET', KEYS[1])
+if holder then return {0, holder} end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. '|' .. ARGV[1], 'PX', ARGV[2])
+return {token, ''}
+"#;
+
+/// Extends the lease if `ARGV[1]` (`token|instance`) still holds it, by `ARGV[2]` ms. Returns
+/// 1 when extended, 0 when lost.
+const CAPTURE_RENEW: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"#;
+
+/// Writes `ARGV[2]` to `KEYS[2]` (no expiry) if `ARGV[1]` still holds the lease `KEYS[1]`.
+/// Returns 1 when written, 0 when the lease is someone else's or gone.
+const CAPTURE_WRITE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+"#;
+
+/// Gives the lease up if `ARGV[1]` still holds it.
+const CAPTURE_RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
 /// The scripts with their SHA1 computed once; `invoke_async` sends `EVALSHA` and falls back to
 /// loading the script when a server answers `NOSCRIPT` (after a restart or on a new node).
 #[derive(Debug)]
@@ -111,6 +150,10 @@ pub(crate) struct Scripts {
     pub(crate) take_tokens: Script,
     pub(crate) heartbeat: Script,
     pub(crate) publish_hot_keys: Script,
+    pub(crate) capture_take: Script,
+    pub(crate) capture_renew: Script,
+    pub(crate) capture_write: Script,
+    pub(crate) capture_release: Script,
 }
 
 impl Scripts {
@@ -121,6 +164,10 @@ impl Scripts {
             take_tokens: Script::new(TAKE_TOKENS),
             heartbeat: Script::new(HEARTBEAT),
             publish_hot_keys: Script::new(PUBLISH_HOT_KEYS),
+            capture_take: Script::new(CAPTURE_TAKE),
+            capture_renew: Script::new(CAPTURE_RENEW),
+            capture_write: Script::new(CAPTURE_WRITE),
+            capture_release: Script::new(CAPTURE_RELEASE),
         }
     }
 }

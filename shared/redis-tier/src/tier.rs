@@ -41,7 +41,6 @@ struct Inner {
     /// Passwords as written and as decoded, scrubbed from every error message we pass on.
     secrets: Vec<String>,
     scripts: Scripts,
-    capture_scripts: crate::capture::CaptureScripts,
     counters: Counters,
 }
 
@@ -181,7 +180,6 @@ impl RedisTier {
                 target,
                 secrets,
                 scripts: Scripts::new(),
-                capture_scripts: crate::capture::CaptureScripts::new(),
                 counters: Counters::default(),
             }),
         })
@@ -201,10 +199,6 @@ impl RedisTier {
 
     pub(crate) fn scripts(&self) -> &Scripts {
         &self.inner.scripts
-    }
-
-    pub(crate) fn capture_scripts(&self) -> &crate::capture::CaptureScripts {
-        &self.inner.capture_scripts
     }
 
     /// The key of `key`'s rebuild lease; a separate key so a lease never disturbs the value.

@@ -6,33 +6,7 @@ use mysql_async::Value;
 use rebate_domain::{ItemId, ItemKey, Platform};
 use rebate_events::{EventKind, FIRST_VERSION, MAX_VERSION};
 
-/// A catalogue table change capture follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Table {
-    Products,
-    RebateRates,
-}
-
-impl Table {
-    pub const ALL: [Table; 2] = [Table::Products, Table::RebateRates];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Table::Products => "products",
-            Table::RebateRates => "rebate_rates",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|table| table.name() == name)
-    }
-
-    /// The columns the reader needs, besides `platform`, `item_id` and `version`.
-    fn has_status(self) -> bool {
-        matches!(self, Table::Products)
-    }
-}
+pub use crate::config::change_capture::Table;
 
 /// Where the columns the reader needs sit in a table's rows, read from the server's
 /// `information_schema.COLUMNS` (the log's row events carry positions, not names).

@@ -5,7 +5,35 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{ConfigError, Secret, ensure_in, invalid};
-use crate::change_capture::Table;
+
+/// A catalogue table change capture follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Table {
+    Products,
+    RebateRates,
+}
+
+impl Table {
+    pub const ALL: [Table; 2] = [Table::Products, Table::RebateRates];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Table::Products => "products",
+            Table::RebateRates => "rebate_rates",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|table| table.name() == name)
+    }
+
+    /// Whether the reader needs its `status` column too (besides `platform`, `item_id` and
+    /// `version`).
+    pub fn has_status(self) -> bool {
+        matches!(self, Table::Products)
+    }
+}
 
 /// Where a reader with no stored position starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
