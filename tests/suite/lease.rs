@@ -104,16 +104,20 @@ async fn a_rate_change_is_served_at_once_while_another_instance_holds_the_coupon
         .get_multiplexed_async_connection()
         .await
         .unwrap();
+    // The lease is in Redis as soon as A's script ran; A counts it when the answer is back: wait
+    // for both, or a look between the two would see the lease and not yet A's count.
     wait_until_true("A holds the coupons lease", || {
         let mut redis = redis.clone();
         let lease = lease.clone();
+        let won = a.state.engine.parts().coupons.stats().leases_won;
         async move {
-            redis::cmd("EXISTS")
-                .arg(lease)
-                .query_async::<u64>(&mut redis)
-                .await
-                .unwrap()
-                == 1
+            won == a_won + 1
+                && redis::cmd("EXISTS")
+                    .arg(lease)
+                    .query_async::<u64>(&mut redis)
+                    .await
+                    .unwrap()
+                    == 1
         }
     })
     .await;
