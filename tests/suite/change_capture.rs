@@ -37,6 +37,69 @@ fn capturing(start: StartPosition) -> impl Fn(usize, &mut query_api::Settings) {
     }
 }
 
+/// Instances with change capture on a private RabbitMQ topology, their service clocks following
+/// the wall clock (copies stamped by one are judged by the other's clock, and by a resync's
+/// floor); shared with the load's tasks.
+struct CaptureFleet {
+    instances: std::sync::Arc<Vec<TestApp>>,
+    amqp_url: String,
+    names: String,
+    clocks_stop: tokio_util::sync::CancellationToken,
+    clocks: tokio::task::JoinHandle<()>,
+}
+
+impl CaptureFleet {
+    async fn start(
+        env: &ProductionEnv,
+        name: &str,
+        size: usize,
+        customise: impl Fn(usize, &mut query_api::Settings),
+    ) -> Self {
+        let fleet = AmqpFleet::spawn(env, name, size, customise).await;
+        let clocks_stop = tokio_util::sync::CancellationToken::new();
+        let clocks = follow_the_wall_clock(&fleet.instances, clocks_stop.clone());
+        Self {
+            instances: std::sync::Arc::new(fleet.instances),
+            amqp_url: fleet.amqp_url,
+            names: fleet.names,
+            clocks_stop,
+            clocks,
+        }
+    }
+
+    /// The instances, for tasks of the test's own.
+    fn shared(&self) -> std::sync::Arc<Vec<TestApp>> {
+        std::sync::Arc::clone(&self.instances)
+    }
+
+    /// Takes one instance out of the fleet (to stop it); no task may hold the fleet then.
+    fn take(&mut self, index: usize) -> TestApp {
+        std::sync::Arc::get_mut(&mut self.instances)
+            .expect("no task holds the fleet")
+            .remove(index)
+    }
+
+    /// Stops the instances and the clocks, and drops the topology and the environment.
+    async fn stop(self, env: ProductionEnv) {
+        self.clocks_stop.cancel();
+        let _ = self.clocks.await;
+        let instances = std::sync::Arc::try_unwrap(self.instances).expect("the tasks are over");
+        for app in instances {
+            app.stop().await;
+        }
+        rebate_tests::amqp::delete_amqp_topology(&self.amqp_url, &self.names).await;
+        env.clean_up().await;
+    }
+}
+
+impl std::ops::Deref for CaptureFleet {
+    type Target = [TestApp];
+
+    fn deref(&self) -> &[TestApp] {
+        &self.instances
+    }
+}
+
 async fn status(app: &TestApp) -> Value {
     app.admin_get("/admin/v1/status")
         .await
@@ -87,10 +150,8 @@ async fn a_plain_sql_write_reaches_every_instance_without_an_event() {
     let Some((_server, env)) = binlog_env("cc_plain").await else {
         return;
     };
-    let fleet = AmqpFleet::spawn(&env, "cc-plain", 2, capturing(StartPosition::End)).await;
-    let instances = &fleet.instances;
-    let clocks_stop = tokio_util::sync::CancellationToken::new();
-    let clocks = follow_the_wall_clock(instances, clocks_stop.clone());
+    let fleet = CaptureFleet::start(&env, "cc-plain", 2, capturing(StartPosition::End)).await;
+    let instances = &fleet[..];
     reader(instances).await;
 
     let before: Vec<u64> = futures::future::join_all(
@@ -170,10 +231,7 @@ async fn a_plain_sql_write_reaches_every_instance_without_an_event() {
     }
     assert_eq!(readers, 1, "one reader for the fleet");
 
-    clocks_stop.cancel();
-    let _ = clocks.await;
-    fleet.stop().await;
-    env.clean_up().await;
+    fleet.stop(env).await;
 }
 
 /// The row's version after a plain-SQL rate update, read back.
@@ -225,18 +283,16 @@ async fn a_killed_reader_is_replaced_and_no_update_is_missed() {
         .map(|proxy| format!("redis://{}", proxy.address))
         .collect();
     let capture = capturing(StartPosition::End);
-    let mut fleet = AmqpFleet::spawn(&env, "cc-takeover", 2, |index, settings| {
+    let mut fleet = CaptureFleet::start(&env, "cc-takeover", 2, |index, settings| {
         capture(index, settings);
         settings.redis.url = query_api::config::Secret::new(redis_urls[index].clone());
     })
     .await;
-    let clocks_stop = tokio_util::sync::CancellationToken::new();
-    let clocks = follow_the_wall_clock(&fleet.instances, clocks_stop.clone());
-    let reader_index = reader(&fleet.instances).await;
+    let reader_index = reader(&fleet[..]).await;
     let survivor_index = 1 - reader_index;
     let items = thousand_items();
     for (platform, item) in &items {
-        let survivor = &fleet.instances[survivor_index];
+        let survivor = &fleet[..][survivor_index];
         assert!(rate_served(survivor, platform, item).await.is_some());
     }
 
@@ -259,10 +315,10 @@ async fn a_killed_reader_is_replaced_and_no_update_is_missed() {
     write(0..300).await;
     proxies[reader_index].cut();
     let killed_at = std::time::Instant::now();
-    fleet.instances.remove(reader_index).stop().await;
+    fleet.take(reader_index).stop().await;
     write(300..1_000).await;
     let written = killed_at.elapsed();
-    let survivor = &fleet.instances[0];
+    let survivor = &fleet[..][0];
     wait_until_true("the survivor takes the lease", || async {
         status(survivor).await["change_capture"]["role"] == "reader"
     })
@@ -303,10 +359,7 @@ async fn a_killed_reader_is_replaced_and_no_update_is_missed() {
     );
 
     pool.close().await;
-    clocks_stop.cancel();
-    let _ = clocks.await;
-    fleet.stop().await;
-    env.clean_up().await;
+    fleet.stop(env).await;
 }
 
 /// The stored position's log is purged while no instance reads: the next reader cannot resume
@@ -380,10 +433,8 @@ async fn a_purged_position_is_answered_by_a_fleet_wide_resync() {
         .query_async(&mut connection)
         .await
         .unwrap();
-    let fleet = AmqpFleet::spawn(&env, "cc-purge", 2, capturing(StartPosition::End)).await;
-    let clocks_stop = tokio_util::sync::CancellationToken::new();
-    let clocks = follow_the_wall_clock(&fleet.instances, clocks_stop.clone());
-    for app in &fleet.instances {
+    let fleet = CaptureFleet::start(&env, "cc-purge", 2, capturing(StartPosition::End)).await;
+    for app in &fleet[..] {
         assert_eq!(
             rate_served(app, "pdd", "100031").await,
             Some(cached),
@@ -397,7 +448,7 @@ async fn a_purged_position_is_answered_by_a_fleet_wide_resync() {
         .query_async(&mut connection)
         .await
         .unwrap();
-    for app in &fleet.instances {
+    for app in &fleet[..] {
         wait_until_true("the resync applied", || async {
             app.readyz().await.1["change_capture"]["resyncs_applied"].as_u64() >= Some(1)
         })
@@ -410,7 +461,7 @@ async fn a_purged_position_is_answered_by_a_fleet_wide_resync() {
             .to_owned();
         assert!(reason.contains("gone"), "{ready}");
     }
-    let statuses = futures::future::join_all(fleet.instances.iter().map(status)).await;
+    let statuses = futures::future::join_all(fleet.iter().map(status)).await;
     let started: u64 = statuses
         .iter()
         .map(|status| {
@@ -421,10 +472,7 @@ async fn a_purged_position_is_answered_by_a_fleet_wide_resync() {
         .sum();
     assert_eq!(started, 1, "{statuses:?}");
 
-    clocks_stop.cancel();
-    let _ = clocks.await;
-    fleet.stop().await;
-    env.clean_up().await;
+    fleet.stop(env).await;
 }
 
 /// The same write announced twice, by an operator's event and by the log: each part is loaded
@@ -434,10 +482,8 @@ async fn a_write_with_its_own_event_costs_one_store_load() {
     let Some((_server, env)) = binlog_env("cc_both").await else {
         return;
     };
-    let fleet = AmqpFleet::spawn(&env, "cc-both", 2, capturing(StartPosition::End)).await;
-    let instances = &fleet.instances;
-    let clocks_stop = tokio_util::sync::CancellationToken::new();
-    let clocks = follow_the_wall_clock(instances, clocks_stop.clone());
+    let fleet = CaptureFleet::start(&env, "cc-both", 2, capturing(StartPosition::End)).await;
+    let instances = &fleet[..];
     reader(instances).await;
     for app in instances {
         assert!(rate_served(app, "jd", "100500").await.is_some());
@@ -529,10 +575,7 @@ async fn a_write_with_its_own_event_costs_one_store_load() {
     );
     assert_eq!(after.1, before.1, "the product part is untouched");
 
-    clocks_stop.cancel();
-    let _ = clocks.await;
-    fleet.stop().await;
-    env.clean_up().await;
+    fleet.stop(env).await;
 }
 
 /// The served value of `field` (`rate` or `price`) on `app`.
@@ -557,10 +600,8 @@ async fn plain_sql_updates_under_load_reach_both_instances() {
     let Some((_server, env)) = binlog_env("cc_load").await else {
         return;
     };
-    let fleet = AmqpFleet::spawn(&env, "cc-load", 2, capturing(StartPosition::End)).await;
-    let instances = std::sync::Arc::new(fleet.instances);
-    let clocks_stop = tokio_util::sync::CancellationToken::new();
-    let clocks = follow_the_wall_clock(&instances, clocks_stop.clone());
+    let fleet = CaptureFleet::start(&env, "cc-load", 2, capturing(StartPosition::End)).await;
+    let instances = fleet.shared();
     reader(&instances).await;
     // 200 items, all cached on both instances before the load starts.
     let items: Vec<(&str, String)> = (0..200)
@@ -671,14 +712,8 @@ async fn plain_sql_updates_under_load_reach_both_instances() {
     assert_eq!(latencies.len(), 200);
 
     pool.close().await;
-    clocks_stop.cancel();
-    let _ = clocks.await;
-    let fleet_instances = std::sync::Arc::try_unwrap(instances).expect("the load is over");
-    for app in fleet_instances {
-        app.stop().await;
-    }
-    rebate_tests::amqp::delete_amqp_topology(&fleet.amqp_url, &fleet.names).await;
-    env.clean_up().await;
+    drop(instances);
+    fleet.stop(env).await;
 }
 
 /// A clean run: two instances under a steady load while rows change every 100 ms — half with
@@ -698,15 +733,13 @@ async fn clean_run_reports_no_inconsistency() {
         .and_then(|text| text.parse().ok())
         .unwrap_or(600);
     let capture = capturing(StartPosition::End);
-    let fleet = AmqpFleet::spawn(&env, "cc-soak", 2, |index, settings| {
+    let fleet = CaptureFleet::start(&env, "cc-soak", 2, |index, settings| {
         capture(index, settings);
         settings.events.observer.sample_ratio = 1.0;
         settings.events.observer.drift_keys_per_sec = 20;
     })
     .await;
-    let instances = std::sync::Arc::new(fleet.instances);
-    let clocks_stop = tokio_util::sync::CancellationToken::new();
-    let clocks = follow_the_wall_clock(&instances, clocks_stop.clone());
+    let instances = fleet.shared();
     reader(&instances).await;
     let items: Vec<(&str, String)> = (0..1_000)
         .map(|index| {
@@ -792,14 +825,8 @@ async fn clean_run_reports_no_inconsistency() {
     assert_eq!(inconsistent, 0, "a clean run finds no inconsistency");
 
     pool.close().await;
-    clocks_stop.cancel();
-    let _ = clocks.await;
-    let fleet_instances = std::sync::Arc::try_unwrap(instances).expect("the load is over");
-    for app in fleet_instances {
-        app.stop().await;
-    }
-    rebate_tests::amqp::delete_amqp_topology(&fleet.amqp_url, &fleet.names).await;
-    env.clean_up().await;
+    drop(instances);
+    fleet.stop(env).await;
 }
 
 /// A statement that changes a followed table without row events (here an `ALTER` that also
@@ -810,11 +837,9 @@ async fn an_altered_table_resyncs_and_is_mapped_again() {
     let Some((_server, env)) = binlog_env("cc_alter").await else {
         return;
     };
-    let fleet = AmqpFleet::spawn(&env, "cc-alter", 1, capturing(StartPosition::End)).await;
-    let app = &fleet.instances[0];
-    let clocks_stop = tokio_util::sync::CancellationToken::new();
-    let clocks = follow_the_wall_clock(&fleet.instances, clocks_stop.clone());
-    reader(&fleet.instances).await;
+    let fleet = CaptureFleet::start(&env, "cc-alter", 1, capturing(StartPosition::End)).await;
+    let app = &fleet[..][0];
+    reader(&fleet[..]).await;
     let before = rate_served(app, "jd", "100300").await.expect("a rate");
 
     execute(
@@ -853,10 +878,7 @@ async fn an_altered_table_resyncs_and_is_mapped_again() {
     assert_eq!(capture["error"], Value::Null, "{capture}");
     assert_eq!(capture["rows"], 1, "{capture}");
 
-    clocks_stop.cancel();
-    let _ = clocks.await;
-    fleet.stop().await;
-    env.clean_up().await;
+    fleet.stop(env).await;
 }
 
 /// On a server without a binlog (the machine's own), the reader does not start and says why
@@ -896,11 +918,9 @@ async fn a_bulk_update_in_one_transaction_reaches_every_cached_item() {
     let Some((_server, env)) = binlog_env("cc_bulk").await else {
         return;
     };
-    let fleet = AmqpFleet::spawn(&env, "cc-bulk", 1, capturing(StartPosition::End)).await;
-    let app = &fleet.instances[0];
-    let clocks_stop = tokio_util::sync::CancellationToken::new();
-    let clocks = follow_the_wall_clock(&fleet.instances, clocks_stop.clone());
-    reader(&fleet.instances).await;
+    let fleet = CaptureFleet::start(&env, "cc-bulk", 1, capturing(StartPosition::End)).await;
+    let app = &fleet[..][0];
+    reader(&fleet[..]).await;
     let cached = ["100001", "102500", "104999"];
     for item in cached {
         assert_ne!(rate_served(app, "taobao", item).await, Some(4_444));
@@ -925,10 +945,7 @@ async fn a_bulk_update_in_one_transaction_reaches_every_cached_item() {
     assert_eq!(capture["events_published"], 5_000, "{capture}");
     assert_eq!(capture["resyncs_started"], 0, "{capture}");
 
-    clocks_stop.cancel();
-    let _ = clocks.await;
-    fleet.stop().await;
-    env.clean_up().await;
+    fleet.stop(env).await;
 }
 
 /// The server is killed and started again while the reader follows it: its log ends without a
@@ -939,11 +956,9 @@ async fn a_server_restart_is_followed_into_its_new_log() {
     let Some((mut server, env)) = binlog_env("cc_restart").await else {
         return;
     };
-    let fleet = AmqpFleet::spawn(&env, "cc-restart", 1, capturing(StartPosition::End)).await;
-    let app = &fleet.instances[0];
-    let clocks_stop = tokio_util::sync::CancellationToken::new();
-    let clocks = follow_the_wall_clock(&fleet.instances, clocks_stop.clone());
-    reader(&fleet.instances).await;
+    let fleet = CaptureFleet::start(&env, "cc-restart", 1, capturing(StartPosition::End)).await;
+    let app = &fleet[..][0];
+    reader(&fleet[..]).await;
     let first_file = status(app).await["change_capture"]["position"]
         .as_str()
         .expect("a position")
@@ -977,8 +992,5 @@ async fn a_server_restart_is_followed_into_its_new_log() {
     assert_eq!(capture["resyncs_started"], 0, "{capture}");
     assert_eq!(capture["rows"], 1, "{capture}");
 
-    clocks_stop.cancel();
-    let _ = clocks.await;
-    fleet.stop().await;
-    env.clean_up().await;
+    fleet.stop(env).await;
 }
