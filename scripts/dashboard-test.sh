@@ -19,32 +19,8 @@ service_bin=${REBATE_QUERY_BIN:-target/debug/rebate-query}
 chromium_bin=${CHROMIUM_BIN:-/usr/bin/chromium}
 out_dir=$PWD/target/dashboard-test
 
-if [[ ! -x $service_bin ]]; then
-  log "building $service_bin"
-  cargo build --locked --quiet -p query-api
-fi
-if [[ ! -x $chromium_bin ]]; then
-  log "installing Debian's chromium"
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  fi
-fi
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  echo "node (>= 20) and npm are needed for the browser test" >&2
-  exit 1
-fi
-# npm ci when playwright-core is absent or not the version package.json pins.
-browser_deps_current() {
-  (cd tests/browser && node -e '
-    const pinned = require("./package.json").dependencies["playwright-core"];
-    const installed = require("./node_modules/playwright-core/package.json").version;
-    process.exit(pinned === installed ? 0 : 1);' 2>/dev/null)
-}
-if ! browser_deps_current; then
-  log "npm ci in tests/browser"
-  (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
-fi
+source scripts/browser-env.sh
+ensure_browser_env "$service_bin" "$chromium_bin"
 
 rm -rf "$out_dir"
 mkdir -p "$out_dir"
@@ -59,12 +35,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-read -r api_port admin_port sim_port < <(python3 -c '
-import socket
-sockets = [socket.socket() for _ in range(3)]
-for s in sockets:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in sockets))')
+read -r api_port admin_port sim_port < <(free_ports 3)
 REBATE__STORE__SQLITE__PATH="$scratch/catalogue.sqlite" \
   REBATE__ADMIN__TOKEN_FILE="$scratch/admin-token" \
   REBATE__UPSTREAMS__SIMULATOR_LISTEN="127.0.0.1:$sim_port" \

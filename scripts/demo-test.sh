@@ -4,7 +4,7 @@
 # origin in http.cors.allowed_origins and strict cache-only serving (engine.cache_only_loads = 0,
 # so a pinned cache_only level answers 503 for an item with nothing cached), serves clients/h5
 # with python's http.server on a port of its own, and runs the browser test. Installs what is
-# missing as scripts/dashboard-test.sh does.
+# missing (scripts/browser-env.sh).
 #
 #   scripts/demo-test.sh     # REBATE_QUERY_BIN defaults to target/debug/rebate-query
 #
@@ -18,21 +18,8 @@ service_bin=${REBATE_QUERY_BIN:-target/debug/rebate-query}
 chromium_bin=${CHROMIUM_BIN:-/usr/bin/chromium}
 out_dir=$PWD/target/demo-test
 
-if [[ ! -x $service_bin ]]; then
-  log "building $service_bin"
-  cargo build --locked --quiet -p query-api
-fi
-if [[ ! -x $chromium_bin ]]; then
-  log "installing Debian's chromium"
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  fi
-fi
-if [[ ! -d tests/browser/node_modules/playwright-core ]]; then
-  log "npm ci in tests/browser"
-  (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error)
-fi
+source scripts/browser-env.sh
+ensure_browser_env "$service_bin" "$chromium_bin"
 
 rm -rf "$out_dir"
 mkdir -p "$out_dir"
@@ -48,12 +35,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-read -r api_port admin_port sim_port static_port < <(python3 -c '
-import socket
-sockets = [socket.socket() for _ in range(4)]
-for s in sockets:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in sockets))')
+read -r api_port admin_port sim_port static_port < <(free_ports 4)
 origin=http://127.0.0.1:$static_port
 python3 -m http.server "$static_port" --bind 127.0.0.1 --directory clients/h5 \
   >"$out_dir/static.log" 2>&1 &

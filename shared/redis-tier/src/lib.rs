@@ -16,8 +16,8 @@
 //! - [`settings`]: [`RedisTierConfig`] and [`RedisTarget`], with a `Debug` that masks passwords.
 //! - `tier`: [`RedisTier`], its connection handling and the batch split by cluster node.
 //! - `codec`: the stored form `{version}:{bytes}`.
-//! - `scripts`: the fenced `SET`, the lease compare-and-delete, the token grant and the
-//!   heartbeat.
+//! - `scripts`: the fenced `SET`, the lease compare-and-delete, the token grant, the
+//!   heartbeat, the hot keys' publication and change capture's lease and holder-only writes.
 //! - `slots`: the key → slot → node map used to group a batch by node.
 //! - `fleet`: fleet-wide token buckets ([`TokenGrant`]) and the registry of live instances.
 //! - [`stats`]: [`RedisTierStats`], lock-free counters (round trips, hits, refused writes, …).
