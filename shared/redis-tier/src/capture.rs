@@ -3,11 +3,11 @@
 //! fleet-wide resync.
 //!
 //! All four keys share one hash tag (`{<prefix>:cc}`), so each of its scripts (in `scripts`) runs
-//! on one cluster node and is atomic there. The lease's value is `<token>|<instance>`; the token is the
-//! counter `{<prefix>:cc}:fence` at the moment it was taken, so a later holder always has a
-//! larger one. The position and the resync are written only by a script that first checks
-//! that the writer still holds the lease with its token: a holder that lost the lease (a long
-//! pause, a partition) cannot move the position back over its successor's.
+//! on one cluster node and is atomic there. The lease's value is `<token>|<instance>`; the token is
+//! the counter `{<prefix>:cc}:fence` at the moment it was taken, so a later holder always has a
+//! larger one. The position and the resync are written only by a script that first checks that the
+//! writer still holds the lease with its token: a holder that lost the lease (a long pause, a
+//! partition) cannot move the position back over its successor's.
 
 use std::time::Duration;
 
