@@ -111,6 +111,11 @@ export interface CallOptions {
   requestClass?: "page" | "list" | "prefetch";
   /** A place on the page: a new call for the same view cancels the one before. */
   view?: string;
+  /**
+   * Called at most once, with the kept quote and its banner, when the call must wait before it
+   * can answer (a `Retry-After`, a back-off): show it at once instead of a spinner.
+   */
+  onStale?: (answer: Answer) => void;
 }
 
 export class RebateClient {
@@ -129,8 +134,10 @@ export class RebateClient {
 export class AdaptiveThrottle {
   constructor(options?: { k?: number; windowMs?: number; buckets?: number });
   rejectProbability(nowMs: number): number;
+  /** Whether to send the next request; a local refusal counts as a request at once. */
   admit(nowMs: number, random: () => number): boolean;
-  accepted(nowMs: number): void;
+  /** A request sent got its answer: `accepted` unless refused for load or unreachable. */
+  answered(nowMs: number, accepted: boolean): void;
 }
 
 export function parseRetryAfter(value: string | null | undefined, nowMs: number): number | null;

@@ -68,8 +68,10 @@ export function backoffDelay(retry, retryAfterMs, options, random) {
 /**
  * Adaptive throttling (Google SRE book, "Handling Overload"): over a sliding window, refuse a
  * request locally with probability max(0, (requests − K · accepts) / (requests + 1)). A request
- * counts as accepted unless the server refused it for load (429, 503); local refusals count as
- * requests, so a client that keeps being refused sends less and less.
+ * counts as accepted unless the server refused it for load (429, 503) or could not be reached;
+ * local refusals count as requests, so a client that keeps being refused sends less and less. A
+ * request sent counts when its answer comes: one cancelled in flight (the user moved on) says
+ * nothing about the server and counts for nothing.
  */
 export class AdaptiveThrottle {
   constructor({ k = DEFAULTS.throttleK, windowMs = DEFAULTS.throttleWindowMs, buckets = 60 } = {}) {
@@ -108,16 +110,20 @@ export class AdaptiveThrottle {
     return Math.max(0, (requests - this.k * accepts) / (requests + 1));
   }
 
-  /** Whether to send the next request (it is counted either way). */
+  /** Whether to send the next request. A local refusal counts at once. */
   admit(nowMs, random) {
-    const refuse = random() < this.rejectProbability(nowMs);
-    this.bucket(nowMs).requests += 1;
-    return !refuse;
+    if (random() < this.rejectProbability(nowMs)) {
+      this.bucket(nowMs).requests += 1;
+      return false;
+    }
+    return true;
   }
 
-  /** The server answered without refusing for load. */
-  accepted(nowMs) {
-    this.bucket(nowMs).accepts += 1;
+  /** A request sent was answered (or failed on the network); `accepted` unless refused for load. */
+  answered(nowMs, accepted) {
+    const bucket = this.bucket(nowMs);
+    bucket.requests += 1;
+    if (accepted) bucket.accepts += 1;
   }
 }
 
@@ -186,9 +192,12 @@ export class RebateClient {
    * The rebate of one item. Options: `signal` (an AbortSignal), `requestClass` (`page` by
    * default; `prefetch` for a guess at the next screen, which the server sheds first), and
    * `view`: a name for the place on the page the answer goes to — a new call for the same view
-   * cancels the one before (the user moved on).
+   * cancels the one before (the user moved on). `onStale(answer)`: called at most once, with
+   * the kept quote and its banner, when the call must wait before it can answer (a
+   * `Retry-After`, a back-off), so that the page shows it at once instead of a spinner; the
+   * promise still settles with the call's final answer.
    */
-  async getRebate(platform, itemId, { signal, requestClass = "page", view } = {}) {
+  async getRebate(platform, itemId, { signal, requestClass = "page", view, onStale } = {}) {
     const path = `/api/v1/items/${encodeURIComponent(platform)}/${encodeURIComponent(itemId)}/rebate`;
     let controller;
     if (view !== undefined) {
@@ -199,14 +208,15 @@ export class RebateClient {
       signal = controller.signal;
     }
     try {
-      return await this.call(`${this.baseUrl}${path}`, requestClass, signal);
+      return await this.call(`${this.baseUrl}${path}`, requestClass, signal, onStale);
     } finally {
       if (view !== undefined && this.views.get(view) === controller) this.views.delete(view);
     }
   }
 
-  async call(url, requestClass, signal) {
+  async call(url, requestClass, signal, onStale) {
     this.stats.calls += 1;
+    const stale = { shown: false };
     const started = this.clock.now();
     let lastError = null;
     let allowedAttempts = this.options.maxAttempts;
@@ -227,6 +237,7 @@ export class RebateClient {
           });
           return this.fallBack(url, lastError, attempt);
         }
+        this.showStale(url, onStale, stale);
         await this.clock.sleep(wait, signal);
       }
       if (!this.throttle.admit(this.clock.now(), this.random)) {
@@ -244,9 +255,18 @@ export class RebateClient {
       if (attempt >= allowedAttempts) break;
       const delay = backoffDelay(attempt, lastError.retryAfterMs || null, this.options, this.random);
       if (this.clock.now() - started + delay > this.options.budgetMs) break;
+      this.showStale(url, onStale, stale);
       await this.clock.sleep(delay, signal);
     }
     return this.fallBack(url, lastError, attempt);
+  }
+
+  /** Before a wait: the kept quote to `onStale`, once per call. */
+  showStale(url, onStale, stale) {
+    const kept = this.cache.get(url);
+    if (!onStale || stale.shown || !kept) return;
+    stale.shown = true;
+    onStale(this.answer(kept.quote, "last_good", kept.receivedAt, ""));
   }
 
   /** One request: `{done}` with the answer, or `{error, final}`. */
@@ -261,13 +281,14 @@ export class RebateClient {
       response = await this.fetch(url, { headers, signal });
     } catch (cause) {
       if (signal?.aborted) throw abortError(signal);
-      // A network error: the server was not reached, so it refused nothing; back off.
+      // A network error: the server was not reached. Back off, and let the throttle count it.
+      this.throttle.answered(this.clock.now(), false);
       return { error: new RebateError("failed", `network error: ${cause?.message ?? cause}`) };
     }
     const now = this.clock.now();
     const status = response.status;
     const traceId = response.headers.get("x-trace-id") ?? "";
-    if (status !== 429 && status !== 503) this.throttle.accepted(now);
+    this.throttle.answered(now, status !== 429 && status !== 503);
     if (status === 304 && kept) {
       this.touch(url, kept);
       this.stats.notModified += 1;

@@ -66,7 +66,8 @@ async function load() {
   const item = $("item").value.trim();
   document.body.dataset.state = "loading";
   try {
-    render(await client.getRebate(platform, item, { view: "detail" }));
+    // While the call waits to retry, the kept quote shows at once, with its banner.
+    render(await client.getRebate(platform, item, { view: "detail", onStale: render }));
     document.body.dataset.state = "shown";
   } catch (error) {
     if (error.kind === "aborted") return;

@@ -129,19 +129,22 @@ test("the throttle refuses with probability max(0, (requests − K·accepts)/(re
   assert.equal(throttle.rejectProbability(now), 0);
   // 10 requests, 5 accepted: 10 − 2·5 = 0.
   for (let index = 0; index < 10; index += 1) {
-    throttle.admit(now, () => 1);
-    if (index < 5) throttle.accepted(now);
+    assert.equal(throttle.admit(now, () => 1), true);
+    throttle.answered(now, index < 5);
   }
   assert.equal(throttle.rejectProbability(now), 0);
   // 10 more, none accepted: (20 − 10) / 21.
-  for (let index = 0; index < 10; index += 1) throttle.admit(now, () => 1);
+  for (let index = 0; index < 10; index += 1) throttle.answered(now, false);
+  assert.equal(throttle.rejectProbability(now), 10 / 21);
+  // A request admitted but never answered (cancelled in flight) counts for nothing.
+  throttle.admit(now, () => 1);
   assert.equal(throttle.rejectProbability(now), 10 / 21);
   // The window slides: a minute later the counts are gone.
   assert.equal(throttle.rejectProbability(now + 61000), 0);
   // Refusals follow the probability.
   const random = seeded(3);
   const busy = new AdaptiveThrottle({ k: 2, windowMs: 60000 });
-  for (let index = 0; index < 100; index += 1) busy.admit(now, () => 1);
+  for (let index = 0; index < 100; index += 1) busy.answered(now, false);
   const expected = busy.rejectProbability(now);
   let refused = 0;
   for (let index = 0; index < 1000; index += 1) {
@@ -190,6 +193,33 @@ test("503 with Retry-After: bounded attempts, then the last good answer with a b
   assert.ok(clock.slept.every((ms) => ms >= 2000 && ms <= 3000), `waited ${clock.slept}`);
   assert.equal(api.stats.retries, 2);
   assert.equal(api.stats.lastGood, 1);
+});
+
+test("while a call waits to retry, onStale gets the kept quote at once, once", async () => {
+  const { fetch, calls } = scripted(
+    json(200, QUOTE),
+    error(429, "rate_limited", { "retry-after": "2" }),
+    json(200, QUOTE),
+  );
+  const api = client(fetch, { random: () => 0.999 });
+  await api.getRebate("taobao", "100001");
+  const stale = [];
+  const answer = await api.getRebate("taobao", "100001", {
+    onStale: (kept) => stale.push({ kept, at: api.clock.now(), slept: api.clock.slept.length }),
+  });
+  assert.equal(stale.length, 1);
+  assert.equal(stale[0].kept.source, "last_good");
+  assert.match(stale[0].kept.banner, /data as of/);
+  assert.equal(stale[0].slept, 0, "shown before the wait, not after it");
+  assert.equal(answer.source, "network", "the retry's live answer follows");
+  assert.equal(calls.length, 3);
+  // Nothing kept: nothing to show early.
+  const fresh = client(scripted(error(429, "rate_limited", { "retry-after": "1" }), json(200, QUOTE)).fetch, {
+    random: () => 0.999,
+  });
+  let called = false;
+  await fresh.getRebate("jd", "1", { onStale: () => (called = true) });
+  assert.equal(called, false);
 });
 
 test("429 with an HTTP-date Retry-After past the budget falls back at once", async () => {

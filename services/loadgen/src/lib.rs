@@ -41,6 +41,7 @@ pub mod client;
 pub mod generator;
 pub mod generator_bound;
 pub mod keys;
+pub mod population;
 pub mod procfs;
 pub mod recorder;
 pub mod report;

@@ -156,6 +156,7 @@ enum Choice {
     CouponFault,
     RedisOutage,
     RetryStorm,
+    ClientContract,
     Baseline,
 }
 
@@ -227,6 +228,9 @@ struct RunArgs {
     /// Worker threads of the ceiling server's runtime (the service's runtime uses one per core).
     #[arg(long, default_value_t = 2)]
     ceiling_threads: usize,
+    /// Users of the client-contract scenario (default 5,000, or 500 with --quick).
+    #[arg(long, value_name = "N")]
+    users: Option<usize>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -411,6 +415,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         Choice::CouponFault => vec![ScenarioName::CouponFault],
         Choice::RedisOutage => vec![ScenarioName::RedisOutage],
         Choice::RetryStorm => vec![ScenarioName::RetryStorm],
+        Choice::ClientContract => vec![ScenarioName::ClientContract],
         Choice::Baseline => vec![ScenarioName::Baseline],
     };
     // Refuse a non-loopback database before anything starts.
@@ -443,6 +448,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         mysql_url: args.mysql_url.clone(),
         seed: args.seed,
         ceiling_threads: args.ceiling_threads.max(1),
+        users: args.users,
     };
     let mut harness = Harness::new(options)?;
     let mut reports = Vec::new();
@@ -465,6 +471,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(markdown.as_bytes())?;
     writeln!(stdout, "\nreport: {}", out_dir.join("report.md").display())?;
+    let failed: Vec<&str> = run_report
+        .scenarios
+        .iter()
+        .filter(|scenario| scenario.status == report::ScenarioStatus::Failed)
+        .map(|scenario| scenario.name.as_str())
+        .collect();
+    anyhow::ensure!(failed.is_empty(), "failed: {}", failed.join(", "));
     Ok(())
 }
 

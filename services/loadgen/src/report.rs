@@ -140,6 +140,8 @@ pub struct ScenarioReport {
     pub headline: BTreeMap<String, Option<f64>>,
     pub series: Vec<Series>,
     pub charts: Vec<String>,
+    /// Markdown tables of the scenario's own (e.g. two kinds of client side by side).
+    pub tables: Vec<String>,
 }
 
 impl ScenarioReport {
@@ -155,6 +157,7 @@ impl ScenarioReport {
             headline: BTreeMap::new(),
             series: Vec::new(),
             charts: Vec::new(),
+            tables: Vec::new(),
         }
     }
 
@@ -786,6 +789,9 @@ pub fn markdown(report: &RunReport) -> String {
         }
         if !scenario.notes.is_empty() {
             out.push('\n');
+        }
+        for table in &scenario.tables {
+            let _ = writeln!(out, "{table}");
         }
         if !scenario.headline.is_empty() || !scenario.ratios.is_empty() {
             let _ = writeln!(out, "| figure | value |\n| --- | ---: |");

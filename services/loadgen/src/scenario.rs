@@ -22,6 +22,8 @@ use crate::keys::{ItemKey, KeyPicker};
 use crate::recorder::Phase;
 use crate::report::{Capacity, ScenarioReport, ScenarioStatus, Series, SeriesInput, ratio};
 use crate::schedule::{Schedule, Segment};
+mod clients;
+
 use crate::service::{
     MySqlDatabase, RedisServer, ServiceProcess, ShedSample, naive_profile_env, reachable, seed,
 };
@@ -38,11 +40,12 @@ pub enum ScenarioName {
     CouponFault,
     RedisOutage,
     RetryStorm,
+    ClientContract,
     Baseline,
 }
 
 impl ScenarioName {
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::HotPath,
         Self::Burst,
         Self::Steady,
@@ -51,6 +54,7 @@ impl ScenarioName {
         Self::CouponFault,
         Self::RedisOutage,
         Self::RetryStorm,
+        Self::ClientContract,
         Self::Baseline,
     ];
 
@@ -64,6 +68,7 @@ impl ScenarioName {
             Self::CouponFault => "coupon-fault",
             Self::RedisOutage => "redis-outage",
             Self::RetryStorm => "retry-storm",
+            Self::ClientContract => "client-contract",
             Self::Baseline => "baseline",
         }
     }
@@ -121,6 +126,16 @@ impl ScenarioName {
                  retries) at the same offered load, each on a fresh service: success, HTTP \
                  attempts sent and 503s received per kind."
             }
+            Self::ClientContract => {
+                "A population of users (5,000; 500 quick), each tapping on an open loop over a \
+                 few items of their own with a client of its own: the client contract \
+                 (docs/CLIENTS.md: back-off with jitter, Retry-After for every call, the \
+                 adaptive throttle, the last good answer, cancellation) against a client that \
+                 retries at once, each on a fresh service, under the same spike: every client's \
+                 limit lowered to 0.1/s by a live rule set for a minute (5 s quick). Requests \
+                 and retries per user per minute, what users were shown, the service's load, \
+                 and the time to recover, side by side."
+            }
             Self::Baseline => {
                 "The steady load (80 % of capacity, as for burst) against the naive profile (no cache, parts \
                  one after another, long timeouts, no breakers, no shedding) and the real \
@@ -154,6 +169,8 @@ pub struct Options {
     pub mysql_url: String,
     pub seed: u64,
     pub ceiling_threads: usize,
+    /// client-contract: users per run (default 5,000; 500 with `quick`).
+    pub users: Option<usize>,
 }
 
 /// Durations of the pieces of a scenario; `--quick` divides them by about ten.
@@ -282,6 +299,7 @@ impl Harness {
             ScenarioName::CouponFault => self.coupon_fault().await,
             ScenarioName::RedisOutage => self.redis_outage().await,
             ScenarioName::RetryStorm => self.retry_storm().await,
+            ScenarioName::ClientContract => self.client_contract().await,
             ScenarioName::Baseline => self.baseline().await,
         };
         let mut report = match result {

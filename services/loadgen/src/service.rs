@@ -19,6 +19,9 @@ use crate::procfs::CpuSource;
 /// How long a started service may take to answer `/readyz` 200 (seeding the demo catalogue
 /// takes ~0.3 s; the production profile builds its Bloom filter from MySQL).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a rule set may take to reach the instance that stored it (it announces it on its
+/// own bus at once, and polls the store every 2 s).
+const RULES_APPLY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Environment variables of the harness's own shell that must not leak into the child.
 const SCRUBBED_PREFIXES: [&str; 1] = ["REBATE__"];
 const SCRUBBED_VARS: [&str; 6] = [
@@ -259,6 +262,48 @@ impl ServiceProcess {
             .await?
             .error_for_status()?;
         Ok(())
+    }
+
+    /// `POST /admin/v1/rules`: `document` becomes the active rule set; then waits (bounded)
+    /// until this instance runs it, and returns how long that took.
+    pub async fn apply_rules(&self, document: &Value, reason: &str) -> anyhow::Result<Duration> {
+        let posted = Instant::now();
+        let created: Value = self
+            .control
+            .post(format!("{}/admin/v1/rules", self.admin_base))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({
+                "author": "rebate-loadgen",
+                "reason": reason,
+                "document": document,
+            }))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?;
+        let version = created["version"]
+            .as_u64()
+            .context("POST /admin/v1/rules answered without a version")?;
+        let deadline = posted + RULES_APPLY_TIMEOUT;
+        loop {
+            let overview: Value = self
+                .control
+                .get(format!("{}/admin/v1/rules", self.admin_base))
+                .bearer_auth(&self.token)
+                .send()
+                .await?
+                .error_for_status()?
+                .json()
+                .await?;
+            if overview["this_instance"]["applied_version"].as_u64() == Some(version) {
+                return Ok(posted.elapsed());
+            }
+            if Instant::now() >= deadline {
+                bail!("rule set {version} was not applied within {RULES_APPLY_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// `PUT /_sim/faults/{endpoint}` on the embedded simulator.
