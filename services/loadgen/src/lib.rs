@@ -20,7 +20,9 @@
 //!   was the limit.
 //! - [`ceiling`]: the fixed-body axum server on its own runtime.
 //! - [`service`]: the service child process, its admin and simulator APIs, Redis, MariaDB.
-//! - [`scenario`]: the scenarios and what each compares.
+//! - [`scenario`]: the scenarios and what each compares; [`population`]: simulated users, each
+//!   with a client of its own (the client contract's, or one that retries at once), for
+//!   `client-contract`.
 //! - [`report`] and [`chart`]: JSON, Markdown and SVG output.
 //! - [`chaos`]: faults under load on the production profile (`rebate-loadgen chaos`), with the
 //!   raw-TCP attackers of [`attack`]; [`soak`]: a long run over a million keys with the
