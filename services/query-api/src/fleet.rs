@@ -3,13 +3,13 @@
 //! (`[resilience.fleet]`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rebate_guard::{FleetGrant, FleetTokens};
 use rebate_redis_tier::RedisTier;
-use rebate_resilience::RateConfig;
+use rebate_resilience::{RateConfig, Ticker};
 use tokio_util::sync::CancellationToken;
 
 /// The fleet's buckets and registry on the shared Redis, as one instance sees them.
@@ -20,25 +20,44 @@ pub struct Fleet {
     /// a random suffix, so that two instances given one name (or run in one process, as tests
     /// do) are still counted apart.
     instance: String,
-    /// Live instances at the last heartbeat that reached Redis; kept while Redis is away, so
-    /// the share an instance falls back to is cut for the fleet it last saw.
+    /// Live instances at the last heartbeat that reached Redis, this instance's place among
+    /// them, and what to add to the guards' ticker to read Redis's clock: kept while Redis is
+    /// away, so the share an instance falls back to is cut for the fleet it last saw, in turns
+    /// on a clock every instance reads alike.
     live: AtomicU32,
+    rank: AtomicU32,
+    clock_offset_nanos: AtomicI64,
+    /// The guards' ticker.
+    ticker: Arc<dyn Ticker>,
 }
 
 impl Fleet {
-    pub fn new(tier: Arc<RedisTier>, instance: &str) -> Self {
+    pub fn new(tier: Arc<RedisTier>, instance: &str, ticker: Arc<dyn Ticker>) -> Self {
         Self {
             tier,
             instance: registry_name(instance),
             live: AtomicU32::new(1),
+            rank: AtomicU32::new(0),
+            clock_offset_nanos: AtomicI64::new(0),
+            ticker,
         }
     }
 
-    /// Records this instance in the registry and learns how many are alive. Errors leave the
-    /// last count in place.
+    /// Records this instance in the registry and learns how many are alive, its place among
+    /// them, and Redis's clock (read halfway through the round trip). Errors leave the last
+    /// figures in place.
     pub async fn beat(&self, expire_after: Duration) {
+        let sent = self.ticker.now_nanos();
         match self.tier.heartbeat(&self.instance, expire_after).await {
-            Ok(live) => {
+            Ok(beat) => {
+                let received = self.ticker.now_nanos();
+                let halfway = sent / 2 + received / 2;
+                let server = i64::try_from(beat.server_time.as_nanos()).unwrap_or(i64::MAX);
+                let halfway = i64::try_from(halfway).unwrap_or(i64::MAX);
+                self.clock_offset_nanos
+                    .store(server.saturating_sub(halfway), Ordering::Release);
+                self.rank.store(beat.rank, Ordering::Release);
+                let live = beat.live;
                 let before = self.live.swap(live, Ordering::AcqRel);
                 if before != live {
                     tracing::info!(live, instance = %self.instance, "live instances in the fleet changed");
@@ -73,6 +92,14 @@ impl FleetTokens for Fleet {
 
     fn live_instances(&self) -> u32 {
         self.live.load(Ordering::Acquire).max(1)
+    }
+
+    fn rank(&self) -> u32 {
+        self.rank.load(Ordering::Acquire)
+    }
+
+    fn clock_offset_nanos(&self) -> i64 {
+        self.clock_offset_nanos.load(Ordering::Acquire)
     }
 }
 

@@ -342,14 +342,18 @@ impl QueryEngine {
     /// A read of a kept rendering near its end starts, once per rendering, the background
     /// refresh of the parts it ends with ([`rebate_cache::refresh`]): the rendering's reads
     /// never reach the part caches, whose own refresh ahead would never run for a hot key.
-    /// When the rendering ends, its parts are fresh in L1 again and the next read assembles
-    /// without waiting on a load.
+    /// Parts that end within the refresh lead after it are refreshed too: the next read
+    /// assembles from them before their own refresh ahead could start, and a part ending a few
+    /// milliseconds after the rendering would otherwise be a miss. When the rendering ends,
+    /// its parts are fresh in L1 again and the next read assembles without waiting on a load.
     fn refresh_ahead(&self, key: ItemKey, rendered: &RenderedQuote, now: Timestamp) {
         let lead = self.inner.refresh_lead.get();
         if refresh_due(rendered.valid_until(), now, lead, uniform_draw) && rendered.claim_refresh()
         {
+            let lead_ms = u64::try_from(lead.as_millis()).unwrap_or(u64::MAX);
+            let horizon = rendered.valid_until().saturating_add_millis(lead_ms);
             for (_, part) in self.inner.parts.views().iter() {
-                part.refresh_ahead(key, rendered.valid_until());
+                part.refresh_ahead(key, horizon);
             }
         }
     }

@@ -15,7 +15,8 @@
 //! - [`hot`]: [`HotItemLimit`], each item's own bucket of loads toward a dependency, checked
 //!   before the load joins a call, so one viral item cannot spend the dependency's quota.
 //! - [`quota`]: the outbound quota, this instance's or drawn from a fleet-wide bucket
-//!   ([`FleetTokens`], [`FleetQuotaConfig`]) with the instance's share as fallback.
+//!   ([`FleetTokens`], [`FleetQuotaConfig`]) with the instance's share as fallback;
+//!   [`share`]: that share, the instance's turns on the fleet's clock.
 //! - [`tier`]: [`GuardedTier`], the shared L2 tier behind the Redis guard.
 //!
 //! The guards themselves (breaker, bulkhead, token bucket, retry budget, backoff) are
@@ -24,6 +25,7 @@
 pub mod dependency;
 pub mod hot;
 pub mod quota;
+pub mod share;
 pub mod tier;
 
 pub use dependency::{
@@ -34,4 +36,5 @@ pub use hot::{HotItemConfig, HotItemLimit, HotItemSnapshot};
 pub use quota::{
     FleetGrant, FleetKeyedLimiter, FleetQuotaConfig, FleetTokens, QuotaScope, QuotaSnapshot,
 };
+pub use share::{FleetPosition, TurnShare};
 pub use tier::GuardedTier;

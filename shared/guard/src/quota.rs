@@ -7,8 +7,9 @@
 //! batch, used the moment it arrives, so the fleet never makes more calls in a second than the
 //! bucket grants (`burst + per_second`). An empty bucket is remembered until its next token, so
 //! a refused call costs no round trip. When the bucket cannot be reached, the instance falls back
-//! to its share, the quota divided by the live instances of the fleet's registry (at least one
-//! call of burst each), and asks the fleet again after `retry_after_failure`.
+//! to its share: its turns on the fleet's clock ([`crate::share`]), so that the live instances
+//! together stay within the quota however many they are, and asks the fleet again after
+//! `retry_after_failure`.
 //!
 //! Cache hits never reach a quota; only the calls to the API do, so a round trip per grant costs
 //! the API's latency a fraction of a millisecond.
@@ -31,6 +32,8 @@ use async_trait::async_trait;
 use rebate_resilience::{KeyedSlots, LiveRate, RateConfig, Ticker, TokenBucket};
 use serde::Serialize;
 
+use crate::share::{FleetPosition, TurnShare};
+
 /// Grants tokens of fleet-wide buckets: Redis in the service, an in-process fake in tests.
 #[async_trait]
 pub trait FleetTokens: Send + Sync + fmt::Debug + 'static {
@@ -40,6 +43,27 @@ pub trait FleetTokens: Send + Sync + fmt::Debug + 'static {
 
     /// How many instances share the buckets, as last seen (at least 1).
     fn live_instances(&self) -> u32;
+
+    /// This instance's place among them (from 0), as last seen: which turns of a share are its.
+    fn rank(&self) -> u32 {
+        0
+    }
+
+    /// What to add to the guards' ticker to read the fleet's clock, in nanoseconds, as last
+    /// measured: the turns of a share are cut on it.
+    fn clock_offset_nanos(&self) -> i64 {
+        0
+    }
+
+    /// [`FleetTokens::live_instances`], [`FleetTokens::rank`] and
+    /// [`FleetTokens::clock_offset_nanos`] together.
+    fn position(&self) -> FleetPosition {
+        FleetPosition {
+            live: self.live_instances().max(1),
+            rank: self.rank(),
+            clock_offset_nanos: self.clock_offset_nanos(),
+        }
+    }
 }
 
 /// Tokens taken from a fleet-wide bucket.
@@ -220,8 +244,8 @@ pub(crate) struct FleetQuota {
     waiting: AtomicU32,
     /// One grant at a time; the calls behind it take its tokens from the pool.
     granting: tokio::sync::Mutex<()>,
-    /// This instance's share, and what it was cut for.
-    share: Mutex<Share>,
+    /// This instance's share, cut at its first use.
+    share: Mutex<Option<TurnShare>>,
     granted: AtomicU64,
     refused: AtomicU64,
     grants: AtomicU64,
@@ -241,31 +265,11 @@ impl fmt::Debug for FleetQuota {
     }
 }
 
-/// This instance's share of a fleet quota: the bucket, and the live instances and fleet rate
-/// it was cut for.
-#[derive(Debug)]
-struct Share {
-    live: u32,
-    rate: RateConfig,
-    bucket: Arc<TokenBucket>,
-}
-
-impl Share {
-    fn new(rate: RateConfig, live: u32) -> Self {
-        Self {
-            live,
-            rate,
-            bucket: Arc::new(TokenBucket::new(share_of(rate, live))),
-        }
-    }
-}
-
 impl FleetQuota {
     pub(crate) fn new(name: Arc<str>, rate: Arc<LiveRate>, config: FleetQuotaConfig) -> Self {
-        let live = config.tokens.live_instances().max(1);
         Self {
             name,
-            share: Mutex::new(Share::new(rate.get(), live)),
+            share: Mutex::new(None),
             rate,
             config,
             pool: AtomicU32::new(0),
@@ -360,7 +364,7 @@ impl FleetQuota {
             return Duration::ZERO;
         }
         if now < self.unreachable_until.load(Ordering::Acquire) {
-            return self.share(now).wait_at(now);
+            return self.with_share(now, TurnShare::wait);
         }
         Duration::from_nanos(self.empty_until.load(Ordering::Acquire).saturating_sub(now))
     }
@@ -371,7 +375,7 @@ impl FleetQuota {
             return true;
         }
         if now < self.unreachable_until.load(Ordering::Acquire) {
-            return self.share(now).has_token_at(now);
+            return self.with_share(now, TurnShare::wait).is_zero();
         }
         now >= self.empty_until.load(Ordering::Acquire)
     }
@@ -388,30 +392,31 @@ impl FleetQuota {
     }
 
     fn take_share(&self, now: u64) -> Result<(), Duration> {
-        match self.share(now).try_acquire_at(now) {
+        match self.with_share(now, TurnShare::try_acquire) {
             Ok(()) => {
                 self.granted.fetch_add(1, Ordering::Relaxed);
                 self.granted_from_share.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Err(exceeded) => self.refuse(exceeded.retry_after),
+            Err(retry_after) => self.refuse(retry_after),
         }
     }
 
-    /// This instance's share for the live instances and the fleet's rate now: the bucket is cut
-    /// anew (full) when their number changes, and follows a new rate at `now` (keeping its
-    /// tokens).
-    fn share(&self, now: u64) -> Arc<TokenBucket> {
-        let live = self.config.tokens.live_instances().max(1);
+    /// Runs `step` on this instance's share at ticker time `now` (read on the fleet's clock),
+    /// the share cut for the rate and the fleet's position now: at its first use, and again
+    /// when either changed (keeping the turns it had kept).
+    fn with_share<R>(&self, now: u64, step: impl FnOnce(&mut TurnShare, u64) -> R) -> R {
+        let position = self.config.tokens.position();
         let rate = self.rate.get();
+        let fleet_now = position.fleet_time(now);
         let mut share = self.share.lock().unwrap_or_else(PoisonError::into_inner);
-        if share.live != live {
-            *share = Share::new(rate, live);
-        } else if share.rate != rate {
-            share.bucket.set_rate_at(share_of(rate, live), now);
-            share.rate = rate;
-        }
-        Arc::clone(&share.bucket)
+        let current = match share.take() {
+            Some(current) if current.cut_for(rate, position) => current,
+            Some(old) => old.recut(rate, position, fleet_now),
+            None => TurnShare::new(rate, position, fleet_now),
+        };
+        let share = share.insert(current);
+        step(share, fleet_now)
     }
 
     fn refuse(&self, retry_after: Duration) -> Result<(), Duration> {
@@ -507,13 +512,6 @@ impl FleetKeyedLimiter {
 /// One instance's share of `rate` among `live` instances: the rate divided, the burst divided
 /// but at least one call (so with more instances than the burst, the fleet may make up to one
 /// call per instance more in a second while the bucket is away).
-fn share_of(rate: RateConfig, live: u32) -> RateConfig {
-    RateConfig {
-        per_second: rate.per_second / f64::from(live),
-        burst: (rate.burst / live).max(1),
-    }
-}
-
 fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -710,8 +708,10 @@ mod tests {
             )),
             "coupons",
         ));
-        // A third of the quota: a burst of 2, refilled at 10 a second.
-        assert_eq!(acquire_at_once(&quota, &ticker, 5).await, 2);
+        // A third of the quota: turns of 1/30 s dealt over three instances, so one call every
+        // 100 ms for this one (rank 0: the turn it is in now), and a third of the burst kept
+        // (2 turns).
+        assert_eq!(acquire_at_once(&quota, &ticker, 5).await, 3);
         ticker.advance(Duration::from_millis(100));
         assert_eq!(acquire_at_once(&quota, &ticker, 10).await, 1);
         assert_eq!(
@@ -724,7 +724,7 @@ mod tests {
         assert!(!fleet_state.reachable);
         assert_eq!(
             (fleet_state.live_instances, fleet_state.granted_from_share),
-            (3, 3)
+            (3, 4)
         );
         // Back after a second: the fleet's bucket answers again.
         fleet.unreachable.store(false, Ordering::SeqCst);
@@ -755,15 +755,15 @@ mod tests {
             "the next grant asks at it"
         );
 
-        // While the fleet is away, the share (all of it, for the one instance) follows the rate
-        // when next used, keeping its tokens: full at 4, cut to the new burst of 2.
+        // While the fleet is away, the share (all of it, for the one instance) is cut at its
+        // first use for the rate then: the turn it is in and the 2 turns of burst it keeps.
         fleet.unreachable.store(true, Ordering::SeqCst);
-        assert_eq!(acquire_at_once(&quota, &ticker, 5).await, 2);
+        assert_eq!(acquire_at_once(&quota, &ticker, 5).await, 3);
         quota.set_rate(RATE, ticker.now_nanos());
         assert_eq!(
             quota.wait(ticker.now_nanos()),
             Duration::from_millis(100),
-            "empty, refilled at 10 a second again"
+            "nothing kept; the next turn at 10 a second"
         );
         ticker.advance(Duration::from_millis(100));
         assert!(quota.acquire(ticker.as_ref()).await);

@@ -22,6 +22,17 @@ pub struct TokenGrant {
     pub retry_after: Duration,
 }
 
+/// What a heartbeat learned of the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// Instances alive, this one included (at least 1).
+    pub live: u32,
+    /// This instance's place among their names in byte order, from 0.
+    pub rank: u32,
+    /// The server's clock (since the Unix epoch) when it recorded the beat.
+    pub server_time: Duration,
+}
+
 impl RedisTier {
     /// Takes up to `want` tokens from the fleet's bucket `bucket` (`{prefix}:quota:{bucket}`),
     /// which refills `per_second` tokens a second and holds at most `burst`: the same GCRA as
@@ -62,12 +73,13 @@ impl RedisTier {
     }
 
     /// Records `instance` as alive in the registry (`{prefix}:instances`), forgets instances not
-    /// heard of for `expire_after`, and returns how many are alive, this one included.
+    /// heard of for `expire_after`, and returns how many are alive (this one included), its place
+    /// among them and the server's clock.
     pub async fn heartbeat(
         &self,
         instance: &str,
         expire_after: Duration,
-    ) -> Result<u32, TierError> {
+    ) -> Result<Heartbeat, TierError> {
         let name = format!("{}:instances", self.prefix());
         let mut invocation = self.scripts().heartbeat.prepare_invoke();
         invocation.key(&name).arg(instance).arg(
@@ -76,8 +88,23 @@ impl RedisTier {
                 .max(1),
         );
         self.bounded(async {
-            match self.invoke(&invocation).await? {
-                Value::Int(live) => Ok(u32::try_from(live).unwrap_or(u32::MAX).max(1)),
+            let reply = self.invoke(&invocation).await?;
+            let Value::Array(fields) = &reply else {
+                return Err(self.unexpected("the heartbeat"));
+            };
+            let number = |index: usize| -> Option<u64> {
+                match fields.get(index)? {
+                    Value::Int(value) => u64::try_from(*value).ok(),
+                    Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+                    _ => None,
+                }
+            };
+            match (number(0), number(1), number(2)) {
+                (Some(live), Some(rank), Some(server_micros)) => Ok(Heartbeat {
+                    live: u32::try_from(live).unwrap_or(u32::MAX).max(1),
+                    rank: u32::try_from(rank).unwrap_or(u32::MAX),
+                    server_time: Duration::from_micros(server_micros),
+                }),
                 _ => Err(self.unexpected("the heartbeat")),
             }
         })

@@ -44,7 +44,7 @@ mod tier;
 mod warm;
 
 pub use capture::{CaptureLease, CaptureRecord, LeaseAttempt};
-pub use fleet::{KeyCounts, TokenGrant};
+pub use fleet::{Heartbeat, KeyCounts, TokenGrant};
 pub use settings::{RedisTarget, RedisTierConfig};
 pub use stats::RedisTierStats;
 pub use tier::RedisTier;

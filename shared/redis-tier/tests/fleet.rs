@@ -74,18 +74,22 @@ async fn the_registry_counts_instances_until_they_stop_beating() {
     let namespace = Namespace::new(SHARED_URL);
     let tier = tier(&namespace).await;
     let expire_after = Duration::from_millis(300);
-    assert_eq!(tier.heartbeat("a", expire_after).await.unwrap(), 1);
-    assert_eq!(tier.heartbeat("b", expire_after).await.unwrap(), 2);
-    assert_eq!(
-        tier.heartbeat("a", expire_after).await.unwrap(),
-        2,
-        "counted once"
-    );
+    let live = |beat: rebate_redis_tier::Heartbeat| beat.live;
+    assert_eq!(live(tier.heartbeat("b", expire_after).await.unwrap()), 1);
+    let a = tier.heartbeat("a", expire_after).await.unwrap();
+    assert_eq!((a.live, a.rank), (2, 0), "\"a\" sorts before \"b\"");
+    let b = tier.heartbeat("b", expire_after).await.unwrap();
+    assert_eq!((b.live, b.rank), (2, 1), "counted once, second by name");
+    // The server's clock, in the Unix epoch, moving forward.
+    let later = tier.heartbeat("a", expire_after).await.unwrap();
+    assert!(later.server_time >= b.server_time);
+    assert!(later.server_time > Duration::from_secs(1_700_000_000));
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(tier.heartbeat("a", expire_after).await.unwrap(), 2);
+    assert_eq!(live(tier.heartbeat("a", expire_after).await.unwrap()), 2);
     tokio::time::sleep(Duration::from_millis(200)).await;
     // "b" was last heard of 400 ms ago.
-    assert_eq!(tier.heartbeat("a", expire_after).await.unwrap(), 1);
+    let alone = tier.heartbeat("a", expire_after).await.unwrap();
+    assert_eq!((alone.live, alone.rank), (1, 0));
 }
 
 #[tokio::test]

@@ -111,7 +111,7 @@ impl Application {
         // Built first so that every dependency guard reports its calls to it; the collector of
         // state counters is added once that state exists.
         let mut metrics = Metrics::new();
-        let fleet = join_fleet(&settings, tier.as_ref()).await;
+        let fleet = join_fleet(&settings, tier.as_ref(), &ticker).await;
         let protection = build_protection(
             &settings,
             Arc::clone(&ticker),
@@ -394,12 +394,20 @@ impl Application {
 /// This instance's part in the fleet's shared state, when quotas or the per-client limit are
 /// fleet-wide: recorded in the registry once before the guards are built, so that its share is
 /// cut for the fleet it joins.
-async fn join_fleet(settings: &Settings, tier: Option<&Arc<RedisTier>>) -> Option<Arc<Fleet>> {
+async fn join_fleet(
+    settings: &Settings,
+    tier: Option<&Arc<RedisTier>>,
+    ticker: &Arc<dyn Ticker>,
+) -> Option<Arc<Fleet>> {
     let resilience = &settings.resilience;
     let fleet_settings = &resilience.fleet;
     let wanted = fleet_settings.quotas || resilience.client_limit.scope == LimitScope::Fleet;
     let tier = tier.filter(|_| wanted)?;
-    let fleet = Arc::new(Fleet::new(Arc::clone(tier), &settings.instance_id()));
+    let fleet = Arc::new(Fleet::new(
+        Arc::clone(tier),
+        &settings.instance_id(),
+        Arc::clone(ticker),
+    ));
     fleet
         .beat(fleet_settings.heartbeat() * FleetSettings::MISSED_BEATS)
         .await;
