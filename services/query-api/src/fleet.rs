@@ -3,10 +3,11 @@
 //! (`[resilience.fleet]`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rebate_cache::Clock;
 use rebate_guard::{FleetGrant, FleetTokens};
 use rebate_redis_tier::RedisTier;
 use rebate_resilience::{RateConfig, Ticker};
@@ -20,42 +21,40 @@ pub struct Fleet {
     /// a random suffix, so that two instances given one name (or run in one process, as tests
     /// do) are still counted apart.
     instance: String,
-    /// Live instances at the last heartbeat that reached Redis, this instance's place among
-    /// them, and what to add to the guards' ticker to read Redis's clock: kept while Redis is
-    /// away, so the share an instance falls back to is cut for the fleet it last saw, in turns
-    /// on a clock every instance reads alike.
+    /// Live instances at the last heartbeat that reached Redis, and this instance's place among
+    /// them: kept while Redis is away, so the share an instance falls back to is cut for the
+    /// fleet it last saw.
     live: AtomicU32,
     rank: AtomicU32,
-    clock_offset_nanos: AtomicI64,
-    /// The guards' ticker.
+    /// The hosts' wall clock, which the fleet's instances read alike (NTP keeps them within
+    /// milliseconds, against turns of 1/per_second): the turns of a share are cut on it.
+    clock: Arc<dyn Clock>,
+    /// The guards' ticker, which the share's callers read.
     ticker: Arc<dyn Ticker>,
 }
 
 impl Fleet {
-    pub fn new(tier: Arc<RedisTier>, instance: &str, ticker: Arc<dyn Ticker>) -> Self {
+    pub fn new(
+        tier: Arc<RedisTier>,
+        instance: &str,
+        clock: Arc<dyn Clock>,
+        ticker: Arc<dyn Ticker>,
+    ) -> Self {
         Self {
             tier,
             instance: registry_name(instance),
             live: AtomicU32::new(1),
             rank: AtomicU32::new(0),
-            clock_offset_nanos: AtomicI64::new(0),
+            clock,
             ticker,
         }
     }
 
-    /// Records this instance in the registry and learns how many are alive, its place among
-    /// them, and Redis's clock (read halfway through the round trip). Errors leave the last
-    /// figures in place.
+    /// Records this instance in the registry and learns how many are alive and its place among
+    /// them. Errors leave the last figures in place.
     pub async fn beat(&self, expire_after: Duration) {
-        let sent = self.ticker.now_nanos();
         match self.tier.heartbeat(&self.instance, expire_after).await {
             Ok(beat) => {
-                let received = self.ticker.now_nanos();
-                let halfway = sent / 2 + received / 2;
-                let server = i64::try_from(beat.server_time.as_nanos()).unwrap_or(i64::MAX);
-                let halfway = i64::try_from(halfway).unwrap_or(i64::MAX);
-                self.clock_offset_nanos
-                    .store(server.saturating_sub(halfway), Ordering::Release);
                 self.rank.store(beat.rank, Ordering::Release);
                 let live = beat.live;
                 let before = self.live.swap(live, Ordering::AcqRel);
@@ -99,7 +98,9 @@ impl FleetTokens for Fleet {
     }
 
     fn clock_offset_nanos(&self) -> i64 {
-        self.clock_offset_nanos.load(Ordering::Acquire)
+        let wall = self.clock.now().as_millis().saturating_mul(1_000_000);
+        let ticker = i64::try_from(self.ticker.now_nanos()).unwrap_or(i64::MAX);
+        wall.saturating_sub(ticker)
     }
 }
 

@@ -49,8 +49,8 @@ pub trait FleetTokens: Send + Sync + fmt::Debug + 'static {
         0
     }
 
-    /// What to add to the guards' ticker to read the fleet's clock, in nanoseconds, as last
-    /// measured: the turns of a share are cut on it.
+    /// What to add to the guards' ticker to read the fleet's clock (the hosts' wall clock), in
+    /// nanoseconds: the turns of a share are cut on it.
     fn clock_offset_nanos(&self) -> i64 {
         0
     }
@@ -244,8 +244,8 @@ pub(crate) struct FleetQuota {
     waiting: AtomicU32,
     /// One grant at a time; the calls behind it take its tokens from the pool.
     granting: tokio::sync::Mutex<()>,
-    /// This instance's share, cut at its first use.
-    share: Mutex<Option<TurnShare>>,
+    /// This instance's share, cut at its first use (boxed: most quotas never use theirs).
+    share: Mutex<Option<Box<TurnShare>>>,
     granted: AtomicU64,
     refused: AtomicU64,
     grants: AtomicU64,
@@ -412,8 +412,8 @@ impl FleetQuota {
         let mut share = self.share.lock().unwrap_or_else(PoisonError::into_inner);
         let current = match share.take() {
             Some(current) if current.cut_for(rate, position) => current,
-            Some(old) => old.recut(rate, position, fleet_now),
-            None => TurnShare::new(rate, position, fleet_now),
+            Some(old) => Box::new(old.recut(rate, position, fleet_now)),
+            None => Box::new(TurnShare::new(rate, position, fleet_now)),
         };
         let share = share.insert(current);
         step(share, fleet_now)
@@ -708,9 +708,8 @@ mod tests {
             )),
             "coupons",
         ));
-        // A third of the quota: turns of 1/30 s dealt over three instances, so one call every
-        // 100 ms for this one (rank 0: the turn it is in now), and a third of the burst kept
-        // (2 turns).
+        // Its share: turns of 1/30 s dealt over three instances, so one call every 100 ms for
+        // this one (rank 0: the turn it is in now), and 2 of the burst's 5 kept turns.
         assert_eq!(acquire_at_once(&quota, &ticker, 5).await, 3);
         ticker.advance(Duration::from_millis(100));
         assert_eq!(acquire_at_once(&quota, &ticker, 10).await, 1);
@@ -756,9 +755,9 @@ mod tests {
         );
 
         // While the fleet is away, the share (all of it, for the one instance) is cut at its
-        // first use for the rate then: the turn it is in and the 2 turns of burst it keeps.
+        // first use for the rate then: the turn it is in and the burst's other turn, kept.
         fleet.unreachable.store(true, Ordering::SeqCst);
-        assert_eq!(acquire_at_once(&quota, &ticker, 5).await, 3);
+        assert_eq!(acquire_at_once(&quota, &ticker, 5).await, 2);
         quota.set_rate(RATE, ticker.now_nanos());
         assert_eq!(
             quota.wait(ticker.now_nanos()),

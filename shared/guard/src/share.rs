@@ -8,14 +8,18 @@
 //! `s mod N`. An instance may make one call in each of its turns, so the fleet makes at most
 //! one call per turn, whatever N is: one call every N turns per instance, never rounded up.
 //!
-//! The burst is shared too: instance `k` may keep `burst / N` turns it did not use (the first
-//! `burst mod N` ranks one more), to spend later. The kept turns of the whole fleet are never
-//! more than `burst`, so in any span of time the fleet makes at most `burst + per_second ×
-//! span` calls: the contract of one bucket.
+//! The burst is shared too. In any span of time the fleet's turns allow one call per turn that
+//! starts in it, plus one for the turn already under way when it begins: that one is the
+//! burst's first call. The other `burst − 1` are turns kept: instance `k` may keep
+//! `(burst − 1) / N` turns it did not use (the first `(burst − 1) mod N` ranks one more), to
+//! spend later. So in a second the fleet makes at most `burst + per_second` calls, as one
+//! bucket allows, and nothing is rounded up however many instances there are.
 //!
-//! The shared clock is the fleet's registry's (Redis's clock, read at each heartbeat; see
-//! [`crate::FleetTokens::clock_offset_nanos`]), and the rank is this instance's place in the
-//! registry as last seen. Both hold while Redis is away, which is when a share is used.
+//! The shared clock is the hosts' wall clock ([`crate::FleetTokens::clock_offset_nanos`]: NTP
+//! keeps hosts within milliseconds of each other, against turns of 1/per_second; hosts further
+//! apart than a turn may each take a turn the other also takes), and the rank is this
+//! instance's place in the fleet's registry as last seen, which holds while Redis is away:
+//! when a share is used.
 
 use std::time::Duration;
 
@@ -59,8 +63,9 @@ impl TurnShare {
         let live = u64::from(position.live.max(1));
         let rank = u64::from(position.rank) % live;
         let turn = (1e9 / rate.per_second).max(1.0) as u64;
-        let burst = u64::from(rate.burst);
-        let keep = burst / live + u64::from(rank < burst % live);
+        // The turn under way is the burst's first call; the rest are kept turns.
+        let kept_in_fleet = u64::from(rate.burst.saturating_sub(1));
+        let keep = kept_in_fleet / live + u64::from(rank < kept_in_fleet % live);
         let mut share = Self {
             rate,
             live,
@@ -110,7 +115,7 @@ impl TurnShare {
     /// turn not yet used.
     fn settle(&mut self, now: u64) -> bool {
         let fleet_turn = now / self.turn;
-        let current = (fleet_turn >= self.rank && (fleet_turn - self.rank) % self.live == 0)
+        let current = (fleet_turn >= self.rank && (fleet_turn - self.rank).is_multiple_of(self.live))
             .then(|| (fleet_turn - self.rank) / self.live);
         // Own turns that ended by now: those before the current one.
         let ended = self.first_own_at_or_after(fleet_turn);
@@ -158,7 +163,12 @@ mod tests {
         RateConfig { per_second, burst }
     }
 
-    fn fleet(rate: RateConfig, live: u32, offsets: impl Fn(u32) -> i64, now: u64) -> Vec<(FleetPosition, TurnShare)> {
+    fn fleet(
+        rate: RateConfig,
+        live: u32,
+        offsets: impl Fn(u32) -> i64,
+        now: u64,
+    ) -> Vec<(FleetPosition, TurnShare)> {
         (0..live)
             .map(|rank| {
                 let position = FleetPosition {
@@ -269,7 +279,10 @@ mod tests {
             let full: Vec<u64> = seconds[..5].to_vec();
             assert!(full.iter().all(|count| *count <= 50), "{phase}: {full:?}");
             // Each second after the first uses the fleet's 45 turns.
-            assert!(full[1..].iter().all(|count| *count >= 44), "{phase}: {full:?}");
+            assert!(
+                full[1..].iter().all(|count| *count >= 44),
+                "{phase}: {full:?}"
+            );
         }
     }
 
@@ -281,31 +294,46 @@ mod tests {
         // Busy for a second, quiet for ten, then every instance at once.
         hammer(&mut shares, start, 1, MS);
         let calls = hammer(&mut shares, start + 11 * SECOND, 1, MS);
-        // Five kept turns at most (the burst), plus one per turn: 45.
-        assert!(calls[0] <= 50, "{} calls in the first second after", calls[0]);
-        assert!(calls[0] >= 45, "{} calls: the fleet's turns are used", calls[0]);
+        // The burst (4 kept turns and the turn under way) and one call per turn after.
+        assert!(
+            calls[0] <= 50,
+            "{} calls in the first second after",
+            calls[0]
+        );
+        assert!(
+            calls[0] >= 45,
+            "{} calls: the fleet's turns are used",
+            calls[0]
+        );
     }
 
     #[test]
     fn the_burst_is_shared_never_rounded_up() {
         let contract = rate(2.0, 5);
+        // A burst of 5: the turn under way, and 4 turns kept across the fleet.
         let keeps: Vec<u64> = fleet(contract, 3, |_| 0, 0)
             .iter()
             .map(|(_, share)| share.keep)
             .collect();
-        assert_eq!(keeps, [2, 2, 1]);
+        assert_eq!(keeps, [2, 1, 1]);
         let keeps: Vec<u64> = fleet(contract, 100, |_| 0, 0)
             .iter()
             .map(|(_, share)| share.keep)
             .collect();
-        assert_eq!(keeps.iter().sum::<u64>(), 5);
-        assert_eq!(keeps.iter().filter(|keep| **keep > 0).count(), 5);
+        assert_eq!(keeps.iter().sum::<u64>(), 4);
+        assert_eq!(keeps.iter().filter(|keep| **keep > 0).count(), 4);
+        // A burst of 1 keeps nothing.
+        let keeps: Vec<u64> = fleet(rate(2.0, 1), 3, |_| 0, 0)
+            .iter()
+            .map(|(_, share)| share.keep)
+            .collect();
+        assert_eq!(keeps, [0, 0, 0]);
     }
 
     #[test]
     fn one_instance_waits_for_its_own_turn() {
         // 10/s over 4 instances: turns of 100 ms, rank 2 owns turns 2, 6, 10, …: one call
-        // every 400 ms. A burst of 4 over 4 instances: each keeps one turn.
+        // every 400 ms. A burst of 4: 3 kept turns over 4 instances, one for rank 2.
         let position = FleetPosition {
             live: 4,
             rank: 2,
@@ -322,7 +350,7 @@ mod tests {
         assert_eq!(share.try_acquire(750 * MS), Ok(()));
         assert_eq!(share.try_acquire(760 * MS), Err(Duration::from_millis(240)));
         assert_eq!(share.try_acquire(1_000 * MS), Ok(()));
-        // A rank that keeps nothing (burst 1 over 4 goes to rank 0) only has its turns.
+        // With a burst of 1 nothing is kept: only its turns.
         let mut lean = TurnShare::new(rate(10.0, 1), position, 0);
         assert_eq!(lean.try_acquire(0), Err(Duration::from_millis(200)));
         assert_eq!(lean.try_acquire(750 * MS), Err(Duration::from_millis(250)));
@@ -336,10 +364,11 @@ mod tests {
             clock_offset_nanos: 0,
         };
         let mut share = TurnShare::new(rate(5.0, 2), position, 0);
-        // Its turn and its two kept ones.
-        for _ in 0..3 {
+        // Its turn and the one kept.
+        for _ in 0..2 {
             assert_eq!(share.try_acquire(0), Ok(()));
         }
+        assert!(share.try_acquire(0).is_err());
         let mut faster = share.recut(rate(10.0, 4), position, 10 * MS);
         assert_eq!(faster.wait(10 * MS), Duration::from_millis(90));
         assert_eq!(faster.try_acquire(100 * MS), Ok(()));
@@ -347,11 +376,15 @@ mod tests {
 
     #[test]
     fn clocks_a_little_apart_overlap_turns_by_no_more_than_their_difference() {
-        // Heartbeats measure the fleet's clock to within their round trip: 2 ms apart here,
-        // against turns of 22 ms.
+        // Hosts' clocks 2 ms apart, against turns of 22 ms.
         let contract = rate(45.0, 5);
         let start = 1_700_000_000 * SECOND;
-        let mut shares = fleet(contract, 100, |rank| i64::from(rank % 3) * 1_000_000 - 1_000_000, start);
+        let mut shares = fleet(
+            contract,
+            100,
+            |rank| i64::from(rank % 3) * 1_000_000 - 1_000_000,
+            start,
+        );
         let calls = hammer(&mut shares, start, 10, MS);
         let peak = calls.iter().copied().max().unwrap();
         assert!(peak <= 51, "{peak} calls in a second");

@@ -29,8 +29,6 @@ pub struct Heartbeat {
     pub live: u32,
     /// This instance's place among their names in byte order, from 0.
     pub rank: u32,
-    /// The server's clock (since the Unix epoch) when it recorded the beat.
-    pub server_time: Duration,
 }
 
 impl RedisTier {
@@ -73,8 +71,8 @@ impl RedisTier {
     }
 
     /// Records `instance` as alive in the registry (`{prefix}:instances`), forgets instances not
-    /// heard of for `expire_after`, and returns how many are alive (this one included), its place
-    /// among them and the server's clock.
+    /// heard of for `expire_after`, and returns how many are alive (this one included) and its
+    /// place among them.
     pub async fn heartbeat(
         &self,
         instance: &str,
@@ -88,23 +86,14 @@ impl RedisTier {
                 .max(1),
         );
         self.bounded(async {
-            let reply = self.invoke(&invocation).await?;
-            let Value::Array(fields) = &reply else {
-                return Err(self.unexpected("the heartbeat"));
-            };
-            let number = |index: usize| -> Option<u64> {
-                match fields.get(index)? {
-                    Value::Int(value) => u64::try_from(*value).ok(),
-                    Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
-                    _ => None,
-                }
-            };
-            match (number(0), number(1), number(2)) {
-                (Some(live), Some(rank), Some(server_micros)) => Ok(Heartbeat {
-                    live: u32::try_from(live).unwrap_or(u32::MAX).max(1),
-                    rank: u32::try_from(rank).unwrap_or(u32::MAX),
-                    server_time: Duration::from_micros(server_micros),
-                }),
+            match self.invoke(&invocation).await? {
+                Value::Array(fields) => match fields.as_slice() {
+                    [Value::Int(live), Value::Int(rank)] => Ok(Heartbeat {
+                        live: u32::try_from(*live).unwrap_or(u32::MAX).max(1),
+                        rank: u32::try_from(*rank).unwrap_or(u32::MAX),
+                    }),
+                    _ => Err(self.unexpected("the heartbeat")),
+                },
                 _ => Err(self.unexpected("the heartbeat")),
             }
         })

@@ -72,13 +72,11 @@ return {granted, math.ceil(retry_after)}
 
 /// The instance registry: `KEYS[1]` a sorted set of instance names scored by their last
 /// heartbeat (milliseconds on the server's clock). Records `ARGV[1]`, drops names not heard of
-/// for `ARGV[2]` milliseconds, and returns how many remain (this instance included), this
-/// instance's place among their names in byte order (0-based), and the server's clock in
-/// microseconds: what an instance needs to take its turn in a share cut by a shared clock.
+/// for `ARGV[2]` milliseconds, and returns how many remain (this instance included) and this
+/// instance's place among their names in byte order (from 0): its turns in a share.
 const HEARTBEAT: &str = r#"
 local clock = redis.call('TIME')
-local micros = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-local now = math.floor(micros / 1000)
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local expire_after = tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - expire_after)
@@ -88,7 +86,7 @@ local rank = 0
 for _, name in ipairs(names) do
   if name < ARGV[1] then rank = rank + 1 end
 end
-return {#names, rank, tostring(micros)}
+return {#names, rank}
 "#;
 
 /// Replaces one instance's hot keys in the fleet's view: `KEYS[1]` the instance's sorted set

@@ -80,10 +80,6 @@ async fn the_registry_counts_instances_until_they_stop_beating() {
     assert_eq!((a.live, a.rank), (2, 0), "\"a\" sorts before \"b\"");
     let b = tier.heartbeat("b", expire_after).await.unwrap();
     assert_eq!((b.live, b.rank), (2, 1), "counted once, second by name");
-    // The server's clock, in the Unix epoch, moving forward.
-    let later = tier.heartbeat("a", expire_after).await.unwrap();
-    assert!(later.server_time >= b.server_time);
-    assert!(later.server_time > Duration::from_secs(1_700_000_000));
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(live(tier.heartbeat("a", expire_after).await.unwrap()), 2);
     tokio::time::sleep(Duration::from_millis(200)).await;

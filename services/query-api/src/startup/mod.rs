@@ -111,7 +111,7 @@ impl Application {
         // Built first so that every dependency guard reports its calls to it; the collector of
         // state counters is added once that state exists.
         let mut metrics = Metrics::new();
-        let fleet = join_fleet(&settings, tier.as_ref(), &ticker).await;
+        let fleet = join_fleet(&settings, tier.as_ref(), &clock, &ticker).await;
         let protection = build_protection(
             &settings,
             Arc::clone(&ticker),
@@ -397,6 +397,7 @@ impl Application {
 async fn join_fleet(
     settings: &Settings,
     tier: Option<&Arc<RedisTier>>,
+    clock: &Arc<dyn Clock>,
     ticker: &Arc<dyn Ticker>,
 ) -> Option<Arc<Fleet>> {
     let resilience = &settings.resilience;
@@ -406,6 +407,7 @@ async fn join_fleet(
     let fleet = Arc::new(Fleet::new(
         Arc::clone(tier),
         &settings.instance_id(),
+        Arc::clone(clock),
         Arc::clone(ticker),
     ));
     fleet
