@@ -115,8 +115,9 @@ impl TurnShare {
     /// turn not yet used.
     fn settle(&mut self, now: u64) -> bool {
         let fleet_turn = now / self.turn;
-        let current = (fleet_turn >= self.rank && (fleet_turn - self.rank).is_multiple_of(self.live))
-            .then(|| (fleet_turn - self.rank) / self.live);
+        let current = (fleet_turn >= self.rank
+            && (fleet_turn - self.rank).is_multiple_of(self.live))
+        .then(|| (fleet_turn - self.rank) / self.live);
         // Own turns that ended by now: those before the current one.
         let ended = self.first_own_at_or_after(fleet_turn);
         if ended > self.next {
