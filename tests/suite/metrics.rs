@@ -247,6 +247,7 @@ async fn metrics_are_served_without_a_token_as_valid_openmetrics_text() {
         ("rebate_dependency_call_duration_seconds", "histogram"),
         ("rebate_answers", "counter"),
         ("rebate_business_success_ratio", "gauge"),
+        ("rebate_answer_ratio", "gauge"),
         ("rebate_cache_lookups", "counter"),
         ("rebate_cache_single_flight_joins", "counter"),
         ("rebate_cache_entries", "gauge"),
@@ -323,10 +324,19 @@ async fn known_traffic_moves_exactly_the_numbers_it_should() {
         5.0,
         "three singles and two batch lines"
     );
-    assert_eq!(after.answers("failed") - before.answers("failed"), 1.0);
+    // The unknown item's 404 is a correct answer, not a failure.
+    assert_eq!(
+        after.answers("not_found") - before.answers("not_found"),
+        1.0
+    );
+    assert_eq!(after.answers("failed"), before.answers("failed"));
     assert_eq!(after.answers("degraded"), before.answers("degraded"));
     let ratio = after.value("rebate_business_success_ratio", &[]).unwrap();
-    assert!((ratio - 5.0 / 6.0).abs() < 1e-9, "{ratio}");
+    assert!((ratio - 1.0).abs() < 1e-9, "{ratio}");
+    assert_eq!(
+        after.value("rebate_answer_ratio", &[("outcome", "failed")]),
+        Some(0.0)
+    );
 
     let product_l1_hits = |metrics: &Exposition| {
         metrics
@@ -525,7 +535,9 @@ async fn with_redis_and_the_bloom_filter_their_series_appear() {
     let rejections =
         |metrics: &Exposition| metrics.value("rebate_bloom_rejections_total", &[]).unwrap();
     assert_eq!(rejections(&metrics) - rejections(&before), 5.0);
-    assert_eq!(metrics.answers("failed"), 5.0);
+    // The filter's 404s are correct answers: counted as not found, never as failures.
+    assert_eq!(metrics.answers("not_found"), 5.0);
+    assert_eq!(metrics.answers("failed"), 0.0);
     app.stop().await;
     env.clean_up().await;
 }

@@ -30,6 +30,7 @@ use rebate_engine::QueryEngine;
 use rebate_guard::{CallObserver, CallOutcome};
 use rebate_resilience::{AdmissionQueue, BreakerState, RequestClass, WAIT_BUCKETS_SECONDS};
 use rebate_sources::BatchStats;
+use serde::{Deserialize, Serialize};
 
 use crate::consistency::{CheckSource, ConsistencyObserver, Outcome};
 use crate::event_bus::EventBus;
@@ -57,17 +58,20 @@ fn latency_histogram() -> Histogram {
 
 type LatencyFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
-/// What one request answered per item (the business success ratio is complete answers ÷ all
-/// answers). The item handlers attach it to their response; the request middleware hands it to
-/// [`Metrics::record_request`] and the slow-request log. Error responses carry none; they are
-/// counted as failed answers from their status.
+/// What one request answered per item. The item handlers attach it to their response; the
+/// request middleware hands it to [`Metrics::record_request`] and the slow-request log. Error
+/// responses carry none; they are counted from their status ([`AnswerTotals`] says how).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Answered {
     /// Items answered with every part live.
     pub complete: u32,
     /// Items answered with at least one part stale or template.
     pub degraded: u32,
-    /// Items answered with an error (batch lines only).
+    /// Unknown or delisted items (batch lines only): a correct answer.
+    pub not_found: u32,
+    /// Items the client named wrongly (batch lines only).
+    pub invalid: u32,
+    /// Items answered with any other error (batch lines only).
     pub failed: u32,
 }
 
@@ -175,23 +179,87 @@ impl EncodeLabelValue for Route {
     }
 }
 
-/// Per-item answers by outcome. Fixed handles, so recording is three atomic adds.
+/// Per-item answers by outcome. Fixed handles, so recording is a few atomic adds.
 #[derive(Debug, Clone, Default)]
 struct Answers {
     complete: Counter,
     degraded: Counter,
+    not_found: Counter,
+    invalid: Counter,
+    limited: Counter,
     failed: Counter,
 }
 
 impl Answers {
-    /// complete ÷ all answers since start; 1.0 before the first answer (nothing has failed yet).
-    fn success_ratio(&self) -> f64 {
-        let complete = self.complete.get();
-        let all = complete + self.degraded.get() + self.failed.get();
-        if all == 0 {
-            return 1.0;
+    fn totals(&self) -> AnswerTotals {
+        AnswerTotals {
+            complete: self.complete.get(),
+            degraded: self.degraded.get(),
+            not_found: self.not_found.get(),
+            invalid: self.invalid.get(),
+            limited: self.limited.get(),
+            failed: self.failed.get(),
         }
-        complete as f64 / all as f64
+    }
+}
+
+/// Items answered, by outcome:
+///
+/// | outcome | what | in the ratios |
+/// | --- | --- | --- |
+/// | `complete` | every part live | a success |
+/// | `not_found` | `404`: the item is unknown or delisted, a correct answer | a success |
+/// | `degraded` | a part stale or template | its own ratio |
+/// | `limited` | `429`: the client's limit | its own ratio |
+/// | `failed` | `5xx` (shed, unavailable, timeout, internal) and failed batch lines | its own ratio |
+/// | `invalid` | `400`-class: the client named the item wrongly | not counted |
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnswerTotals {
+    pub complete: u64,
+    pub degraded: u64,
+    pub not_found: u64,
+    pub invalid: u64,
+    pub limited: u64,
+    pub failed: u64,
+}
+
+impl AnswerTotals {
+    /// What was answered after `earlier`.
+    pub fn since(&self, earlier: &AnswerTotals) -> AnswerTotals {
+        AnswerTotals {
+            complete: self.complete.saturating_sub(earlier.complete),
+            degraded: self.degraded.saturating_sub(earlier.degraded),
+            not_found: self.not_found.saturating_sub(earlier.not_found),
+            invalid: self.invalid.saturating_sub(earlier.invalid),
+            limited: self.limited.saturating_sub(earlier.limited),
+            failed: self.failed.saturating_sub(earlier.failed),
+        }
+    }
+
+    pub fn add(&mut self, other: &AnswerTotals) {
+        self.complete += other.complete;
+        self.degraded += other.degraded;
+        self.not_found += other.not_found;
+        self.invalid += other.invalid;
+        self.limited += other.limited;
+        self.failed += other.failed;
+    }
+
+    /// The answers the ratios are over: all but the client's mistakes (`invalid`).
+    pub fn judged(&self) -> u64 {
+        self.complete + self.not_found + self.degraded + self.limited + self.failed
+    }
+
+    /// The business success ratio: complete and not-found answers ÷ [`AnswerTotals::judged`];
+    /// `None` without any.
+    pub fn success_ratio(&self) -> Option<f64> {
+        self.share(self.complete + self.not_found)
+    }
+
+    /// `part` ÷ [`AnswerTotals::judged`]; `None` without any.
+    pub fn share(&self, part: u64) -> Option<f64> {
+        let judged = self.judged();
+        (judged > 0).then(|| part as f64 / judged as f64)
     }
 }
 
@@ -200,29 +268,51 @@ impl Answers {
 pub struct AnswerCounters(Answers);
 
 impl AnswerCounters {
-    /// (complete, degraded, failed).
-    pub fn totals(&self) -> (u64, u64, u64) {
-        (
-            self.0.complete.get(),
-            self.0.degraded.get(),
-            self.0.failed.get(),
-        )
+    pub fn totals(&self) -> AnswerTotals {
+        self.0.totals()
     }
 }
 
-/// The success ratio, derived from the answer counters at scrape time.
-#[derive(Debug)]
-struct SuccessRatio(Answers);
+/// Seconds the ratios of the exposition are over.
+const RECENT_SECONDS: usize = 60;
 
-impl Collector for SuccessRatio {
+/// The success ratio and the shares of degraded, limited and failed answers over the last
+/// [`RECENT_SECONDS`] seconds (the window's slots and the part of the second under way),
+/// derived at scrape time.
+#[derive(Debug)]
+struct RecentRatios {
+    answers: Answers,
+    window: Arc<crate::rules::window::RequestWindow>,
+}
+
+impl Collector for RecentRatios {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+        let recent = self
+            .window
+            .recent_answers(RECENT_SECONDS, &self.answers.totals());
         let metric = encoder.encode_descriptor(
             "rebate_business_success_ratio",
-            "Complete (live, non-degraded) answers divided by all answers since start; 1 before the first answer.",
+            "Complete and not-found (a correct 404) answers divided by the answers judged (all but 400-class client errors) over the last 60 s; 1 with none.",
             None,
             MetricType::Gauge,
         )?;
-        ConstGauge::new(self.0.success_ratio()).encode(metric)
+        ConstGauge::new(recent.success_ratio().unwrap_or(1.0)).encode(metric)?;
+        let mut family = encoder.encode_descriptor(
+            "rebate_answer_ratio",
+            "Degraded, limited (429) and failed (5xx) answers, each divided by the answers judged over the last 60 s; 0 with none.",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (outcome, count) in [
+            ("degraded", recent.degraded),
+            ("limited", recent.limited),
+            ("failed", recent.failed),
+        ] {
+            let labels = [("outcome", outcome)];
+            ConstGauge::new(recent.share(count).unwrap_or(0.0))
+                .encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 
@@ -272,10 +362,16 @@ impl Metrics {
         let answers = Answers::default();
         registry.register(
             "rebate_answers",
-            "Items answered, by outcome: complete (every part live), degraded (some part stale or template), failed (an error status)",
+            "Items answered, by outcome: complete (every part live), degraded (some part stale or template), not_found (404, a correct answer), invalid (400-class), limited (429), failed (5xx and failed batch lines)",
             AnswerFamily(answers.clone()),
         );
-        registry.register_collector(Box::new(SuccessRatio(answers.clone())));
+        let window = Arc::new(crate::rules::window::RequestWindow::new(
+            crate::rules::window::KEPT_SECONDS,
+        ));
+        registry.register_collector(Box::new(RecentRatios {
+            answers: answers.clone(),
+            window: Arc::clone(&window),
+        }));
         let calls = Arc::new(CallMetrics {
             calls: Family::new_with_constructor(latency_histogram),
         });
@@ -291,9 +387,7 @@ impl Metrics {
             answered: std::array::from_fn(|_| OnceLock::new()),
             answers,
             calls,
-            window: Arc::new(crate::rules::window::RequestWindow::new(
-                crate::rules::window::KEPT_SECONDS,
-            )),
+            window,
         }
     }
 
@@ -365,12 +459,28 @@ impl Metrics {
         }
         match answered {
             Some(answered) => {
-                self.answers.complete.inc_by(u64::from(answered.complete));
-                self.answers.degraded.inc_by(u64::from(answered.degraded));
-                self.answers.failed.inc_by(u64::from(answered.failed));
+                let answers = &self.answers;
+                for (counter, count) in [
+                    (&answers.complete, answered.complete),
+                    (&answers.degraded, answered.degraded),
+                    (&answers.not_found, answered.not_found),
+                    (&answers.invalid, answered.invalid),
+                    (&answers.failed, answered.failed),
+                ] {
+                    if count > 0 {
+                        counter.inc_by(u64::from(count));
+                    }
+                }
             }
-            None if status >= 400 && matches!(route, Route::Matched(_)) => {
-                self.answers.failed.inc();
+            None if matches!(route, Route::Matched(_)) => {
+                let counter = match status {
+                    404 => &self.answers.not_found,
+                    429 => &self.answers.limited,
+                    400..=499 => &self.answers.invalid,
+                    500.. => &self.answers.failed,
+                    _ => return,
+                };
+                counter.inc();
             }
             None => {}
         }
@@ -384,7 +494,7 @@ impl Metrics {
     }
 }
 
-/// `rebate_answers_total{outcome}` over the three fixed counters.
+/// `rebate_answers_total{outcome}` over the fixed counters.
 #[derive(Debug)]
 struct AnswerFamily(Answers);
 
@@ -393,6 +503,9 @@ impl EncodeMetric for AnswerFamily {
         for (outcome, counter) in [
             ("complete", &self.0.complete),
             ("degraded", &self.0.degraded),
+            ("not_found", &self.0.not_found),
+            ("invalid", &self.0.invalid),
+            ("limited", &self.0.limited),
             ("failed", &self.0.failed),
         ] {
             let labels = [("outcome", outcome)];
@@ -1390,7 +1503,7 @@ mod tests {
     #[test]
     fn the_success_ratio_is_one_before_any_answer_then_complete_over_all() {
         let metrics = Metrics::new();
-        assert_eq!(metrics.answers.success_ratio(), 1.0);
+        assert_eq!(metrics.answers.totals().success_ratio(), None);
         let text = metrics.encode().unwrap();
         assert_eq!(sample(&text, "rebate_business_success_ratio"), Some("1.0"));
 
@@ -1398,7 +1511,7 @@ mod tests {
         let answered = Answered {
             complete: 3,
             degraded: 1,
-            failed: 0,
+            ..Answered::default()
         };
         metrics.record_request(
             &route,
@@ -1407,7 +1520,7 @@ mod tests {
             Some(answered),
             Duration::from_millis(2),
         );
-        assert_eq!(metrics.answers.success_ratio(), 0.75);
+        assert_eq!(metrics.answers.totals().success_ratio(), Some(0.75));
         let text = metrics.encode().unwrap();
         assert_eq!(
             sample(&text, r#"rebate_answers_total{outcome="complete"}"#),
@@ -1419,6 +1532,93 @@ mod tests {
         );
         assert_eq!(sample(&text, "rebate_business_success_ratio"), Some("0.75"));
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn a_correct_404_is_a_success_a_client_error_is_not_judged_and_429s_have_their_ratio() {
+        let metrics = Metrics::new();
+        let item = Route::Matched(ITEM_ROUTE);
+        let record = |status: u16, answered: Option<Answered>| {
+            metrics.record_request(&item, None, status, answered, Duration::from_millis(1));
+        };
+        record(200, Some(answered_complete()));
+        record(404, None);
+        record(400, None);
+        record(429, None);
+        record(503, None);
+        let text = metrics.encode().unwrap();
+        for (outcome, count) in [
+            ("complete", "1"),
+            ("not_found", "1"),
+            ("invalid", "1"),
+            ("limited", "1"),
+            ("failed", "1"),
+        ] {
+            let series = format!(r#"rebate_answers_total{{outcome="{outcome}"}}"#);
+            assert_eq!(sample(&text, &series), Some(count), "{outcome}");
+        }
+        // Judged: all but the 400. A success: the 200 and the 404.
+        assert_eq!(sample(&text, "rebate_business_success_ratio"), Some("0.5"));
+        for outcome in ["limited", "failed"] {
+            let series = format!(r#"rebate_answer_ratio{{outcome="{outcome}"}}"#);
+            assert_eq!(sample(&text, &series), Some("0.25"), "{outcome}");
+        }
+        assert_eq!(
+            sample(&text, r#"rebate_answer_ratio{outcome="degraded"}"#),
+            Some("0.0")
+        );
+    }
+
+    #[test]
+    fn the_ratios_are_over_the_last_minute() {
+        use crate::rules::window::Totals;
+
+        let metrics = Metrics::new();
+        let item = Route::Matched(ITEM_ROUTE);
+        let close_second = |second: u64| {
+            let totals = Totals {
+                answers: metrics.answers.totals(),
+                trips: 0,
+            };
+            metrics.window.sample(second, totals, 0);
+        };
+        close_second(1_000);
+        // A bad second: every answer failed.
+        for _ in 0..10 {
+            metrics.record_request(&item, None, 503, None, Duration::from_millis(1));
+        }
+        close_second(1_001);
+        let text = metrics.encode().unwrap();
+        assert_eq!(sample(&text, "rebate_business_success_ratio"), Some("0.0"));
+        // A minute of good seconds later, the bad one has left the window.
+        for second in 1_002..1_062 {
+            metrics.record_request(
+                &item,
+                None,
+                200,
+                Some(answered_complete()),
+                Duration::from_millis(1),
+            );
+            close_second(second);
+        }
+        let text = metrics.encode().unwrap();
+        assert_eq!(sample(&text, "rebate_business_success_ratio"), Some("1.0"));
+        assert_eq!(
+            sample(&text, r#"rebate_answer_ratio{outcome="failed"}"#),
+            Some("0.0")
+        );
+        // Since start, the failures are still counted.
+        assert_eq!(
+            sample(&text, r#"rebate_answers_total{outcome="failed"}"#),
+            Some("10")
+        );
+    }
+
+    fn answered_complete() -> Answered {
+        Answered {
+            complete: 1,
+            ..Answered::default()
+        }
     }
 
     #[test]

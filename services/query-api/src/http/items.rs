@@ -257,7 +257,7 @@ fn answered(degraded: bool) -> Answered {
     Answered {
         complete: u32::from(!degraded),
         degraded: u32::from(degraded),
-        failed: 0,
+        ..Answered::default()
     }
 }
 
@@ -480,10 +480,22 @@ pub(super) async fn batch_rebate(
     let results: Vec<BatchResult> = results;
     let mut answered = Answered::default();
     for result in &results {
-        match &result.quote {
-            Some(quote) if quote.degraded() => answered.degraded += 1,
-            Some(_) => answered.complete += 1,
-            None => answered.failed += 1,
+        match (&result.quote, &result.error) {
+            (Some(quote), _) if quote.degraded() => answered.degraded += 1,
+            (Some(_), _) => answered.complete += 1,
+            (None, Some(error)) if error.code == rebate_domain::ErrorCode::ItemNotFound => {
+                answered.not_found += 1;
+            }
+            (None, Some(error))
+                if matches!(
+                    error.code,
+                    rebate_domain::ErrorCode::InvalidPlatform
+                        | rebate_domain::ErrorCode::InvalidItemId
+                ) =>
+            {
+                answered.invalid += 1;
+            }
+            (None, _) => answered.failed += 1,
         }
     }
     // Serialised into a buffer sized for the answer: axum's `Json` starts at 128 bytes and

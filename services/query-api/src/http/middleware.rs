@@ -443,9 +443,8 @@ mod tests {
                         }
                         let mut response = "ok".into_response();
                         response.extensions_mut().insert(Answered {
-                            complete: 0,
                             degraded: 1,
-                            failed: 0,
+                            ..Answered::default()
                         });
                         response
                     },
@@ -483,10 +482,15 @@ mod tests {
         assert_eq!(sample(&text, &series(item, 404, false)), Some("1"));
         assert_eq!(sample(&text, &series("other", 404, false)), Some("1"));
         assert!(!text.contains("/items/taobao/1"), "{text}");
-        // The error on the item route is a failed answer; the unknown path answered no item.
+        // The 404 on the item route is a correct answer (an unknown item); the unknown path
+        // answered no item.
+        assert_eq!(
+            sample(&text, r#"rebate_answers_total{outcome="not_found"}"#),
+            Some("1")
+        );
         assert_eq!(
             sample(&text, r#"rebate_answers_total{outcome="failed"}"#),
-            Some("1")
+            Some("0")
         );
         assert_eq!(
             sample(&text, r#"rebate_answers_total{outcome="degraded"}"#),

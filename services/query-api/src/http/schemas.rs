@@ -799,7 +799,8 @@ pub enum VerdictBaseline {
 #[serde(deny_unknown_fields)]
 pub struct VerdictSummary {
     pub requests: u64,
-    /// Items answered with every part live ÷ items answered; null without answers.
+    /// Items answered with every part live, or a correct 404, ÷ items answered (400-class
+    /// client errors not counted); null without answers.
     #[schema(required = true, minimum = 0, maximum = 1)]
     pub success_ratio: Option<f64>,
     /// Null without requests.

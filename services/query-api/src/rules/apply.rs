@@ -117,20 +117,13 @@ impl ApplyTarget for ServiceTarget {
     }
 
     fn totals(&self) -> (Totals, u8) {
-        let (complete, degraded, failed) = self.answers.totals();
+        let answers = self.answers.totals();
         let trips = self
             .protection
             .dependencies()
             .iter()
             .map(|guard| guard.breaker().snapshot().trips)
             .sum();
-        (
-            Totals {
-                answered: complete + degraded + failed,
-                complete,
-                trips,
-            },
-            self.protection.level().as_u8(),
-        )
+        (Totals { answers, trips }, self.protection.level().as_u8())
     }
 }

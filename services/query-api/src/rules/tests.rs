@@ -37,8 +37,12 @@ impl ApplyTarget for FakeTarget {
     fn totals(&self) -> (Totals, u8) {
         (
             Totals {
-                answered: self.answered.load(Ordering::Relaxed),
-                complete: self.complete.load(Ordering::Relaxed),
+                answers: crate::metrics::AnswerTotals {
+                    complete: self.complete.load(Ordering::Relaxed),
+                    degraded: self.answered.load(Ordering::Relaxed)
+                        - self.complete.load(Ordering::Relaxed),
+                    ..Default::default()
+                },
                 trips: self.trips.load(Ordering::Relaxed),
             },
             self.level.load(Ordering::Relaxed),

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::metrics::AnswerTotals;
+
 /// Seconds of figures kept: an hour, twice the longest default observation window's needs.
 pub const KEPT_SECONDS: usize = 3600;
 
@@ -38,7 +40,8 @@ pub struct Figures {
     /// Seconds with a slot in the span.
     pub seconds: u64,
     pub requests: u64,
-    /// Items answered, and those answered with every part live (the business success ratio).
+    /// Items answered and judged (all but the client's mistakes), and those that were a
+    /// success: every part live, or a correct `404` (the business success ratio).
     pub answered: u64,
     pub complete: u64,
     pub trips: u64,
@@ -111,8 +114,7 @@ impl Figures {
 /// Running totals as read at one sample.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Totals {
-    pub answered: u64,
-    pub complete: u64,
+    pub answers: AnswerTotals,
     pub trips: u64,
 }
 
@@ -120,8 +122,7 @@ pub struct Totals {
 struct Slot {
     second: u64,
     requests: u64,
-    answered: u64,
-    complete: u64,
+    answers: AnswerTotals,
     trips: u64,
     level: u8,
     latency: [u64; BUCKETS],
@@ -175,8 +176,7 @@ impl RequestWindow {
             let slot = Slot {
                 second,
                 requests: delta.iter().sum(),
-                answered: totals.answered.saturating_sub(before.answered),
-                complete: totals.complete.saturating_sub(before.complete),
+                answers: totals.answers.since(&before.answers),
                 trips: totals.trips.saturating_sub(before.trips),
                 level,
                 latency: delta,
@@ -203,8 +203,8 @@ impl RequestWindow {
         {
             figures.seconds += 1;
             figures.requests += slot.requests;
-            figures.answered += slot.answered;
-            figures.complete += slot.complete;
+            figures.answered += slot.answers.judged();
+            figures.complete += slot.answers.complete + slot.answers.not_found;
             figures.trips += slot.trips;
             figures.max_shed_level = figures.max_shed_level.max(slot.level);
             for (sum, count) in figures.latency.iter_mut().zip(slot.latency) {
@@ -213,16 +213,37 @@ impl RequestWindow {
         }
         figures
     }
+
+    /// The answers of the last `seconds` slots and of the second under way: `now` less the
+    /// totals of the last sample (all of `now` before the first sample).
+    pub fn recent_answers(&self, seconds: usize, now: &AnswerTotals) -> AnswerTotals {
+        let ring = self
+            .ring
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let mut recent = match &ring.last {
+            Some((last, _)) => now.since(&last.answers),
+            None => *now,
+        };
+        for slot in ring.slots.iter().rev().take(seconds) {
+            recent.add(&slot.answers);
+        }
+        recent
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// `answered` items, `complete` of them whole and the rest degraded.
     fn totals(answered: u64, complete: u64, trips: u64) -> Totals {
         Totals {
-            answered,
-            complete,
+            answers: AnswerTotals {
+                complete,
+                degraded: answered - complete,
+                ..AnswerTotals::default()
+            },
             trips,
         }
     }
