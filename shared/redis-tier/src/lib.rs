@@ -45,7 +45,7 @@ mod warm;
 
 pub use capture::{CaptureLease, CaptureRecord, LeaseAttempt};
 pub use fleet::{Heartbeat, KeyCounts, TokenGrant};
-pub use settings::{RedisTarget, RedisTierConfig};
+pub use settings::{RedisTarget, RedisTierConfig, RedisTls};
 pub use stats::RedisTierStats;
 pub use tier::RedisTier;
 pub use warm::{WARM_GROUP, WarmChunk, WarmJobCounts, WarmTally};

@@ -38,6 +38,53 @@ pub struct RedisTierConfig {
     pub command_timeout: Duration,
     /// Bound on the connection made by [`crate::RedisTier::connect`]; also each reconnect attempt.
     pub connect_timeout: Duration,
+    /// TLS material for `rediss://` targets; without it a `rediss://` target trusts the
+    /// system's roots.
+    pub tls: RedisTls,
+}
+
+/// The CA a `rediss://` target's certificate is checked against, and a client certificate for
+/// servers that ask for one, all PEM. `Debug` says which are set, never what they hold.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    pub ca_pem: Option<Vec<u8>>,
+    pub client_cert_pem: Option<Vec<u8>>,
+    pub client_key_pem: Option<Vec<u8>>,
+}
+
+impl RedisTls {
+    pub fn is_set(&self) -> bool {
+        self.ca_pem.is_some() || self.client_cert_pem.is_some() || self.client_key_pem.is_some()
+    }
+
+    /// The redis crate's form, when anything is set.
+    pub(crate) fn certificates(&self) -> Option<redis::TlsCertificates> {
+        if !self.is_set() {
+            return None;
+        }
+        let client_tls = match (&self.client_cert_pem, &self.client_key_pem) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+            _ => None,
+        };
+        Some(redis::TlsCertificates {
+            client_tls,
+            root_cert: self.ca_pem.clone(),
+        })
+    }
+}
+
+impl fmt::Debug for RedisTls {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("RedisTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_cert", &self.client_cert_pem.is_some())
+            .field("client_key", &self.client_key_pem.as_ref().map(|_| MASK))
+            .finish()
+    }
 }
 
 impl RedisTierConfig {
@@ -52,6 +99,7 @@ impl RedisTierConfig {
             prefix: Self::DEFAULT_PREFIX.to_owned(),
             command_timeout: Self::DEFAULT_COMMAND_TIMEOUT,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            tls: RedisTls::default(),
         }
     }
 
@@ -83,15 +131,32 @@ impl RedisTierConfig {
         if self.connect_timeout.is_zero() {
             return Err("redis tier connect_timeout must be greater than zero".to_owned());
         }
-        match &self.url_or_nodes {
+        if self.tls.client_cert_pem.is_some() != self.tls.client_key_pem.is_some() {
+            return Err(
+                "redis tls: a client certificate needs its key, and a key its certificate"
+                    .to_owned(),
+            );
+        }
+        let urls: Vec<&String> = match &self.url_or_nodes {
             RedisTarget::Single(url) if url.trim().is_empty() => {
-                Err("redis tier url must not be empty".to_owned())
+                return Err("redis tier url must not be empty".to_owned());
             }
             RedisTarget::Cluster(nodes) if nodes.is_empty() => {
-                Err("redis tier cluster needs at least one seed node".to_owned())
+                return Err("redis tier cluster needs at least one seed node".to_owned());
             }
-            _ => Ok(()),
+            RedisTarget::Single(url) => vec![url],
+            RedisTarget::Cluster(nodes) => nodes.iter().collect(),
+        };
+        if self.tls.is_set()
+            && let Some(plain) = urls.iter().find(|url| !url.starts_with("rediss://"))
+        {
+            return Err(format!(
+                "redis tls is configured but {} is not a rediss:// URL: the certificates would \
+                 not be used",
+                redact_url(plain)
+            ));
         }
+        Ok(())
     }
 }
 
@@ -103,6 +168,7 @@ impl fmt::Debug for RedisTierConfig {
             .field("prefix", &self.prefix)
             .field("command_timeout", &self.command_timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("tls", &self.tls)
             .finish()
     }
 }

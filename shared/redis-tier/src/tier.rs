@@ -645,7 +645,10 @@ impl fmt::Debug for RedisTier {
 }
 
 async fn connect_single(url: &str, settings: &RedisTierConfig) -> Result<Backend, RedisError> {
-    let client = Client::open(url)?;
+    let client = match settings.tls.certificates() {
+        Some(certificates) => Client::build_with_tls(url, certificates)?,
+        None => Client::open(url)?,
+    };
     // Probe with a plain connection first: the manager retries a failed first connection with
     // backoff, which would turn "connection refused" into an unexplained timeout.
     let probe_config = AsyncConnectionConfig::new()
@@ -669,7 +672,11 @@ async fn connect_cluster(
     nodes: &[String],
     settings: &RedisTierConfig,
 ) -> Result<Backend, RedisError> {
-    let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+    let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str));
+    if let Some(certificates) = settings.tls.certificates() {
+        builder = builder.certs(certificates);
+    }
+    let client = builder
         .connection_timeout(settings.connect_timeout)
         .response_timeout(settings.command_timeout)
         // Redirects count as retries; waits stay far below the command timeout.

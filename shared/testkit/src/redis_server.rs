@@ -40,10 +40,22 @@ pub enum Mode {
     ClusterNode,
 }
 
+/// A server's TLS files: its certificate and key, and the CA it checks clients against.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert_file: std::path::PathBuf,
+    pub key_file: std::path::PathBuf,
+    pub ca_file: std::path::PathBuf,
+    /// `--tls-auth-clients yes`: clients must show a certificate the CA signed.
+    pub require_client_certs: bool,
+}
+
 /// A `redis-server` child process, killed and reaped on drop so a failing test leaks nothing.
 #[derive(Debug)]
 pub struct RedisProcess {
     port: u16,
+    /// With [`RedisProcess::start_tls`]: the TLS port beside the plain one.
+    tls_port: Option<u16>,
     child: Child,
 }
 
@@ -51,9 +63,19 @@ impl RedisProcess {
     /// Starts a server with its files in `dir` on a free port and waits (bounded) until it
     /// answers `PING`; tries other ports once if it does not come up.
     pub async fn start(dir: &Path, mode: Mode) -> Self {
+        Self::start_with(dir, mode, None).await
+    }
+
+    /// A standalone server that also listens for TLS on a port of its own (`--tls-port`,
+    /// [`RedisProcess::tls_url`]); its plain port stays for the helpers' own checks.
+    pub async fn start_tls(dir: &Path, tls: &ServerTls) -> Self {
+        Self::start_with(dir, Mode::Standalone, Some(tls)).await
+    }
+
+    async fn start_with(dir: &Path, mode: Mode, tls: Option<&ServerTls>) -> Self {
         let mut failures = Vec::new();
         for _attempt in 0..START_ATTEMPTS {
-            let [port, bus_port] = free_ports();
+            let [port, bus_port, tls_port] = free_ports();
             let log = dir.join(format!("redis-{port}.log"));
             let mut command = Command::new("redis-server");
             command
@@ -77,10 +99,31 @@ impl RedisProcess {
                     .arg("--cluster-node-timeout")
                     .arg(CLUSTER_NODE_TIMEOUT_MS.to_string());
             }
+            if let Some(tls) = tls {
+                command
+                    .arg("--tls-port")
+                    .arg(tls_port.to_string())
+                    .arg("--tls-cert-file")
+                    .arg(&tls.cert_file)
+                    .arg("--tls-key-file")
+                    .arg(&tls.key_file)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca_file)
+                    .arg("--tls-auth-clients")
+                    .arg(if tls.require_client_certs {
+                        "yes"
+                    } else {
+                        "no"
+                    });
+            }
             let child = command
                 .spawn()
                 .expect("redis-server starts (check programs_available(…, &REDIS_PROGRAMS) first)");
-            let mut server = Self { port, child };
+            let mut server = Self {
+                port,
+                tls_port: tls.map(|_| tls_port),
+                child,
+            };
             match server.wait_until_answering().await {
                 Ok(()) => return server,
                 Err(reason) => {
@@ -102,6 +145,12 @@ impl RedisProcess {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `rediss://127.0.0.1:<tls port>` of a server started with [`RedisProcess::start_tls`].
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port
+            .map(|port| format!("rediss://127.0.0.1:{port}"))
     }
 
     /// A plain connection to this server alone: a cluster node answers `MOVED` for keys it does

@@ -489,6 +489,46 @@ pub struct RedisSettings {
     pub lease_ttl_ms: u64,
     pub lease_wait_ms: u64,
     pub lease_poll_ms: u64,
+    pub tls: RedisTlsSettings,
+}
+
+/// `[redis.tls]`: files read at start, PEM. Paths only: what they hold is never logged.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisTlsSettings {
+    /// The CA that signed the servers' certificates; empty: the system's roots.
+    pub ca_file: String,
+    /// A client certificate and its key, for servers that ask for one (both or neither).
+    pub client_cert_file: String,
+    pub client_key_file: String,
+}
+
+impl RedisTlsSettings {
+    /// The files' contents for the tier; `Err` names the key whose file cannot be read.
+    pub fn load(&self) -> Result<rebate_redis_tier::RedisTls, ConfigError> {
+        let read = |field: &'static str, path: &str| -> Result<Option<Vec<u8>>, ConfigError> {
+            if path.is_empty() {
+                return Ok(None);
+            }
+            let bytes = std::fs::read(path)
+                .map_err(|error| invalid(field, format!("cannot read {path}: {error}")))?;
+            if !bytes.windows(11).any(|window| window == b"-----BEGIN ") {
+                return Err(invalid(field, format!("{path} holds no PEM block")));
+            }
+            Ok(Some(bytes))
+        };
+        Ok(rebate_redis_tier::RedisTls {
+            ca_pem: read("redis.tls.ca_file", &self.ca_file)?,
+            client_cert_pem: read("redis.tls.client_cert_file", &self.client_cert_file)?,
+            client_key_pem: read("redis.tls.client_key_file", &self.client_key_file)?,
+        })
+    }
+
+    fn is_set(&self) -> bool {
+        !(self.ca_file.is_empty()
+            && self.client_cert_file.is_empty()
+            && self.client_key_file.is_empty())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -1315,6 +1355,30 @@ impl Settings {
                 ),
             ));
         }
+        if redis.enabled && redis.tls.is_set() {
+            if redis.tls.client_cert_file.is_empty() != redis.tls.client_key_file.is_empty() {
+                return Err(invalid(
+                    "redis.tls.client_key_file",
+                    "a client certificate needs its key, and a key its certificate",
+                ));
+            }
+            let plain = if redis.cluster_nodes.is_empty() {
+                (!redis.url.expose().starts_with("rediss://")).then_some("redis.url")
+            } else {
+                redis
+                    .cluster_nodes
+                    .iter()
+                    .any(|node| !node.expose().starts_with("rediss://"))
+                    .then_some("redis.cluster_nodes")
+            };
+            if let Some(field) = plain {
+                return Err(invalid(
+                    field,
+                    "redis.tls is set, so every Redis URL must be rediss:// (TLS)",
+                ));
+            }
+            redis.tls.load()?;
+        }
         if self.resilience.fleet.quotas && !redis.enabled {
             return Err(invalid(
                 "resilience.fleet.quotas",
@@ -1585,6 +1649,41 @@ mod tests {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         file.write_all(contents.as_bytes()).unwrap();
         Settings::load(Some(file.path()))
+    }
+
+    #[test]
+    fn redis_tls_needs_rediss_urls_readable_pem_files_and_whole_client_pairs() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(
+            &ca,
+            "-----BEGIN CERTIFICATE-----\nAA==\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let with = |url: &str, ca_file: &str, client_cert: &str| {
+            let mut settings = Settings::defaults().unwrap();
+            settings.redis.enabled = true;
+            settings.redis.url = Secret::new(url.to_owned());
+            settings.redis.tls.ca_file = ca_file.to_owned();
+            settings.redis.tls.client_cert_file = client_cert.to_owned();
+            settings.validate().map_err(|error| error.to_string())
+        };
+        let ca = ca.to_str().unwrap();
+        assert!(with("rediss://cache:6380", ca, "").is_ok());
+        let error = with("redis://cache:6379", ca, "").unwrap_err();
+        assert!(
+            error.contains("redis.url") && error.contains("rediss://"),
+            "{error}"
+        );
+        let error = with("rediss://cache:6380", "/nowhere/ca.pem", "").unwrap_err();
+        assert!(
+            error.contains("redis.tls.ca_file") && error.contains("cannot read"),
+            "{error}"
+        );
+        let error = with("rediss://cache:6380", ca, ca).unwrap_err();
+        assert!(error.contains("redis.tls.client_key_file"), "{error}");
+        // Without TLS files a rediss:// URL is fine: the system's roots check the server.
+        assert!(with("rediss://cache:6380", "", "").is_ok());
     }
 
     #[test]

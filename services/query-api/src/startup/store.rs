@@ -115,6 +115,7 @@ pub(super) async fn connect_tier(settings: &Settings) -> anyhow::Result<Option<A
     options.prefix = redis.prefix.clone();
     options.command_timeout = Duration::from_millis(redis.command_timeout_ms);
     options.connect_timeout = Duration::from_millis(redis.connect_timeout_ms);
+    options.tls = redis.tls.load()?;
     let tier = RedisTier::connect(options.clone())
         .await
         .with_context(|| format!("connecting to Redis ({options:?})"))?;
