@@ -25,4 +25,5 @@ mod readiness;
 mod resilience;
 mod rules;
 mod strict_http;
+mod tls;
 mod warm_jobs;

@@ -19,11 +19,29 @@ pub struct BinlogServer {
     child: Child,
     port: u16,
     directory: TempDir,
+    /// Options beyond the binlog's (TLS), kept for a restart.
+    extra: Vec<String>,
 }
 
 impl BinlogServer {
     /// Installs and starts a server. Panics, with the server's log, when it does not come up.
     pub async fn start() -> Self {
+        Self::start_with(Vec::new()).await
+    }
+
+    /// A server with TLS on (its certificate, key and CA from `files`) that refuses plain
+    /// connections (`require_secure_transport`).
+    pub async fn start_tls(files: &rebate_testkit::tls::PkiFiles) -> Self {
+        Self::start_with(vec![
+            format!("--ssl-cert={}", files.server_cert.display()),
+            format!("--ssl-key={}", files.server_key.display()),
+            format!("--ssl-ca={}", files.ca.display()),
+            "--require-secure-transport=ON".to_owned(),
+        ])
+        .await
+    }
+
+    async fn start_with(extra: Vec<String>) -> Self {
         rebate_testkit::require_programs("a MariaDB server with a binlog", PROGRAMS);
         let mut directory = tempfile::tempdir().expect("a temporary directory");
         let data = directory.path().join("data");
@@ -49,11 +67,12 @@ impl BinlogServer {
         );
         for _ in 0..20 {
             let port = free_port_below_32768();
-            let child = spawn(directory.path(), &data, port);
+            let child = spawn(directory.path(), &data, port, &extra);
             let mut server = Self {
                 child,
                 port,
                 directory,
+                extra: extra.clone(),
             };
             match server.wait_ready().await {
                 Ok(()) => return server,
@@ -75,7 +94,7 @@ impl BinlogServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let data = self.directory.path().join("data");
-        self.child = spawn(self.directory.path(), &data, self.port);
+        self.child = spawn(self.directory.path(), &data, self.port, &self.extra);
         if self.wait_ready().await.is_err() {
             panic!("mariadbd did not start again:\n{}", self.log());
         }
@@ -127,7 +146,7 @@ impl BinlogServer {
     }
 }
 
-fn spawn(directory: &Path, data: &Path, port: u16) -> Child {
+fn spawn(directory: &Path, data: &Path, port: u16, extra: &[String]) -> Child {
     let log = std::fs::File::create(directory.join("server.log")).expect("a log file");
     Command::new("mariadbd")
         .arg("--no-defaults")
@@ -153,6 +172,7 @@ fn spawn(directory: &Path, data: &Path, port: u16) -> Child {
         .arg("--innodb-log-file-size=16M")
         .arg("--skip-name-resolve")
         .arg("--performance-schema=OFF")
+        .args(extra)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()

@@ -1,71 +1,24 @@
 //! TLS to Redis (`rediss://`) against a test-owned `redis-server --tls-port`, with a CA, a
-//! server certificate and a client certificate made here (rcgen): the tier connects and works
+//! server certificate and a client certificate made in the test (rcgen): the tier connects and works
 //! with the CA, is refused without it, and against a server that asks for client certificates
 //! connects only with one.
 
 use std::path::Path;
 use std::time::Duration;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose,
-};
 use rebate_cache::SharedTier;
+
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig, RedisTls};
 use rebate_testkit::redis_server::{REDIS_PROGRAMS, RedisProcess, ServerTls};
 use rebate_testkit::require_programs;
+use rebate_testkit::tls::TestPki;
 
-/// A CA, and a server and a client certificate it signed, as PEM.
-struct Pki {
-    ca: String,
-    server_cert: String,
-    server_key: String,
-    client_cert: String,
-    client_key: String,
-}
-
-fn pki() -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "rebate test CA");
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(names).unwrap();
-        params.extended_key_usages = vec![usage];
-        let cert = params.signed_by(&key, &ca_cert, &ca_key).unwrap();
-        (cert.pem(), key.serialize_pem())
-    };
-    let (server_cert, server_key) = leaf(
-        vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
-        ExtendedKeyUsagePurpose::ServerAuth,
-    );
-    let (client_cert, client_key) = leaf(
-        vec!["rebate-query".to_owned()],
-        ExtendedKeyUsagePurpose::ClientAuth,
-    );
-    Pki {
-        ca: ca_cert.pem(),
-        server_cert,
-        server_key,
-        client_cert,
-        client_key,
-    }
-}
-
-fn server_files(dir: &Path, pki: &Pki, require_client_certs: bool) -> ServerTls {
-    let write = |name: &str, pem: &str| {
-        let path = dir.join(name);
-        std::fs::write(&path, pem).unwrap();
-        path
-    };
+fn server_files(dir: &Path, pki: &TestPki, require_client_certs: bool) -> ServerTls {
+    let files = pki.write(dir);
     ServerTls {
-        cert_file: write("server.pem", &pki.server_cert),
-        key_file: write("server.key", &pki.server_key),
-        ca_file: write("ca.pem", &pki.ca),
+        cert_file: files.server_cert,
+        key_file: files.server_key,
+        ca_file: files.ca,
         require_client_certs,
     }
 }
@@ -83,7 +36,7 @@ fn config(url: String, tls: RedisTls) -> RedisTierConfig {
 async fn the_tier_speaks_tls_with_the_ca_and_is_refused_without_it() {
     require_programs("redis TLS", &REDIS_PROGRAMS);
     let dir = tempfile::tempdir().unwrap();
-    let pki = pki();
+    let pki = TestPki::new();
     let server = RedisProcess::start_tls(dir.path(), &server_files(dir.path(), &pki, false)).await;
     let url = server.tls_url().unwrap();
 
@@ -113,7 +66,7 @@ async fn the_tier_speaks_tls_with_the_ca_and_is_refused_without_it() {
 async fn a_server_that_asks_for_client_certificates_takes_the_tiers() {
     require_programs("redis TLS", &REDIS_PROGRAMS);
     let dir = tempfile::tempdir().unwrap();
-    let pki = pki();
+    let pki = TestPki::new();
     let server = RedisProcess::start_tls(dir.path(), &server_files(dir.path(), &pki, true)).await;
     let url = server.tls_url().unwrap();
 

@@ -19,6 +19,8 @@
 //! - `redis_server` (feature `redis`): `RedisProcess`, a private `redis-server` (single, or one
 //!   cluster node), and `RedisCluster`, a Redis Cluster of them with replicas that can fail a
 //!   master over (`CLUSTER FAILOVER`).
+//! - `tls` (feature `tls`): `TestPki`, a CA and the server and client certificates it signed,
+//!   made with rcgen for servers started with TLS on.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -28,6 +30,8 @@ use tokio::time::Instant;
 pub mod programs;
 #[cfg(feature = "redis")]
 pub mod redis_server;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use programs::{programs_available, require_programs};
 
