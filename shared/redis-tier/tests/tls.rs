@@ -9,7 +9,7 @@ use std::time::Duration;
 use rebate_cache::SharedTier;
 
 use rebate_redis_tier::{RedisTarget, RedisTier, RedisTierConfig, RedisTls};
-use rebate_testkit::redis_server::{REDIS_PROGRAMS, RedisProcess, ServerTls};
+use rebate_testkit::redis_server::{REDIS_PROGRAMS, RedisCluster, RedisProcess, ServerTls};
 use rebate_testkit::require_programs;
 use rebate_testkit::tls::TestPki;
 
@@ -89,6 +89,37 @@ async fn a_server_that_asks_for_client_certificates_takes_the_tiers() {
     // The key never shows in Debug output.
     let shown = format!("{with_client:?}");
     assert!(!shown.contains("PRIVATE KEY"), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_serves_the_tier() {
+    require_programs("a Redis Cluster with TLS", &REDIS_PROGRAMS);
+    let dir = tempfile::tempdir().unwrap();
+    let pki = TestPki::new();
+    let cluster = RedisCluster::start_tls(3, 0, &server_files(dir.path(), &pki, false)).await;
+    let seeds = cluster.tls_urls();
+    assert_eq!(seeds.len(), 3);
+    let with_ca = RedisTls {
+        ca_pem: Some(pki.ca.clone().into_bytes()),
+        ..RedisTls::default()
+    };
+    let mut settings = config(String::new(), with_ca);
+    settings.url_or_nodes = RedisTarget::Cluster(seeds.clone());
+    let tier = RedisTier::connect(settings.clone())
+        .await
+        .expect("the cluster's nodes are checked against the CA");
+    tier.ping().await.unwrap();
+    // Keys on every master: the tier follows the slot map to each node over TLS.
+    for instance in ["a", "b", "c", "d", "e", "f"] {
+        tier.heartbeat(instance, Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    settings.tls = RedisTls::default();
+    assert!(
+        RedisTier::connect(settings).await.is_err(),
+        "without the CA the nodes' certificates are refused"
+    );
 }
 
 #[test]

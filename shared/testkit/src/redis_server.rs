@@ -115,6 +115,11 @@ impl RedisProcess {
                     } else {
                         "no"
                     });
+                if mode == Mode::ClusterNode {
+                    // The bus and replication over TLS too; clients that connect over TLS
+                    // are told the nodes' TLS ports.
+                    command.args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                }
             }
             let child = command
                 .spawn()
@@ -253,11 +258,21 @@ impl RedisCluster {
     /// every node reports `cluster_state:ok` and knows every other, and every replica's link to
     /// its master is up.
     pub async fn start(masters: usize, replicas: usize) -> Self {
+        Self::start_with(masters, replicas, None).await
+    }
+
+    /// As [`RedisCluster::start`], every node also on a TLS port, with the cluster bus and
+    /// replication over TLS ([`RedisCluster::tls_urls`]); the plain ports stay for the helpers.
+    pub async fn start_tls(masters: usize, replicas: usize, tls: &ServerTls) -> Self {
+        Self::start_with(masters, replicas, Some(tls)).await
+    }
+
+    async fn start_with(masters: usize, replicas: usize, tls: Option<&ServerTls>) -> Self {
         assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
         let dir = tempfile::tempdir().expect("a scratch directory for the cluster");
         let mut nodes = Vec::new();
         for _ in 0..masters * (1 + replicas) {
-            nodes.push(RedisProcess::start(dir.path(), Mode::ClusterNode).await);
+            nodes.push(RedisProcess::start_with(dir.path(), Mode::ClusterNode, tls).await);
         }
         let cluster = Self {
             nodes,
@@ -265,16 +280,25 @@ impl RedisCluster {
             replicas,
             _dir: dir,
         };
-        cluster.create().await;
+        cluster.create(tls).await;
         cluster.wait_until_formed().await;
         cluster
     }
 
-    async fn create(&self) {
+    /// `redis-cli --cluster create`; with TLS over the nodes' TLS ports, since their bus speaks
+    /// TLS and they announce those ports.
+    async fn create(&self, tls: Option<&ServerTls>) {
         let mut command = tokio::process::Command::new("redis-cli");
+        if let Some(tls) = tls {
+            command.arg("--tls").arg("--cacert").arg(&tls.ca_file);
+        }
         command.arg("--cluster").arg("create");
         for node in &self.nodes {
-            command.arg(format!("127.0.0.1:{}", node.port));
+            let port = match tls {
+                Some(_) => node.tls_port.unwrap_or(node.port),
+                None => node.port,
+            };
+            command.arg(format!("127.0.0.1:{port}"));
         }
         command
             .arg("--cluster-replicas")
@@ -335,6 +359,14 @@ impl RedisCluster {
     /// Every node's URL: seed nodes for a cluster client.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisProcess::url).collect()
+    }
+
+    /// Every node's `rediss://` URL, for a cluster started with [`RedisCluster::start_tls`].
+    pub fn tls_urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter_map(RedisProcess::tls_url)
+            .collect()
     }
 
     /// What node `index` says it is now; `None` when it does not answer.

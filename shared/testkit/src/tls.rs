@@ -39,25 +39,30 @@ impl TestPki {
             .push(DnType::CommonName, "rebate test CA");
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let ca_cert = ca.self_signed(&ca_key).expect("a self-signed CA");
-        let leaf = |names: Vec<String>, usage: ExtendedKeyUsagePurpose| {
+        let leaf = |names: Vec<String>, usages: Vec<ExtendedKeyUsagePurpose>| {
             let key = KeyPair::generate().expect("a key");
             let mut params = CertificateParams::new(names).expect("certificate parameters");
             params
                 .distinguished_name
                 .push(DnType::CommonName, "rebate test");
-            params.extended_key_usages = vec![usage];
+            params.extended_key_usages = usages;
             let cert = params
                 .signed_by(&key, &ca_cert, &ca_key)
                 .expect("a certificate the CA signed");
             (cert.pem(), key.serialize_pem())
         };
+        // A server's certificate serves client connections too: a Redis Cluster node presents
+        // it when it connects to the other nodes' bus, and they check it.
         let (server_cert, server_key) = leaf(
             vec!["127.0.0.1".to_owned(), "localhost".to_owned()],
-            ExtendedKeyUsagePurpose::ServerAuth,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
         );
         let (client_cert, client_key) = leaf(
             vec!["rebate-query".to_owned()],
-            ExtendedKeyUsagePurpose::ClientAuth,
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
         );
         Self {
             ca: ca_cert.pem(),
