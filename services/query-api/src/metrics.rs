@@ -30,13 +30,13 @@ use rebate_engine::QueryEngine;
 use rebate_guard::{CallObserver, CallOutcome};
 use rebate_resilience::{AdmissionQueue, BreakerState, RequestClass, WAIT_BUCKETS_SECONDS};
 use rebate_sources::BatchStats;
-use serde::{Deserialize, Serialize};
 
 use crate::consistency::{CheckSource, ConsistencyObserver, Outcome};
 use crate::event_bus::EventBus;
 use crate::http::admin_auth::{AuthFailures, Reason};
 use crate::http::routes::{BATCH_ROUTE, ITEM_ROUTE};
 use crate::protection::Protection;
+use crate::rules::window::AnswerTotals;
 use crate::server::ConnectionStats;
 use crate::upstreams::UpstreamClients;
 use crate::warm_jobs::WarmJobs;
@@ -200,66 +200,6 @@ impl Answers {
             limited: self.limited.get(),
             failed: self.failed.get(),
         }
-    }
-}
-
-/// Items answered, by outcome:
-///
-/// | outcome | what | in the ratios |
-/// | --- | --- | --- |
-/// | `complete` | every part live | a success |
-/// | `not_found` | `404`: the item is unknown or delisted, a correct answer | a success |
-/// | `degraded` | a part stale or template | its own ratio |
-/// | `limited` | `429`: the client's limit | its own ratio |
-/// | `failed` | `5xx` (shed, unavailable, timeout, internal) and failed batch lines | its own ratio |
-/// | `invalid` | `400`-class: the client named the item wrongly | not counted |
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AnswerTotals {
-    pub complete: u64,
-    pub degraded: u64,
-    pub not_found: u64,
-    pub invalid: u64,
-    pub limited: u64,
-    pub failed: u64,
-}
-
-impl AnswerTotals {
-    /// What was answered after `earlier`.
-    pub fn since(&self, earlier: &AnswerTotals) -> AnswerTotals {
-        AnswerTotals {
-            complete: self.complete.saturating_sub(earlier.complete),
-            degraded: self.degraded.saturating_sub(earlier.degraded),
-            not_found: self.not_found.saturating_sub(earlier.not_found),
-            invalid: self.invalid.saturating_sub(earlier.invalid),
-            limited: self.limited.saturating_sub(earlier.limited),
-            failed: self.failed.saturating_sub(earlier.failed),
-        }
-    }
-
-    pub fn add(&mut self, other: &AnswerTotals) {
-        self.complete += other.complete;
-        self.degraded += other.degraded;
-        self.not_found += other.not_found;
-        self.invalid += other.invalid;
-        self.limited += other.limited;
-        self.failed += other.failed;
-    }
-
-    /// The answers the ratios are over: all but the client's mistakes (`invalid`).
-    pub fn judged(&self) -> u64 {
-        self.complete + self.not_found + self.degraded + self.limited + self.failed
-    }
-
-    /// The business success ratio: complete and not-found answers ÷ [`AnswerTotals::judged`];
-    /// `None` without any.
-    pub fn success_ratio(&self) -> Option<f64> {
-        self.share(self.complete + self.not_found)
-    }
-
-    /// `part` ÷ [`AnswerTotals::judged`]; `None` without any.
-    pub fn share(&self, part: u64) -> Option<f64> {
-        let judged = self.judged();
-        (judged > 0).then(|| part as f64 / judged as f64)
     }
 }
 

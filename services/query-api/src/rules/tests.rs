@@ -37,7 +37,7 @@ impl ApplyTarget for FakeTarget {
     fn totals(&self) -> (Totals, u8) {
         (
             Totals {
-                answers: crate::metrics::AnswerTotals {
+                answers: crate::rules::window::AnswerTotals {
                     complete: self.complete.load(Ordering::Relaxed),
                     degraded: self.answered.load(Ordering::Relaxed)
                         - self.complete.load(Ordering::Relaxed),

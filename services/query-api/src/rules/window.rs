@@ -12,8 +12,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::AnswerTotals;
-
 /// Seconds of figures kept: an hour, twice the longest default observation window's needs.
 pub const KEPT_SECONDS: usize = 3600;
 
@@ -108,6 +106,66 @@ impl Figures {
             seen += count as f64;
         }
         Some(upper_bound_micros(BUCKETS - 1) / 1000.0)
+    }
+}
+
+/// Items answered, by outcome:
+///
+/// | outcome | what | in the ratios |
+/// | --- | --- | --- |
+/// | `complete` | every part live | a success |
+/// | `not_found` | `404`: the item is unknown or delisted, a correct answer | a success |
+/// | `degraded` | a part stale or template | its own ratio |
+/// | `limited` | `429`: the client's limit | its own ratio |
+/// | `failed` | `5xx` (shed, unavailable, timeout, internal) and failed batch lines | its own ratio |
+/// | `invalid` | `400`-class: the client named the item wrongly | not counted |
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnswerTotals {
+    pub complete: u64,
+    pub degraded: u64,
+    pub not_found: u64,
+    pub invalid: u64,
+    pub limited: u64,
+    pub failed: u64,
+}
+
+impl AnswerTotals {
+    /// What was answered after `earlier`.
+    pub fn since(&self, earlier: &AnswerTotals) -> AnswerTotals {
+        AnswerTotals {
+            complete: self.complete.saturating_sub(earlier.complete),
+            degraded: self.degraded.saturating_sub(earlier.degraded),
+            not_found: self.not_found.saturating_sub(earlier.not_found),
+            invalid: self.invalid.saturating_sub(earlier.invalid),
+            limited: self.limited.saturating_sub(earlier.limited),
+            failed: self.failed.saturating_sub(earlier.failed),
+        }
+    }
+
+    pub fn add(&mut self, other: &AnswerTotals) {
+        self.complete += other.complete;
+        self.degraded += other.degraded;
+        self.not_found += other.not_found;
+        self.invalid += other.invalid;
+        self.limited += other.limited;
+        self.failed += other.failed;
+    }
+
+    /// The answers the ratios are over: all but the client's mistakes (`invalid`).
+    pub fn judged(&self) -> u64 {
+        self.complete + self.not_found + self.degraded + self.limited + self.failed
+    }
+
+    /// The business success ratio: complete and not-found answers ÷ [`AnswerTotals::judged`];
+    /// `None` without any.
+    pub fn success_ratio(&self) -> Option<f64> {
+        self.share(self.complete + self.not_found)
+    }
+
+    /// `part` ÷ [`AnswerTotals::judged`]; `None` without any.
+    pub fn share(&self, part: u64) -> Option<f64> {
+        let judged = self.judged();
+        (judged > 0).then(|| part as f64 / judged as f64)
     }
 }
 
